@@ -1,0 +1,64 @@
+"""shardio: pack small files into checksummed shards and feed them fast to PyTorch and DALI.
+
+Public API (torch-side names load lazily, so packing never imports torch)::
+
+    from shardio import pack, PackOptions, verify_dataset, PackedDataset
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardio._version import __version__
+from shardio.errors import (
+    ChecksumMismatchError,
+    CommandNotFoundError,
+    FormatError,
+    IntegrityError,
+    PackError,
+    ShardioError,
+    SourceError,
+    StorageError,
+    UsageError,
+)
+
+__all__ = [
+    "ChecksumMismatchError",
+    "CommandNotFoundError",
+    "FormatError",
+    "IntegrityError",
+    "PackError",
+    "PackOptions",
+    "PackResult",
+    "PackedDataset",
+    "ShardioError",
+    "SourceError",
+    "StorageError",
+    "UsageError",
+    "VerifyReport",
+    "__version__",
+    "merge_parts",
+    "pack",
+    "unpack_dataset",
+    "verify_dataset",
+]
+
+_LAZY = {
+    "PackOptions": "shardio.pack",
+    "PackResult": "shardio.pack",
+    "pack": "shardio.pack",
+    "merge_parts": "shardio.merge",
+    "PackedDataset": "shardio.readers.dataset",
+    "VerifyReport": "shardio.verify",
+    "verify_dataset": "shardio.verify",
+    "unpack_dataset": "shardio.unpack",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardio' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,3 @@
+"""The version of shardio."""
+
+__version__ = "0.1.0"

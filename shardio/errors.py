@@ -1,0 +1,117 @@
+"""The exception tree of shardio: every error a caller may want to catch.
+
+::
+
+    ShardioError
+    ├── UsageError(ValueError)            bad arguments or options given by the user
+    ├── SourceError(OSError)              the tree to pack is missing, empty or unreadable
+    ├── FormatError(ValueError)           a manifest, index or shard that is malformed or of
+    │                                     an unsupported format version
+    ├── StorageError(OSError)             reading or writing a dataset failed (ENOSPC, EIO, ...)
+    │   ├── CommandNotFoundError          an external command (lfs, beegfs-ctl) is not installed
+    │   └── IntegrityError                bytes on disk differ from what the index promises
+    │       └── ChecksumMismatchError     one member's or shard's xxh3 does not match
+    └── PackError                         a pack could not complete (strict mode, changed source)
+
+Each branch also inherits the builtin a caller would already catch, so ``except OSError``
+sees storage problems and ``except ValueError`` sees malformed input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ChecksumMismatchError",
+    "CommandNotFoundError",
+    "FormatError",
+    "IntegrityError",
+    "PackError",
+    "ShardioError",
+    "SourceError",
+    "StorageError",
+    "UsageError",
+]
+
+
+class ShardioError(Exception):
+    """Root of every error raised on purpose by shardio."""
+
+
+class UsageError(ShardioError, ValueError):
+    """The caller passed an invalid argument or option."""
+
+
+class SourceError(ShardioError, OSError):
+    """The source tree of a pack is missing, empty or cannot be read."""
+
+
+class FormatError(ShardioError, ValueError):
+    """A manifest, index or shard is malformed or has an unsupported format version."""
+
+
+class StorageError(ShardioError, OSError):
+    """Reading or writing dataset files failed."""
+
+
+class CommandNotFoundError(StorageError):
+    """An external command needed for a filesystem operation is not installed."""
+
+
+class PackError(ShardioError):
+    """A pack could not complete."""
+
+
+class IntegrityError(StorageError):
+    """Bytes on disk do not match the index or manifest."""
+
+
+class ChecksumMismatchError(IntegrityError):
+    """A member's or shard's xxh3 checksum does not match the recorded one.
+
+    Attributes:
+        path: the shard file that was read.
+        shard: the shard's name as listed in the manifest.
+        key: the sample key, or ``None`` for a whole-shard checksum.
+        expected: the recorded checksum, as hex.
+        actual: the checksum of the bytes read, as hex.
+    """
+
+    def __init__(
+        self,
+        *,
+        path: str,
+        shard: str,
+        key: str | None,
+        expected: str,
+        actual: str,
+        member: str | None = None,
+    ) -> None:
+        what = f"sample {key!r}" if key is not None else "shard"
+        if member is not None:
+            what = f"member {member!r}"
+        super().__init__(
+            f"checksum mismatch in {path} ({what}): expected xxh3 {expected}, got {actual}"
+        )
+        self.path = path
+        self.shard = shard
+        self.key = key
+        self.expected = expected
+        self.actual = actual
+        self.member = member
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # OSError subclasses pickle by positional args; rebuild from keywords so the error
+        # survives the trip from a DataLoader worker to the main process.
+        return (
+            _rebuild_checksum_error,
+            (self.path, self.shard, self.key, self.expected, self.actual, self.member),
+        )
+
+
+def _rebuild_checksum_error(
+    path: str, shard: str, key: str | None, expected: str, actual: str, member: str | None
+) -> ChecksumMismatchError:
+    return ChecksumMismatchError(
+        path=path, shard=shard, key=key, expected=expected, actual=actual, member=member
+    )

@@ -1,0 +1,156 @@
+"""Open a packed dataset (manifest + memory-mapped index) and read members with pread."""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Any
+
+from shardio.errors import ChecksumMismatchError, FormatError, StorageError
+from shardio.format.checksum import hex64, member_xxh3_64
+from shardio.format.index import Index
+from shardio.format.manifest import Manifest, load_manifest
+from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
+
+__all__ = ["FilePool", "PackedDataset"]
+
+
+class FilePool:
+    """Open read-only file descriptors, at most ``max_open`` at a time (least recently used
+    is closed first). Opens lazily, so it can be created before a fork and used after."""
+
+    def __init__(self, max_open: int = 64) -> None:
+        self.max_open = max_open
+        self._fds: OrderedDict[str, int] = OrderedDict()
+        self._pid = os.getpid()
+        self.opens = 0
+
+    def fd(self, path: str) -> int:
+        """Return an open descriptor for ``path``."""
+        if self._pid != os.getpid():
+            # Descriptors inherited over fork share offsets and locks: start afresh.
+            self._fds.clear()
+            self._pid = os.getpid()
+        fd = self._fds.get(path)
+        if fd is not None:
+            self._fds.move_to_end(path)
+            return fd
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StorageError(exc.errno, f"cannot open shard {path}: {exc.strerror}") from exc
+        self.opens += 1
+        self._fds[path] = fd
+        if len(self._fds) > self.max_open:
+            _, old = self._fds.popitem(last=False)
+            os.close(old)
+        return fd
+
+    def discard(self, path: str) -> None:
+        """Close the descriptor of ``path`` if open (after the file was replaced)."""
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Close every descriptor."""
+        if self._pid == os.getpid():
+            for fd in self._fds.values():
+                os.close(fd)
+        self._fds.clear()
+
+
+class PackedDataset:
+    """A dataset written by ``shardio pack``.
+
+    Args:
+        root: the dataset directory (holding manifest.json).
+        max_open: bound on shard files held open at once.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, max_open: int = 64) -> None:
+        self.root = os.fspath(root)
+        if not os.path.isdir(self.root):
+            raise FormatError(f"{self.root}: no such dataset directory")
+        self.manifest: Manifest = load_manifest(os.path.join(self.root, MANIFEST_FILENAME))
+        self.index = Index.open(os.path.join(self.root, self.manifest.index.path))
+        if len(self.index) != self.manifest.num_samples:
+            raise FormatError(
+                f"{self.root}: index holds {len(self.index)} samples, manifest says "
+                f"{self.manifest.num_samples}"
+            )
+        self._shard_paths = [os.path.join(self.root, s.path) for s in self.manifest.shards]
+        self.pool = FilePool(max_open)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __enter__(self) -> PackedDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def shard_path(self, shard: int) -> str:
+        """Absolute path of shard number ``shard``."""
+        return self._shard_paths[shard]
+
+    def key(self, sample: int) -> str:
+        """Key of a sample."""
+        return self.index.key(sample)
+
+    def read_member(self, member: int, *, shard: int, key: str | None = None,
+                    verify: bool = True) -> bytes:
+        """Read one member's bytes with pread, checking its xxh3-64.
+
+        Raises:
+            ChecksumMismatchError: the bytes differ from the index's checksum.
+            StorageError: the shard is missing or short.
+        """
+        rec = self.index.members[member]
+        path = self._shard_paths[shard]
+        size = int(rec["size"])
+        try:
+            data = os.pread(self.pool.fd(path), size, int(rec["offset"]))
+        except OSError as exc:
+            raise StorageError(exc.errno, f"cannot read shard {path}: {exc.strerror}") from exc
+        if len(data) != size:
+            raise StorageError(5, f"shard {path} is truncated (sample {key or member!r})")
+        if verify:
+            actual = member_xxh3_64(data)
+            if actual != int(rec["xxh3_64"]):
+                raise ChecksumMismatchError(
+                    path=path,
+                    shard=self.manifest.shards[shard].path,
+                    key=key if key is not None else self.key(self._sample_of(member)),
+                    expected=hex64(int(rec["xxh3_64"])),
+                    actual=hex64(actual),
+                    member=None,
+                )
+        return data
+
+    def _sample_of(self, member: int) -> int:
+        import numpy as np
+
+        return int(np.searchsorted(self.index.samples["first_member"], member, side="right") - 1)
+
+    def read_sample(self, sample: int, *, verify: bool = True) -> dict[str, Any]:
+        """Return a sample in the WebDataset convention: ``__key__`` and bytes per extension.
+
+        The label member ``cls`` is returned as an int.
+        """
+        rec = self.index.samples[sample]
+        shard = int(rec["shard"])
+        key = self.index.key(sample)
+        out: dict[str, Any] = {"__key__": key}
+        exts = self.index.exts
+        for m in self.index.sample_member_range(sample):
+            ext = exts[int(self.index.members[m]["ext_id"])]
+            data = self.read_member(m, shard=shard, key=key, verify=verify)
+            out[ext] = int(data) if ext == LABEL_EXT else data
+        return out
+
+    def close(self) -> None:
+        """Close shard files and the index mapping."""
+        self.pool.close()
+        self.index.close()

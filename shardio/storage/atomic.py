@@ -1,0 +1,97 @@
+"""Atomic publication of files: temp name, fsync, rename, fsync of the directory."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO
+
+from shardio.errors import StorageError
+
+__all__ = [
+    "TEMP_MARK",
+    "atomic_write",
+    "fsync_dir",
+    "is_temp_name",
+    "publish",
+    "temp_path_for",
+]
+
+# Temp files are hidden and carry this mark, so nothing half-written has a final name and a
+# resumed run can recognise and remove leftovers.
+TEMP_MARK = ".shardio-tmp-"
+
+
+def temp_path_for(path: str) -> str:
+    """Return the temp name used while ``path`` is being written."""
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}{TEMP_MARK}{os.getpid()}")
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether a file name is one of shardio's temp names."""
+    return TEMP_MARK in name
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory so a rename in it survives a crash."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(tmp: str, final: str, *, durable: bool = True) -> None:
+    """Rename a complete temp file to its final name (after fsync when durable)."""
+    if durable:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.replace(tmp, final)
+    if durable:
+        fsync_dir(os.path.dirname(final) or ".")
+
+
+def storage_error(exc: OSError, path: str, action: str) -> StorageError:
+    """Turn an OSError into a one-line StorageError naming the file."""
+    if exc.errno == errno.ENOSPC:
+        return StorageError(exc.errno, f"no space left on device while {action} {path}")
+    if exc.errno == errno.EDQUOT:
+        return StorageError(exc.errno, f"disk quota exceeded while {action} {path}")
+    return StorageError(exc.errno or errno.EIO, f"{action} {path} failed: {exc.strerror or exc}")
+
+
+@contextmanager
+def atomic_write(path: str, *, durable: bool = True) -> Iterator[IO[bytes]]:
+    """Open a temp file for writing; publish it under ``path`` only if the block succeeds.
+
+    Raises:
+        StorageError: writing or publishing failed (ENOSPC included); the temp file is removed.
+    """
+    tmp = temp_path_for(path)
+    try:
+        fh = open(tmp, "wb")
+    except OSError as exc:
+        raise storage_error(exc, path, "creating") from exc
+    try:
+        with fh:
+            yield fh
+            fh.flush()
+            if durable:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        if durable:
+            fsync_dir(os.path.dirname(path) or ".")
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError) and not isinstance(exc, StorageError):
+            raise storage_error(exc, path, "writing") from exc
+        raise

@@ -1,0 +1,159 @@
+"""HDF5 shards: one contiguous uint8 blob plus key/offset/size/checksum tables.
+
+Readable with plain h5py (``f["data"][off:off + size]``); shardio itself reads the blob with
+``pread`` at its file offset, so readers never serialise on h5py's global lock. The blob is
+allocated up front and filled with ``pwrite``; the tables are added after it.
+
+Datasets in each file::
+
+    data                 uint8[blob_bytes]    contiguous, aligned to the stripe size
+    sample_key           str[n_samples]       WebDataset key of each sample
+    sample_label         int32[n_samples]     class index or -1
+    sample_first_member  uint64[n_samples]
+    sample_num_members   uint32[n_samples]
+    member_ext           str[n_members]
+    member_offset        uint64[n_members]    relative to the start of ``data``
+    member_size          uint64[n_members]
+    member_xxh3_64       uint64[n_members]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from shardio.format.checksum import file_xxh3_128
+from shardio.format.spec import FORMAT_VERSION, HDF5_BLOB
+from shardio.storage.atomic import publish, storage_error, temp_path_for
+
+__all__ = ["DEFAULT_HDF5_ALIGNMENT", "HDF5ShardWriter"]
+
+DEFAULT_HDF5_ALIGNMENT = 4096
+
+
+class HDF5ShardWriter:
+    """Writes one HDF5 shard.
+
+    Args:
+        path: final path of the shard.
+        capacity_bytes: size of the blob (the planned member bytes).
+        alignment: file alignment of the blob; the stripe size on a parallel filesystem.
+        durable: fsync before publishing.
+    """
+
+    suffix = ".h5"
+
+    def __init__(
+        self, path: str, *, capacity_bytes: int, alignment: int = DEFAULT_HDF5_ALIGNMENT,
+        durable: bool = True,
+    ) -> None:
+        import h5py  # deferred: tar-only packs never load HDF5
+
+        self.path = path
+        self._tmp = temp_path_for(path)
+        self._durable = durable
+        self._capacity = max(capacity_bytes, 1)
+        self._used = 0
+        self._keys: list[str] = []
+        self._labels: list[int] = []
+        self._first: list[int] = []
+        self._count: list[int] = []
+        self._exts: list[str] = []
+        self._offsets: list[int] = []
+        self._sizes: list[int] = []
+        self._hashes: list[int] = []
+        try:
+            with h5py.File(
+                self._tmp, "w", libver="earliest", alignment_threshold=65536,
+                alignment_interval=alignment,
+            ) as f:
+                dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+                dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+                dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+                dcpl.set_obj_track_times(False)
+                dsid = h5py.h5d.create(
+                    f.id, HDF5_BLOB.encode(), h5py.h5t.py_create(np.dtype("uint8")),
+                    h5py.h5s.create_simple((self._capacity,)), dcpl=dcpl,
+                )
+                self._blob_offset = int(dsid.get_offset())
+            self._fd = os.open(self._tmp, os.O_WRONLY)
+        except OSError as exc:
+            self._remove_tmp()
+            raise storage_error(exc, path, "creating") from exc
+
+    def add_sample(
+        self, key: str, label: int, members: Sequence[tuple[str, bytes, int]]
+    ) -> list[tuple[int, int]]:
+        """Append one sample's members ``(ext, data, xxh3_64)``; return ``(offset, size)``.
+
+        Offsets are absolute in the file (blob offset added), ready for ``pread``.
+        """
+        self._keys.append(key)
+        self._labels.append(label)
+        self._first.append(len(self._offsets))
+        self._count.append(len(members))
+        placed = []
+        for ext, data, digest in members:
+            if self._used + len(data) > self._capacity:
+                raise storage_error(OSError(27, "file larger than planned"), self.path, "writing")
+            try:
+                written = os.pwrite(self._fd, data, self._blob_offset + self._used)
+                while written < len(data):
+                    written += os.pwrite(
+                        self._fd, memoryview(data)[written:], self._blob_offset + self._used + written
+                    )
+            except OSError as exc:
+                raise storage_error(exc, self.path, "writing") from exc
+            placed.append((self._blob_offset + self._used, len(data)))
+            self._exts.append(ext)
+            self._offsets.append(self._used)
+            self._sizes.append(len(data))
+            self._hashes.append(digest)
+            self._used += len(data)
+        return placed
+
+    def finish(self) -> tuple[int, str]:
+        """Write the tables, fsync and publish; return (size, xxh3_128)."""
+        import h5py
+
+        try:
+            os.close(self._fd)
+            self._fd = -1
+            text = h5py.string_dtype("ascii")
+            with h5py.File(self._tmp, "r+") as f:
+                tables = {
+                    "sample_key": (np.array(self._keys, dtype=object), text),
+                    "sample_label": (np.array(self._labels, dtype="<i4"), None),
+                    "sample_first_member": (np.array(self._first, dtype="<u8"), None),
+                    "sample_num_members": (np.array(self._count, dtype="<u4"), None),
+                    "member_ext": (np.array(self._exts, dtype=object), text),
+                    "member_offset": (np.array(self._offsets, dtype="<u8"), None),
+                    "member_size": (np.array(self._sizes, dtype="<u8"), None),
+                    "member_xxh3_64": (np.array(self._hashes, dtype="<u8"), None),
+                }
+                for name, (values, dtype) in tables.items():
+                    f.create_dataset(name, data=values, dtype=dtype, track_times=False)
+                f.attrs["shardio_format_version"] = FORMAT_VERSION
+                f.attrs["blob_bytes"] = self._used
+            size = os.path.getsize(self._tmp)
+            digest = file_xxh3_128(self._tmp)
+            publish(self._tmp, self.path, durable=self._durable)
+        except OSError as exc:
+            self.abort()
+            raise storage_error(exc, self.path, "writing") from exc
+        return size, digest
+
+    def _remove_tmp(self) -> None:
+        try:
+            os.unlink(self._tmp)
+        except FileNotFoundError:
+            pass
+
+    def abort(self) -> None:
+        """Close and remove the temp file."""
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._remove_tmp()
