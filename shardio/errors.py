@@ -109,7 +109,7 @@ class ChecksumMismatchError(IntegrityError):
         )
 
 
-def _rebuild_checksum_error(
+def _rebuild_checksum_error(  # noqa: PLR0917 - pickle passes positionally
     path: str, shard: str, key: str | None, expected: str, actual: str, member: str | None
 ) -> ChecksumMismatchError:
     return ChecksumMismatchError(

@@ -49,7 +49,9 @@ def _load_parts(dst: str) -> list[dict[str, Any]]:
     if not os.path.isdir(work):
         if os.path.exists(os.path.join(dst, MANIFEST_FILENAME)):
             raise UsageError(f"{dst} is already merged")
-        raise UsageError(f"{dst} holds no packed parts to merge (run shardio pack --part I/N first)")
+        raise UsageError(
+            f"{dst} holds no packed parts to merge (run shardio pack --part I/N first)"
+        )
     found: dict[int, int] = {}
     for name in os.listdir(work):
         m = _PART_RE.match(name)

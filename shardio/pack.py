@@ -10,6 +10,7 @@ shards whose checksum still matches. A multi-node pack runs one part per SLURM t
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import errno
 import json
 import logging
@@ -157,9 +158,7 @@ def _prepare_dst(dst: str, options: PackOptions) -> None:
         elif options.resume:
             return
         else:
-            raise UsageError(
-                f"{dst} already holds a shardio dataset: use --force to overwrite it"
-            )
+            raise UsageError(f"{dst} already holds a shardio dataset: use --force to overwrite it")
     if os.path.isdir(dst) and not options.force and not options.resume:
         ours = {SHARD_DIR, WORK_DIR} if options.num_parts > 1 else set()
         foreign = [n for n in os.listdir(dst) if n not in ours]
@@ -180,10 +179,8 @@ def _prepare_dst(dst: str, options: PackOptions) -> None:
 def _clear_dataset(dst: str) -> None:
     """Remove shardio's own files from dst, manifest first so nothing looks complete."""
     for name in (MANIFEST_FILENAME, INDEX_FILENAME, REPORT_FILENAME):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(dst, name))
-        except FileNotFoundError:
-            pass
     shutil.rmtree(os.path.join(dst, WORK_DIR), ignore_errors=True)
     shard_dir = os.path.join(dst, SHARD_DIR)
     if os.path.isdir(shard_dir):
@@ -276,10 +273,12 @@ def _write_shard(job: _ShardJob, counters: Counters | None = None) -> dict[str, 
                     label=sample.label,
                     members=[
                         MemberEntry(ext, off, size, digest, p)
-                        for (ext, _, digest), (off, size), p in zip(members, placed, paths, strict=True)
+                        for (ext, _, digest), (off, size), p in zip(
+                            members, placed, paths, strict=True
+                        )
                     ],
                 )
-                data_bytes += sum(len(m[1]) for m in members)
+                data_bytes += sum(len(m[1]) for m, p in zip(members, paths, strict=True) if p)
             if counters is not None:
                 counters.add(len(sample.files), sum(f.size for f in sample.files))
         size, digest = writer.finish()
@@ -425,8 +424,17 @@ def pack(
     _check_state(dst, options, fingerprint)
     _remove_temps(dst, [s.name for s in shards])
     jobs = [
-        _ShardJob(src, dst, s, options.shard_format, labelled, options.strict, options.durable,
-                  alignment, fingerprint)
+        _ShardJob(
+            src,
+            dst,
+            s,
+            options.shard_format,
+            labelled,
+            options.strict,
+            options.durable,
+            alignment,
+            fingerprint,
+        )
         for s in shards
     ]
     records: dict[int, dict[str, Any]] = {}
@@ -439,8 +447,10 @@ def pack(
     reused = len(records)
     counters = Counters()
     reused_files = sum(j.plan.num_files for j in jobs if j.plan.seq in records)
-    counters.add(reused_files, sum(f.size for j in jobs if j.plan.seq in records
-                                   for s in j.plan.samples for f in s.files))
+    counters.add(
+        reused_files,
+        sum(f.size for j in jobs if j.plan.seq in records for s in j.plan.samples for f in s.files),
+    )
     total_files = sum(j.plan.num_files for j in jobs)
     total_bytes = sum(f.size for s in samples for f in s.files)
     if progress is not None:
@@ -451,7 +461,16 @@ def pack(
     part_skipped = list(skipped) + [
         Skipped(os.fsencode(s["path"]), s["reason"]) for r in records.values() for s in r["skipped"]
     ]
-    _write_part_record(dst, options, listing, records, part_skipped, oversized, layout, fingerprint)
+    _write_part_record(
+        dst,
+        options=options,
+        listing=listing,
+        records=records,
+        skipped=part_skipped,
+        oversized=oversized,
+        layout=layout,
+        fingerprint=fingerprint,
+    )
     merged = merge_parts(dst) if options.num_parts == 1 else None
     ordered = [records[j.plan.seq] for j in jobs]
     return PackResult(
@@ -474,16 +493,17 @@ def pack(
 
 def _check_state(dst: str, options: PackOptions, fingerprint: str) -> None:
     """Record the plan's fingerprint; under --resume it must match the interrupted run's."""
-    state_path = os.path.join(dst, WORK_DIR, f"state-{options.part:04d}-of-{options.num_parts:04d}.json")
+    state_path = os.path.join(
+        dst, WORK_DIR, f"state-{options.part:04d}-of-{options.num_parts:04d}.json"
+    )
     if os.path.exists(state_path):
         with open(state_path, "rb") as fh:
             previous = json.loads(fh.read()).get("fingerprint")
-        if previous != fingerprint:
-            if options.resume:
-                raise PackError(
-                    f"the source or the options changed since the interrupted pack into {dst}: "
-                    "rerun with the same options, or with --force to start over"
-                )
+        if previous != fingerprint and options.resume:
+            raise PackError(
+                f"the source or the options changed since the interrupted pack into {dst}: "
+                "rerun with the same options, or with --force to start over"
+            )
     with atomic_write(state_path, durable=options.durable) as fh:
         fh.write(json.dumps({"fingerprint": fingerprint}).encode("ascii"))
 
@@ -498,7 +518,9 @@ def _run_jobs(
     ctx = multiprocessing.get_context("forkserver")
     results: dict[int, dict[str, Any]] = {}
     with concurrent.futures.ProcessPoolExecutor(
-        max_workers=min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker,
+        max_workers=min(workers, len(jobs)),
+        mp_context=ctx,
+        initializer=_init_worker,
         initargs=(counters,),
     ) as pool:
         futures = {pool.submit(_write_shard, job): job for job in jobs}
@@ -515,6 +537,7 @@ def _run_jobs(
 
 def _write_part_record(
     dst: str,
+    *,
     options: PackOptions,
     listing: Any,
     records: dict[int, dict[str, Any]],
@@ -548,6 +571,10 @@ def _write_part_record(
         durable=options.durable,
     ) as fh:
         fh.write(json.dumps(doc, indent=1).encode("ascii"))
-    logger.info("part %d/%d: %d shards, %s", options.part, options.num_parts, len(records),
-                format_size(sum(r["size_bytes"] for r in records.values())))
-
+    logger.info(
+        "part %d/%d: %d shards, %s",
+        options.part,
+        options.num_parts,
+        len(records),
+        format_size(sum(r["size_bytes"] for r in records.values())),
+    )

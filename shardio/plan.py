@@ -153,9 +153,7 @@ def list_tree(src: str, *, labels: str = "auto") -> Listing:
     for rel_dir, name, kind in files:
         stem, _ = split_name(name)
         groups.setdefault((rel_dir, stem), []).append((name, kind))
-    ordered = tuple(
-        _Group(d, s, tuple(sorted(groups[(d, s)]))) for d, s in sorted(groups)
-    )
+    ordered = tuple(_Group(d, s, tuple(sorted(groups[(d, s)]))) for d, s in sorted(groups))
     return Listing(groups=ordered, classes=classes, label_layout=label_layout, num_files=len(files))
 
 

@@ -98,9 +98,14 @@ def _verify_shard(root: str, shard: int, quick: bool) -> tuple[ShardProblem | No
                     mrec = ds.index.members[m]
                     off, msize = int(mrec["offset"]), int(mrec["size"])
                     if off + msize > size:
-                        bad.append(BadMember(ds.key(entry.first_sample + i),
-                                             ds.index.exts[int(mrec["ext_id"])],
-                                             hex64(int(mrec["xxh3_64"])), "truncated"))
+                        bad.append(
+                            BadMember(
+                                ds.key(entry.first_sample + i),
+                                ds.index.exts[int(mrec["ext_id"])],
+                                hex64(int(mrec["xxh3_64"])),
+                                "truncated",
+                            )
+                        )
                         continue
                     if off >= pos:
                         whole.update(view[pos:off])
@@ -108,9 +113,14 @@ def _verify_shard(root: str, shard: int, quick: bool) -> tuple[ShardProblem | No
                         whole.update(view[off:pos])
                     actual = xxhash.xxh3_64_intdigest(view[off : off + msize])
                     if actual != int(mrec["xxh3_64"]):
-                        bad.append(BadMember(ds.key(entry.first_sample + i),
-                                             ds.index.exts[int(mrec["ext_id"])],
-                                             hex64(int(mrec["xxh3_64"])), hex64(actual)))
+                        bad.append(
+                            BadMember(
+                                ds.key(entry.first_sample + i),
+                                ds.index.exts[int(mrec["ext_id"])],
+                                hex64(int(mrec["xxh3_64"])),
+                                hex64(actual),
+                            )
+                        )
             whole.update(view[pos:])
         finally:
             view.release()
@@ -171,9 +181,14 @@ def verify_dataset(
         _init(counters)
         results: list[tuple[ShardProblem | None, int]] = []
         thread = (
-            ProgressThread(counters, progress, files_total=len(shards),
-                           bytes_total=0 if quick else ds.manifest.total_bytes)
-            if progress is not None else None
+            ProgressThread(
+                counters,
+                progress,
+                files_total=len(shards),
+                bytes_total=0 if quick else ds.manifest.total_bytes,
+            )
+            if progress is not None
+            else None
         )
         if thread is not None:
             thread.__enter__()
@@ -186,8 +201,15 @@ def verify_dataset(
                 with concurrent.futures.ProcessPoolExecutor(
                     max_workers=workers, mp_context=ctx, initializer=_init, initargs=(counters,)
                 ) as pool:
-                    results = list(pool.map(_verify_task, [root] * len(shards), shards,
-                                            [quick] * len(shards), chunksize=1))
+                    results = list(
+                        pool.map(
+                            _verify_task,
+                            [root] * len(shards),
+                            shards,
+                            [quick] * len(shards),
+                            chunksize=1,
+                        )
+                    )
         finally:
             _DATASETS.pop(root, None)
             if thread is not None:
@@ -196,4 +218,6 @@ def verify_dataset(
         checked = sum(n for _, n in results)
     finally:
         ds.close()
-    return VerifyReport(root, quick, len(shards), checked, time.monotonic() - start, tuple(problems))
+    return VerifyReport(
+        root, quick, len(shards), checked, time.monotonic() - start, tuple(problems)
+    )

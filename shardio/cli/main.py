@@ -60,12 +60,22 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("dst", help="the dataset directory to create")
     p.add_argument("--format", dest="shard_format", choices=["tar", "hdf5"], default="tar")
     p.add_argument("--shard-size", default="1GiB", help="target shard size (default 1GiB)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="processes (default: the CPUs of this job, SLURM-aware)")
-    p.add_argument("--labels", choices=["auto", "none"], default="auto",
-                   help="class labels from an ImageNet-style layout (default auto)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes (default: the CPUs of this job, SLURM-aware)",
+    )
+    p.add_argument(
+        "--labels",
+        choices=["auto", "none"],
+        default="auto",
+        help="class labels from an ImageNet-style layout (default auto)",
+    )
     p.add_argument("--stripe", default="auto", help="auto | none | pfl | COUNTxSIZE (e.g. 8x4MiB)")
-    p.add_argument("--fs-type", default=None, help="force the filesystem type (lustre, beegfs, ...)")
+    p.add_argument(
+        "--fs-type", default=None, help="force the filesystem type (lustre, beegfs, ...)"
+    )
     p.add_argument("--part", default=None, help="pack part I/N of a multi-node pack, or auto")
     p.add_argument("--strict", action="store_true", help="fail on files that would be skipped")
     p.add_argument("--resume", action="store_true", help="finish an interrupted pack")
@@ -77,8 +87,11 @@ def _build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="check every shard and sample checksum")
     v.add_argument("dst")
-    v.add_argument("--quick", action="store_true",
-                   help="check the index and shard sizes only; read no shard data")
+    v.add_argument(
+        "--quick",
+        action="store_true",
+        help="check the index and shard sizes only; read no shard data",
+    )
     v.add_argument("--workers", type=int, default=None)
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.add_argument("--no-progress", action="store_true")
@@ -145,8 +158,10 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
     result = merge_parts(args.dst)
     man = result.manifest
-    print(f"merged {result.num_parts} parts into {args.dst}: {man.num_samples:,} samples, "
-          f"{len(man.shards):,} shards, {format_size(man.total_bytes)}")
+    print(
+        f"merged {result.num_parts} parts into {args.dst}: {man.num_samples:,} samples, "
+        f"{len(man.shards):,} shards, {format_size(man.total_bytes)}"
+    )
     return EXIT_OK
 
 
@@ -158,30 +173,55 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     bar = None if args.no_progress or args.json else ProgressBar("verifying", unit="shards")
     report = verify_dataset(args.dst, quick=args.quick, workers=workers, progress=bar)
     if args.json:
-        print(json.dumps({
-            "ok": report.ok, "quick": report.quick, "shards_checked": report.shards_checked,
-            "bytes_checked": report.bytes_checked, "seconds": round(report.seconds, 3),
-            "problems": [
-                {"shard": p.path, "reason": p.reason,
-                 "bad_samples": [{"key": b.key, "member": b.ext, "expected": b.expected,
-                                  "actual": b.actual} for b in p.bad_members]}
-                for p in report.problems
-            ],
-        }, indent=1))
+        print(
+            json.dumps(
+                {
+                    "ok": report.ok,
+                    "quick": report.quick,
+                    "shards_checked": report.shards_checked,
+                    "bytes_checked": report.bytes_checked,
+                    "seconds": round(report.seconds, 3),
+                    "problems": [
+                        {
+                            "shard": p.path,
+                            "reason": p.reason,
+                            "bad_samples": [
+                                {
+                                    "key": b.key,
+                                    "member": b.ext,
+                                    "expected": b.expected,
+                                    "actual": b.actual,
+                                }
+                                for b in p.bad_members
+                            ],
+                        }
+                        for p in report.problems
+                    ],
+                },
+                indent=1,
+            )
+        )
         return EXIT_OK if report.ok else EXIT_DAMAGED
     mode = "quick check of" if report.quick else "verified"
     rate = report.bytes_checked / report.seconds if report.seconds > 0 else 0
     if report.ok:
-        print(f"OK: {mode} {report.shards_checked:,} shards ({format_size(report.bytes_checked)}) "
-              f"in {format_duration(report.seconds)}, {format_size(rate)}/s")
+        print(
+            f"OK: {mode} {report.shards_checked:,} shards ({format_size(report.bytes_checked)}) "
+            f"in {format_duration(report.seconds)}, {format_size(rate)}/s"
+        )
         return EXIT_OK
     for p in report.problems:
         print(f"DAMAGED {p.path}: {p.reason}", file=sys.stderr)
         for b in p.bad_members:
-            print(f"  sample {b.key} member {b.ext}: xxh3 expected {b.expected}, got {b.actual}",
-                  file=sys.stderr)
-    print(f"FAILED: {len(report.problems)} of {report.shards_checked:,} shards damaged, "
-          f"{len(report.damaged_samples):,} samples affected", file=sys.stderr)
+            print(
+                f"  sample {b.key} member {b.ext}: xxh3 expected {b.expected}, got {b.actual}",
+                file=sys.stderr,
+            )
+    print(
+        f"FAILED: {len(report.problems)} of {report.shards_checked:,} shards damaged, "
+        f"{len(report.damaged_samples):,} samples affected",
+        file=sys.stderr,
+    )
     return EXIT_DAMAGED
 
 
@@ -212,13 +252,18 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=1))
         return EXIT_OK
-    mean = man.data_bytes / man.num_members if man.num_members else 0
+    files = man.num_members - (man.num_samples if man.classes is not None else 0)
+    mean = man.data_bytes / files if files else 0
     print(f"dataset       {args.dst}")
     print(f"format        shardio v{man.format_version}, {man.shard_format} shards")
-    print(f"samples       {man.num_samples:,} ({man.num_members:,} members, "
-          f"extensions: {', '.join(info['extensions'])})")  # type: ignore[arg-type]
-    print(f"shards        {len(man.shards):,}, {format_size(man.total_bytes)} "
-          f"(payload {format_size(man.data_bytes)}, mean member {format_size(mean)})")
+    print(
+        f"samples       {man.num_samples:,} ({man.num_members:,} members, "
+        f"extensions: {', '.join(info['extensions'])})"
+    )
+    print(
+        f"shards        {len(man.shards):,}, {format_size(man.total_bytes)} "
+        f"(payload {format_size(man.data_bytes)}, mean file {format_size(mean)})"
+    )
     if man.classes is not None:
         shown = ", ".join(man.classes[:5]) + (", ..." if len(man.classes) > 5 else "")
         print(f"classes       {len(man.classes):,} ({man.label_layout}): {shown}")
@@ -252,8 +297,10 @@ def _cmd_unpack(args: argparse.Namespace) -> int:
     from shardio.unpack import unpack_dataset
 
     result = unpack_dataset(args.dst, args.out)
-    print(f"unpacked {result.files:,} files ({format_size(result.bytes)}) into {args.out} "
-          f"in {format_duration(result.seconds)}")
+    print(
+        f"unpacked {result.files:,} files ({format_size(result.bytes)}) into {args.out} "
+        f"in {format_duration(result.seconds)}"
+    )
     return EXIT_OK
 
 

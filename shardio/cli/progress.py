@@ -20,7 +20,11 @@ class ProgressBar:
     """
 
     def __init__(
-        self, label: str, *, unit: str = "files", stream: TextIO | None = None,
+        self,
+        label: str,
+        *,
+        unit: str = "files",
+        stream: TextIO | None = None,
         log_interval_s: float = 30.0,
     ) -> None:
         self.label = label
@@ -34,8 +38,10 @@ class ProgressBar:
         rate = snap.bytes_done / snap.elapsed_s if snap.elapsed_s > 0 else 0.0
         remaining = snap.bytes_total - snap.bytes_done
         eta = format_duration(remaining / rate) if rate > 0 and remaining > 0 else "--"
-        frac = snap.bytes_done / snap.bytes_total if snap.bytes_total else (
-            snap.files_done / snap.files_total if snap.files_total else 1.0
+        frac = (
+            snap.bytes_done / snap.bytes_total
+            if snap.bytes_total
+            else (snap.files_done / snap.files_total if snap.files_total else 1.0)
         )
         width = 24
         filled = int(width * min(frac, 1.0))

@@ -17,6 +17,7 @@ page faults, and ranks on one node share the pages through the page cache.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -65,7 +66,9 @@ class IndexBuilder:
     _paths: bytearray = field(default_factory=bytearray)
     _ext_ids: dict[str, int] = field(default_factory=dict)
 
-    def add_sample(self, *, shard: int, key: str, label: int, members: Sequence[MemberEntry]) -> None:
+    def add_sample(
+        self, *, shard: int, key: str, label: int, members: Sequence[MemberEntry]
+    ) -> None:
         """Append one sample and its members."""
         key_bytes = key.encode("ascii")
         self._samples.append(
@@ -74,7 +77,9 @@ class IndexBuilder:
         self._keys += key_bytes
         for m in members:
             ext_id = self._ext_ids.setdefault(m.ext, len(self._ext_ids))
-            self._members.append((m.offset, m.size, m.xxh3_64, len(self._paths), len(m.path), ext_id))
+            self._members.append(
+                (m.offset, m.size, m.xxh3_64, len(self._paths), len(m.path), ext_id)
+            )
             self._paths += m.path
 
     @property
@@ -103,15 +108,15 @@ def write_index(
     *,
     samples: np.ndarray[Any, Any],
     members: np.ndarray[Any, Any],
-    keys: bytes | memoryview,
-    paths: bytes | memoryview,
+    keys: bytes | bytearray | memoryview,
+    paths: bytes | bytearray | memoryview,
     exts: Sequence[str],
     n_shards: int,
 ) -> None:
     """Write a complete index from its tables."""
-    blobs: list[bytes | memoryview] = [
-        memoryview(np.ascontiguousarray(samples, dtype=SAMPLE_DTYPE)).cast("B"),
-        memoryview(np.ascontiguousarray(members, dtype=MEMBER_DTYPE)).cast("B"),
+    blobs: list[bytes | bytearray | memoryview] = [
+        np.ascontiguousarray(samples, dtype=SAMPLE_DTYPE).tobytes(),
+        np.ascontiguousarray(members, dtype=MEMBER_DTYPE).tobytes(),
         keys,
         paths,
         "\n".join(exts).encode("ascii"),
@@ -122,9 +127,7 @@ def write_index(
         sections.append((pos, len(blob)))
         pos += -(-len(blob) // SECTION_ALIGN) * SECTION_ALIGN
     header = bytearray(INDEX_HEADER_SIZE)
-    _HEAD.pack_into(
-        header, 0, INDEX_MAGIC, INDEX_VERSION, 0, len(samples), len(members), n_shards
-    )
+    _HEAD.pack_into(header, 0, INDEX_MAGIC, INDEX_VERSION, 0, len(samples), len(members), n_shards)
     for i, (off, length) in enumerate(sections):
         _SECTION.pack_into(header, _HEAD.size + i * _SECTION.size, off, length)
     fh.write(header)
@@ -165,9 +168,10 @@ class Index:
             if off + length > len(view):
                 raise FormatError(f"{path}: index section {name!r} runs past the end of the file")
             sections[name] = view[off : off + length]
-        if len(sections["samples"]) != n_samples * SAMPLE_DTYPE.itemsize or len(
-            sections["members"]
-        ) != n_members * MEMBER_DTYPE.itemsize:
+        if (
+            len(sections["samples"]) != n_samples * SAMPLE_DTYPE.itemsize
+            or len(sections["members"]) != n_members * MEMBER_DTYPE.itemsize
+        ):
             raise FormatError(f"{path}: index tables do not match their record counts")
         self.n_shards = int(n_shards)
         self.samples = np.frombuffer(sections["samples"], dtype=SAMPLE_DTYPE)
@@ -175,7 +179,9 @@ class Index:
         self.keys_blob = sections["keys"]
         self.paths_blob = sections["paths"]
         ext_bytes = bytes(sections["exts"])
-        self.exts: tuple[str, ...] = tuple(ext_bytes.decode("ascii").split("\n")) if ext_bytes else ()
+        self.exts: tuple[str, ...] = (
+            tuple(ext_bytes.decode("ascii").split("\n")) if ext_bytes else ()
+        )
         if n_members and int(self.members["ext_id"].max()) >= len(self.exts):
             raise FormatError(f"{path}: index refers to an extension that is not in its table")
 
@@ -217,14 +223,12 @@ class Index:
     def close(self) -> None:
         """Release the mapping (views taken earlier become invalid)."""
         buf = self._buffer
-        self.samples = self.members = np.empty(0)
+        self.samples = self.members = np.empty(0, dtype=SAMPLE_DTYPE)
         self.keys_blob = self.paths_blob = memoryview(b"")
         if isinstance(buf, mmap.mmap):
-            try:
+            # A caller may still hold a view; the mapping then goes when the last view does.
+            with contextlib.suppress(BufferError):
                 buf.close()
-            except BufferError:
-                # A caller still holds a view; the mapping goes when the last view does.
-                pass
 
 
 def merge_indexes(fh: IO[bytes], parts: Iterable[tuple[Index, int]], *, n_shards: int) -> int:

@@ -230,5 +230,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         with open(name, "rb") as fh:
             data = fh.read()
     except FileNotFoundError as exc:
-        raise FormatError(f"{name}: no manifest (not a shardio dataset, or its pack did not finish)") from exc
+        raise FormatError(
+            f"{name}: no manifest (not a shardio dataset, or its pack did not finish)"
+        ) from exc
     return parse_manifest(data, where=name)

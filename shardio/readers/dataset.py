@@ -99,8 +99,9 @@ class PackedDataset:
         """Key of a sample."""
         return self.index.key(sample)
 
-    def read_member(self, member: int, *, shard: int, key: str | None = None,
-                    verify: bool = True) -> bytes:
+    def read_member(
+        self, member: int, *, shard: int, key: str | None = None, verify: bool = True
+    ) -> bytes:
         """Read one member's bytes with pread, checking its xxh3-64.
 
         Raises:

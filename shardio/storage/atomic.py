@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import IO
 
 from shardio.errors import StorageError
@@ -75,7 +75,7 @@ def atomic_write(path: str, *, durable: bool = True) -> Iterator[IO[bytes]]:
     """
     tmp = temp_path_for(path)
     try:
-        fh = open(tmp, "wb")
+        fh = open(tmp, "wb")  # noqa: SIM115 - closed by the with block below
     except OSError as exc:
         raise storage_error(exc, path, "creating") from exc
     try:
@@ -88,10 +88,8 @@ def atomic_write(path: str, *, durable: bool = True) -> Iterator[IO[bytes]]:
         if durable:
             fsync_dir(os.path.dirname(path) or ".")
     except BaseException as exc:
-        try:
+        with suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         if isinstance(exc, OSError) and not isinstance(exc, StorageError):
             raise storage_error(exc, path, "writing") from exc
         raise

@@ -19,6 +19,7 @@ Datasets in each file::
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 
@@ -46,7 +47,11 @@ class HDF5ShardWriter:
     suffix = ".h5"
 
     def __init__(
-        self, path: str, *, capacity_bytes: int, alignment: int = DEFAULT_HDF5_ALIGNMENT,
+        self,
+        path: str,
+        *,
+        capacity_bytes: int,
+        alignment: int = DEFAULT_HDF5_ALIGNMENT,
         durable: bool = True,
     ) -> None:
         import h5py  # deferred: tar-only packs never load HDF5
@@ -66,7 +71,10 @@ class HDF5ShardWriter:
         self._hashes: list[int] = []
         try:
             with h5py.File(
-                self._tmp, "w", libver="earliest", alignment_threshold=65536,
+                self._tmp,
+                "w",
+                libver="earliest",
+                alignment_threshold=65536,
                 alignment_interval=alignment,
             ) as f:
                 dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
@@ -74,8 +82,11 @@ class HDF5ShardWriter:
                 dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
                 dcpl.set_obj_track_times(False)
                 dsid = h5py.h5d.create(
-                    f.id, HDF5_BLOB.encode(), h5py.h5t.py_create(np.dtype("uint8")),
-                    h5py.h5s.create_simple((self._capacity,)), dcpl=dcpl,
+                    f.id,
+                    HDF5_BLOB.encode(),
+                    h5py.h5t.py_create(np.dtype("uint8")),
+                    h5py.h5s.create_simple((self._capacity,)),
+                    dcpl=dcpl,
                 )
                 self._blob_offset = int(dsid.get_offset())
             self._fd = os.open(self._tmp, os.O_WRONLY)
@@ -102,7 +113,9 @@ class HDF5ShardWriter:
                 written = os.pwrite(self._fd, data, self._blob_offset + self._used)
                 while written < len(data):
                     written += os.pwrite(
-                        self._fd, memoryview(data)[written:], self._blob_offset + self._used + written
+                        self._fd,
+                        memoryview(data)[written:],
+                        self._blob_offset + self._used + written,
                     )
             except OSError as exc:
                 raise storage_error(exc, self.path, "writing") from exc
@@ -146,10 +159,8 @@ class HDF5ShardWriter:
         return size, digest
 
     def _remove_tmp(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self._tmp)
-        except FileNotFoundError:
-            pass
 
     def abort(self) -> None:
         """Close and remove the temp file."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tarfile
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ def ustar_header(name: bytes, size: int) -> bytes:
     prefix, base = b"", name
     if len(name) > 100:
         cut = name.rfind(b"/", 0, 156)
-        if 0 < cut and len(name) - cut - 1 <= 100:
+        if cut > 0 and len(name) - cut - 1 <= 100:
             prefix, base = name[:cut], name[cut + 1 :]
         else:
             base = b""
@@ -142,10 +143,8 @@ class TarShardWriter:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self._tmp)
-        except FileNotFoundError:
-            pass
 
 
 def dali_index_text(samples: Sequence[tuple[str, Sequence[tuple[str, int, int]]]]) -> bytes:

@@ -1,0 +1,48 @@
+# shardio developer entry points. `make test` and `make demo` install what is missing.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch goes in first, pinned, so the project's own range (torch>=2.1,<3) installs nothing more.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.stamp-install
+BENCH_STAMP := $(VENV)/.stamp-bench
+PYTEST_ARGS ?= -q
+
+.PHONY: install test lint typecheck check bench demo clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[torch,dali,dev]"
+	touch $@
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest -m "not gpu and not bench" $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+check: lint typecheck test
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[bench]"
+	touch $@
+
+bench: $(BENCH_STAMP)
+	$(PY) benchmarks/bench_pack.py
+
+demo: install
+	$(PY) scripts/demo.py
+
+clean:
+	rm -rf .demo .bench build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +
