@@ -82,7 +82,14 @@ class Manifest:
     def __post_init__(self) -> None:
         if self.shard_format not in SHARD_FORMATS:
             raise FormatError(f"unknown shard_format {self.shard_format!r}")
-        if sum(s.num_samples for s in self.shards) != self.num_samples:
+        first = 0
+        for shard in self.shards:
+            if shard.first_sample != first:
+                raise FormatError(
+                    f"shard {shard.path!r}: first_sample is {shard.first_sample}, expected {first}"
+                )
+            first += shard.num_samples
+        if first != self.num_samples:
             raise FormatError("shard sample counts do not add up to num_samples")
 
     @property
@@ -229,6 +236,8 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     try:
         with open(name, "rb") as fh:
             data = fh.read()
+    except IsADirectoryError as exc:
+        raise FormatError(f"{name}: is a directory, not a manifest") from exc
     except FileNotFoundError as exc:
         raise FormatError(
             f"{name}: no manifest (not a shardio dataset, or its pack did not finish)"

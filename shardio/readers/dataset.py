@@ -79,6 +79,11 @@ class PackedDataset:
                 f"{self.root}: index holds {len(self.index)} samples, manifest says "
                 f"{self.manifest.num_samples}"
             )
+        if self.index.n_shards != len(self.manifest.shards):
+            raise FormatError(
+                f"{self.root}: index refers to {self.index.n_shards} shards, manifest lists "
+                f"{len(self.manifest.shards)}"
+            )
         self._shard_paths = [os.path.join(self.root, s.path) for s in self.manifest.shards]
         self.pool = FilePool(max_open)
 
@@ -148,7 +153,8 @@ class PackedDataset:
         for m in self.index.sample_member_range(sample):
             ext = exts[int(self.index.members[m]["ext_id"])]
             data = self.read_member(m, shard=shard, key=key, verify=verify)
-            out[ext] = int(data) if ext == LABEL_EXT else data
+            synthesised = int(self.index.members[m]["path_length"]) == 0
+            out[ext] = int(data) if ext == LABEL_EXT and synthesised else data
         return out
 
     def close(self) -> None:

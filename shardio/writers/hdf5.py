@@ -74,7 +74,7 @@ class HDF5ShardWriter:
                 self._tmp,
                 "w",
                 libver="earliest",
-                alignment_threshold=65536,
+                alignment_threshold=min(self._capacity, 65536),
                 alignment_interval=alignment,
             ) as f:
                 dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)

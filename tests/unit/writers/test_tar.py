@@ -1,0 +1,148 @@
+"""Tests for the tar shard writer, its ustar headers and its DALI index."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from shardio.errors import StorageError
+from shardio.format.checksum import file_xxh3_128, member_xxh3_64
+from shardio.writers.tar import TarShardWriter, dali_index_text, ustar_header
+
+
+def _parse_one(header: bytes, data: bytes = b"") -> tarfile.TarInfo:
+    pad = b"\0" * (-len(data) % 512)
+    stream = io.BytesIO(header + data + pad + b"\0" * 1024)
+    with tarfile.open(fileobj=stream, mode="r:") as tf:
+        [info] = tf.getmembers()
+        if data:
+            extracted = tf.extractfile(info)
+            assert extracted is not None
+            assert extracted.read() == data
+    return info
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        b"k.jpg",
+        b"a" * 96 + b".jpg",  # exactly 100 bytes: fills the name field, no NUL
+        b"d" * 120 + b"/" + b"f" * 60 + b".jpg",  # fits by moving the directory to prefix
+        b"p" * 155 + b"/" + b"n" * 96 + b".jpg",  # longest prefix, longest base
+    ],
+)
+def test_ustar_header_is_one_block(name: bytes) -> None:
+    header = ustar_header(name, 3)
+    assert len(header) == 512
+    info = tarfile.TarInfo.frombuf(header, "ascii", "strict")  # validates the checksum
+    assert info.name == name.decode()
+    assert info.size == 3
+    assert info.mode == 0o644
+    assert info.mtime == 0
+    assert (info.uid, info.gid, info.uname, info.gname) == (0, 0, "", "")
+    assert info.type == tarfile.REGTYPE
+    assert header[257:265] == b"ustar\x0000"
+    assert _parse_one(header, b"abc").name == name.decode()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        b"x" * 101 + b".jpg",  # no slash to split at
+        b"d" * 10 + b"/" + b"f" * 101 + b".jpg",  # base too long
+        b"p" * 160 + b"/" + b"f.jpg",  # prefix too long
+        b"a/" * 200 + b"k.cls",
+    ],
+)
+def test_long_names_get_a_pax_header(name: bytes) -> None:
+    header = ustar_header(name, 5)
+    assert len(header) > 512
+    assert len(header) % 512 == 0
+    assert b"path=" + name in header
+    info = _parse_one(header, b"12345")
+    assert info.name == name.decode()
+    assert info.size == 5
+    assert info.mtime == 0
+
+
+def test_sizes_of_8_gib_and_more_get_a_pax_header() -> None:
+    size = 8 * 1024**3
+    header = ustar_header(b"big.bin", size)
+    assert b" size=8589934592\n" in header
+    with tarfile.open(fileobj=io.BytesIO(header), mode="r:") as tf:
+        info = tf.next()  # reads the headers only; the data is not there
+    assert info is not None
+    assert info.name == "big.bin"
+    assert info.size == size
+    assert info.offset_data == len(header)
+
+
+def test_headers_are_reproducible() -> None:
+    assert ustar_header(b"a/b.c", 10) == ustar_header(b"a/b.c", 10)
+    assert ustar_header(b"x" * 300, 10) == ustar_header(b"x" * 300, 10)
+
+
+def _members(*items: tuple[str, bytes]) -> list[tuple[str, bytes, int]]:
+    return [(ext, data, member_xxh3_64(data)) for ext, data in items]
+
+
+def test_writer_produces_a_readable_tar(tmp_path: Path) -> None:
+    path = str(tmp_path / "shard.tar")
+    writer = TarShardWriter(path, durable=False)
+    big = os.urandom(9 * 1024 * 1024)  # larger than one write batch
+    samples = [
+        ("a/x", _members(("jpg", b"1234"), ("cls", b"3"))),
+        ("a/empty", _members(("txt", b""))),
+        ("b/big", _members(("bin", big))),
+    ] + [(f"c/{i:04d}", _members(("t", bytes([i % 256]) * i))) for i in range(300)]
+    placed = [writer.add_sample(key, 0, m) for key, m in samples]
+    assert not os.path.exists(path)  # nothing under the final name before finish
+    size, digest = writer.finish()
+    assert os.listdir(tmp_path) == ["shard.tar"]
+    assert size == os.path.getsize(path)
+    assert size % 512 == 0
+    assert digest == file_xxh3_128(path)
+
+    with tarfile.open(path) as tf:
+        infos = tf.getmembers()
+        expected = [(f"{key}.{ext}", data) for key, ms in samples for ext, data, _ in ms]
+        assert [i.name for i in infos] == [n for n, _ in expected]
+        offsets = [p for ps in placed for p in ps]
+        for info, (_, data), (off, length) in zip(infos, expected, offsets, strict=True):
+            assert (info.offset_data, info.size) == (off, length)
+            assert length == len(data)
+            fh = tf.extractfile(info)
+            assert fh is not None and fh.read() == data
+    with open(path, "rb") as fh:
+        fh.seek(-1024, os.SEEK_END)
+        assert fh.read() == b"\0" * 1024
+    assert [k for k, _ in writer.samples] == [k for k, _ in samples]
+
+
+def test_abort_leaves_nothing(tmp_path: Path) -> None:
+    path = str(tmp_path / "shard.tar")
+    writer = TarShardWriter(path, durable=False)
+    writer.add_sample("k", 0, _members(("a", b"x" * 10)))
+    assert len(os.listdir(tmp_path)) == 1  # the hidden temp file
+    writer.abort()
+    writer.abort()
+    assert os.listdir(tmp_path) == []
+
+
+def test_unwritable_directory_names_the_shard(tmp_path: Path) -> None:
+    path = str(tmp_path / "missing-dir" / "shard.tar")
+    with pytest.raises(StorageError) as info:
+        TarShardWriter(path)
+    assert path in str(info.value)
+
+
+def test_dali_index_text() -> None:
+    text = dali_index_text(
+        [("a/x", [("jpg", 512, 4), ("cls", 1536, 1)]), ("b%20y", [("noext", 2560, 0)])]
+    )
+    assert text == (b"v1.2 2\njpg 512 4 a/x.jpg cls 1536 1 a/x.cls\nnoext 2560 0 b%20y.noext\n")
+    assert dali_index_text([]) == b"v1.2 0\n"
