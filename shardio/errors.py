@@ -42,7 +42,16 @@ class UsageError(ShardioError, ValueError):
     """The caller passed an invalid argument or option."""
 
 
-class SourceError(ShardioError, OSError):
+class _PlainOSError(OSError):
+    """An OSError whose str() is its message alone (no "[Errno N]" prefix for users)."""
+
+    def __str__(self) -> str:
+        if self.strerror is not None:
+            return str(self.strerror)
+        return super().__str__()
+
+
+class SourceError(ShardioError, _PlainOSError):
     """The source tree of a pack is missing, empty or cannot be read."""
 
 
@@ -50,7 +59,7 @@ class FormatError(ShardioError, ValueError):
     """A manifest, index or shard is malformed or has an unsupported format version."""
 
 
-class StorageError(ShardioError, OSError):
+class StorageError(ShardioError, _PlainOSError):
     """Reading or writing dataset files failed."""
 
 

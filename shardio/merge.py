@@ -24,7 +24,7 @@ from shardio.format.spec import (
     REPORT_FILENAME,
     WORK_DIR,
 )
-from shardio.storage.atomic import atomic_write
+from shardio.storage.atomic import atomic_write, is_temp_name
 
 __all__ = ["MergeResult", "merge_parts", "part_record_name"]
 
@@ -87,6 +87,9 @@ def merge_parts(dst: str, *, durable: bool = True) -> MergeResult:
         UsageError: no parts, parts missing, or parts packed with different options.
     """
     parts = _load_parts(dst)
+    for name in os.listdir(dst):
+        if is_temp_name(name):  # left by a merge killed mid-write
+            os.unlink(os.path.join(dst, name))
     work = os.path.join(dst, WORK_DIR)
     shards: list[ShardEntry] = []
     fragments: list[tuple[Index, int]] = []

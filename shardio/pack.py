@@ -9,22 +9,26 @@ shards whose checksum still matches. A multi-node pack runs one part per SLURM t
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import multiprocessing
 import os
 import shutil
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from shardio.errors import PackError, SourceError, StorageError, UsageError
 from shardio.format.checksum import file_xxh3_128, member_xxh3_64
 from shardio.format.index import IndexBuilder, MemberEntry
+from shardio.format.manifest import load_manifest
 from shardio.format.spec import (
     INDEX_FILENAME,
     LABEL_EXT,
@@ -60,6 +64,9 @@ logger = logging.getLogger(__name__)
 
 GiB = 1024**3
 _SUFFIX = {"tar": ".tar", "hdf5": ".h5"}
+# Source files read ahead of the shard writer, per worker process.
+_READ_THREADS = 4
+_READ_AHEAD = 32
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,25 +147,27 @@ def _inside(child: str, parent: str) -> bool:
 def _check_paths(src: str, dst: str) -> None:
     real_src = os.path.realpath(src)
     real_dst = os.path.realpath(dst)
+    if not os.path.exists(src):
+        raise SourceError(errno.ENOENT, f"source {src} does not exist")
     if not os.path.isdir(src):
-        kind = "does not exist" if not os.path.exists(src) else "is not a directory"
-        raise SourceError(errno.ENOENT, f"source {src} {kind}")
+        raise SourceError(errno.ENOTDIR, f"source {src} is not a directory")
     if _inside(real_dst, real_src):
         raise UsageError(f"destination {dst} is inside the source {src}: choose a path outside it")
     if _inside(real_src, real_dst):
         raise UsageError(f"source {src} is inside the destination {dst}: choose another path")
 
 
-def _prepare_dst(dst: str, options: PackOptions) -> None:
-    """Check what the destination holds and clear it for --force."""
-    manifest = os.path.join(dst, MANIFEST_FILENAME)
-    if os.path.exists(manifest):
+def _check_dst(dst: str, options: PackOptions) -> bool:
+    """Check what the destination holds; True if it is a complete dataset to keep (--resume).
+
+    Writes nothing, so a refused pack leaves the destination as it was.
+    """
+    if os.path.exists(os.path.join(dst, MANIFEST_FILENAME)):
         if options.force:
-            _clear_dataset(dst)
-        elif options.resume:
-            return
-        else:
-            raise UsageError(f"{dst} already holds a shardio dataset: use --force to overwrite it")
+            return False
+        if options.resume:
+            return True
+        raise UsageError(f"{dst} already holds a shardio dataset: use --force to overwrite it")
     if os.path.isdir(dst) and not options.force and not options.resume:
         ours = {SHARD_DIR, WORK_DIR} if options.num_parts > 1 else set()
         foreign = [n for n in os.listdir(dst) if n not in ours]
@@ -167,8 +176,17 @@ def _prepare_dst(dst: str, options: PackOptions) -> None:
                 f"{dst} is not empty ({foreign[0]!r}, ...): use --resume to finish an "
                 "interrupted pack or --force to overwrite"
             )
+    return False
+
+
+def _prepare_dst(dst: str, options: PackOptions) -> None:
+    """Clear the destination for --force, remove a killed run's temp files, make the dirs."""
     if options.force and os.path.isdir(dst):
         _clear_dataset(dst)
+    if os.path.isdir(dst):
+        for name in os.listdir(dst):
+            if is_temp_name(name):
+                os.unlink(os.path.join(dst, name))
     try:
         os.makedirs(os.path.join(dst, SHARD_DIR), exist_ok=True)
         os.makedirs(os.path.join(dst, WORK_DIR, "frag"), exist_ok=True)
@@ -215,9 +233,23 @@ class _ShardJob:
 _WORKER_COUNTERS: Counters | None = None
 
 
-def _init_worker(counters: Counters) -> None:
+def _init_worker(counters: Counters, parent_pid: int) -> None:
     global _WORKER_COUNTERS  # noqa: PLW0603 - per-process handle set by the pool initializer
     _WORKER_COUNTERS = counters
+    # The forkserver, not the packing process, is our parent, so PR_SET_PDEATHSIG cannot
+    # help: watch the packing process and stop if it was killed (kill -9, OOM killer).
+    threading.Thread(
+        target=_watch_parent, args=(parent_pid,), name="shardio-watchdog", daemon=True
+    ).start()
+
+
+def _watch_parent(pid: int) -> None:
+    while True:
+        time.sleep(0.5)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
 
 
 def _read_source(path: bytes, size: int) -> bytes:
@@ -263,8 +295,8 @@ def _write_shard(job: _ShardJob, counters: Counters | None = None) -> dict[str, 
     skipped: list[dict[str, str]] = []
     data_bytes = 0
     try:
-        for sample in plan.samples:
-            members, paths = _read_sample(root, sample, job, skipped)
+        for sample, loaded in _prefetch(root, plan.samples):
+            members, paths = _collect_sample(sample, loaded, job, skipped)
             if members:
                 placed = writer.add_sample(sample.key, sample.label, members)
                 builder.add_sample(
@@ -309,22 +341,66 @@ def _write_shard(job: _ShardJob, counters: Counters | None = None) -> dict[str, 
     return record
 
 
-def _read_sample(
-    root: bytes, sample: PlannedSample, job: _ShardJob, skipped: list[dict[str, str]]
-) -> tuple[list[tuple[str, bytes, int]], list[bytes]]:
-    members: list[tuple[str, bytes, int]] = []
-    paths: list[bytes] = []
+_Loaded = list[tuple[bytes, int] | OSError]
+
+
+def _load_files(root: bytes, sample: PlannedSample) -> _Loaded:
+    """Read and hash a sample's files (runs in a read-ahead thread; os.read drops the GIL)."""
+    out: _Loaded = []
     for f in sample.files:
         try:
             data = _read_source(os.path.join(root, f.rel), f.size)
         except OSError as exc:
+            out.append(exc)
+        else:
+            out.append((data, member_xxh3_64(data)))
+    return out
+
+
+def _prefetch(
+    root: bytes, samples: Sequence[PlannedSample]
+) -> Iterator[tuple[PlannedSample, _Loaded]]:
+    """Yield samples with their files read, in order, keeping reads ahead of the writer.
+
+    Several reads in flight hide per-file latency (an open and a read per file cost a
+    metadata and a data round trip on a parallel filesystem) behind the shard writes.
+    """
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=_READ_THREADS, thread_name_prefix="shardio-read"
+    ) as pool:
+        pending: collections.deque[tuple[PlannedSample, concurrent.futures.Future[_Loaded]]]
+        pending = collections.deque()
+        it = iter(samples)
+        for sample in itertools.islice(it, _READ_AHEAD):
+            pending.append((sample, pool.submit(_load_files, root, sample)))
+        try:
+            while pending:
+                sample, fut = pending.popleft()
+                nxt = next(it, None)
+                if nxt is not None:
+                    pending.append((nxt, pool.submit(_load_files, root, nxt)))
+                yield sample, fut.result()
+        finally:
+            for _, fut in pending:
+                fut.cancel()
+
+
+def _collect_sample(
+    sample: PlannedSample, loaded: _Loaded, job: _ShardJob, skipped: list[dict[str, str]]
+) -> tuple[list[tuple[str, bytes, int]], list[bytes]]:
+    members: list[tuple[str, bytes, int]] = []
+    paths: list[bytes] = []
+    for f, result in zip(sample.files, loaded, strict=True):
+        if isinstance(result, OSError):
+            exc = result
             reason = f"unreadable ({exc.strerror or exc})"
             if job.strict:
                 raise PackError(f"cannot pack {os.fsdecode(f.rel)}: {reason}") from exc
             logger.warning("skipping %s: %s", os.fsdecode(f.rel), reason)
             skipped.append(Skipped(f.rel, reason).to_json())
             continue
-        members.append((f.ext, data, member_xxh3_64(data)))
+        data, digest = result
+        members.append((f.ext, data, digest))
         paths.append(f.rel)
     if members and job.labelled:
         label = b"%d" % sample.label
@@ -374,10 +450,9 @@ def pack(
     """
     start = time.monotonic()
     _check_paths(src, dst)
+    if _check_dst(dst, options):
+        return _already_complete(dst, options, start)
     listing = list_tree(src, labels=options.labels)
-    _prepare_dst(dst, options)
-    if options.resume and os.path.exists(os.path.join(dst, MANIFEST_FILENAME)):
-        raise UsageError(f"{dst} already holds a complete dataset: nothing to resume")
     _first, groups = listing.part(options.part, options.num_parts)
     samples, skipped = resolve_samples(src, listing, groups)
     if skipped and options.strict:
@@ -388,6 +463,7 @@ def pack(
         )
     if not samples and options.num_parts == 1:
         raise SourceError(errno.ENOENT, f"source {src} holds no packable files")
+    _prepare_dst(dst, options)
     labelled = listing.label_layout != "none"
     shards = plan_shards(
         samples,
@@ -491,6 +567,32 @@ def pack(
     )
 
 
+def _already_complete(dst: str, options: PackOptions, start: float) -> PackResult:
+    """--resume on a finished dataset: tidy what a kill after the manifest left, report it."""
+    manifest = load_manifest(os.path.join(dst, MANIFEST_FILENAME))
+    shutil.rmtree(os.path.join(dst, WORK_DIR), ignore_errors=True)
+    for name in os.listdir(dst):
+        if is_temp_name(name):
+            os.unlink(os.path.join(dst, name))
+    files = manifest.num_members - (manifest.num_samples if manifest.classes is not None else 0)
+    return PackResult(
+        dst=dst,
+        num_samples=manifest.num_samples,
+        num_files=files,
+        num_shards=len(manifest.shards),
+        data_bytes=manifest.data_bytes,
+        total_bytes=manifest.total_bytes,
+        seconds=time.monotonic() - start,
+        reused_shards=len(manifest.shards),
+        skipped=(),
+        oversized=(),
+        layout=LayoutResult.from_json(manifest.layout),
+        part=options.part,
+        num_parts=options.num_parts,
+        warnings=(f"{dst} was already complete: nothing to resume",),
+    )
+
+
 def _check_state(dst: str, options: PackOptions, fingerprint: str) -> None:
     """Record the plan's fingerprint; under --resume it must match the interrupted run's."""
     state_path = os.path.join(
@@ -521,7 +623,7 @@ def _run_jobs(
         max_workers=min(workers, len(jobs)),
         mp_context=ctx,
         initializer=_init_worker,
-        initargs=(counters,),
+        initargs=(counters, os.getpid()),
     ) as pool:
         futures = {pool.submit(_write_shard, job): job for job in jobs}
         try:

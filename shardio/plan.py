@@ -79,6 +79,7 @@ class PlannedFile:
     rel: bytes
     ext: str
     size: int
+    mtime_ns: int = 0  # in the resume fingerprint only: shard bytes carry mtime 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,27 +181,27 @@ def _label_of(group: _Group, classes: dict[bytes, int], layout: str) -> int:
     return NO_LABEL
 
 
-def _classify(path: bytes, kind: str) -> tuple[int, str | None]:
-    """Return (size, skip reason or None) of one listed entry; one stat call."""
+def _classify(path: bytes, kind: str) -> tuple[int, int, str | None]:
+    """Return (size, mtime in ns, skip reason or None) of one listed entry; one stat call."""
     try:
         st = os.stat(path) if kind == _KIND_LINK else os.lstat(path)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            return 0, "symlink loop"
+            return 0, 0, "symlink loop"
         if exc.errno == errno.ENOENT and kind == _KIND_LINK:
-            return 0, "broken symlink"
-        return 0, f"unreadable ({exc.strerror})"
+            return 0, 0, "broken symlink"
+        return 0, 0, f"unreadable ({exc.strerror})"
     if stat.S_ISREG(st.st_mode):
-        return st.st_size, None
+        return st.st_size, st.st_mtime_ns, None
     if stat.S_ISDIR(st.st_mode):
-        return 0, "symlink to a directory (not followed)"
+        return 0, 0, "symlink to a directory (not followed)"
     if stat.S_ISFIFO(st.st_mode):
-        return 0, "FIFO (named pipe)"
+        return 0, 0, "FIFO (named pipe)"
     if stat.S_ISSOCK(st.st_mode):
-        return 0, "socket"
+        return 0, 0, "socket"
     if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-        return 0, "device file"
-    return 0, "not a regular file"
+        return 0, 0, "device file"
+    return 0, 0, "not a regular file"
 
 
 def resolve_samples(
@@ -223,13 +224,13 @@ def resolve_samples(
         used = {LABEL_EXT} if labelled else set()
         for name, kind in group.entries:
             rel = group.dir_rel + b"/" + name if group.dir_rel else name
-            size, reason = _classify(os.path.join(root, rel), kind)
+            size, mtime_ns, reason = _classify(os.path.join(root, rel), kind)
             if reason is not None:
                 skipped.append(Skipped(rel, reason))
                 continue
             ext = _member_ext(split_name(name)[1], used)
             used.add(ext)
-            planned.append(PlannedFile(rel, ext, size))
+            planned.append(PlannedFile(rel, ext, size, mtime_ns))
         if not planned:
             continue
         key = encode_component(group.stem)
@@ -306,5 +307,5 @@ def plan_fingerprint(shards: Sequence[ShardPlan], options: dict[str, object]) ->
         for sample in shard.samples:
             h.update(b"\0s" + sample.key.encode() + str(sample.label).encode())
             for f in sample.files:
-                h.update(b"\0f" + f.rel + b"\0" + f.ext.encode() + str(f.size).encode())
+                h.update(b"\0f" + f.rel + b"\0" + f.ext.encode() + b"%d:%d" % (f.size, f.mtime_ns))
     return h.hexdigest()

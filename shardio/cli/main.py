@@ -139,6 +139,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         f"{format_duration(result.seconds)}: {format_size(rate)}/s, "
         f"{result.num_files / max(result.seconds, 1e-9):,.0f} files/s"
     )
+    for warning in result.warnings:
+        print(warning)
     if result.reused_shards:
         print(f"reused {result.reused_shards} verified shard(s) from the interrupted pack")
     print(f"layout: {result.layout.message}")

@@ -183,7 +183,8 @@ def lustre_ost_count(path: str | os.PathLike[str], runner: CommandRunner) -> int
     try:
         result = runner(argv)
     except StorageError as exc:
-        logger.warning("cannot count OSTs for %s: %s; planning without it", path, exc)
+        # A missing lfs is reported once, by the setstripe that follows.
+        logger.info("cannot count OSTs for %s: %s; planning without it", path, exc)
         return None
     if not result.ok:
         logger.warning(

@@ -1,0 +1,566 @@
+"""Bad input through the CLI: bad paths, odd files, malformed manifests, a full disk.
+
+Every user error must end with rc != 0, exactly one ``shardio: error:`` line on stderr and
+no traceback; files that cannot be packed are skipped, listed with their reason, and
+``--strict`` turns the first one into an error.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+import tarfile
+
+import pytest
+
+from shardio.errors import StorageError
+from shardio.pack import PackOptions, pack
+
+W1 = ("--workers", "1", "--no-progress")  # one worker, no progress bar
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def tree_files(root: pathlib.Path) -> dict[str, bytes]:
+    """Regular files under root (hidden ones included) by relative path, with their bytes."""
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+def temp_files(root: pathlib.Path) -> list[str]:
+    return sorted(p.name for p in root.rglob("*") if ".shardio-tmp-" in p.name)
+
+
+@pytest.fixture
+def tiny_tree(tmp_path: pathlib.Path) -> pathlib.Path:
+    """Two classes, four small files."""
+    src = tmp_path / "tiny"
+    for cls in ("cat", "dog"):
+        (src / cls).mkdir(parents=True)
+        for i in range(2):
+            (src / cls / f"{cls}_{i}.jpg").write_bytes(os.urandom(3000 + i))
+    return src
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def test_missing_src(tmp_path: pathlib.Path, run_cli, assert_cli_error) -> None:
+    src = tmp_path / "nope"
+    result = run_cli("pack", src, tmp_path / "ds")
+    assert_cli_error(result, str(src), "does not exist")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_src_is_a_file(tmp_path: pathlib.Path, run_cli, assert_cli_error) -> None:
+    src = tmp_path / "file.jpg"
+    src.write_bytes(b"x" * 100)
+    result = run_cli("pack", src, tmp_path / "ds")
+    assert_cli_error(result, str(src), "not a directory")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_empty_src(tmp_path: pathlib.Path, run_cli, assert_cli_error) -> None:
+    src = tmp_path / "empty"
+    (src / "train" / "n01").mkdir(parents=True)  # directories, but no file
+    result = run_cli("pack", src, tmp_path / "ds")
+    assert_cli_error(result, str(src), "no files")
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_error_lines_carry_no_errno_prefix(
+    tmp_path: pathlib.Path, run_cli, assert_cli_error
+) -> None:
+    """One clear line: not ``shardio: error: [Errno 2] source ... is not a directory``."""
+    (tmp_path / "file").write_bytes(b"x")
+    for src in (tmp_path / "nope", tmp_path / "file"):
+        line = assert_cli_error(run_cli("pack", src, tmp_path / "ds"))
+        assert "[Errno" not in line, line
+
+
+def test_dst_inside_src(tiny_tree: pathlib.Path, run_cli, assert_cli_error) -> None:
+    before = tree_files(tiny_tree)
+    result = run_cli("pack", tiny_tree, tiny_tree / "cat" / "out")
+    assert result.rc == 2
+    assert_cli_error(result, "inside the source")
+    assert tree_files(tiny_tree) == before
+    assert not (tiny_tree / "cat" / "out").exists()
+
+
+def test_src_inside_dst(tmp_path: pathlib.Path, run_cli, assert_cli_error) -> None:
+    src = tmp_path / "data" / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "x.jpg").write_bytes(b"x" * 10)
+    result = run_cli("pack", src, tmp_path / "data")
+    assert result.rc == 2
+    assert_cli_error(result, "inside the destination")
+
+
+def test_non_empty_dst_is_refused_and_left_untouched(
+    tiny_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli, assert_cli_error
+) -> None:
+    dst = tmp_path / "ds"
+    (dst / "results").mkdir(parents=True)
+    (dst / "notes.txt").write_text("precious")
+    (dst / "results" / "run1.csv").write_text("1,2,3")
+    before = tree_files(dst)
+    result = run_cli("pack", tiny_tree, dst)
+    assert result.rc == 2
+    assert_cli_error(result, str(dst), "not empty", "--resume", "--force")
+    assert tree_files(dst) == before
+    assert sorted(p.name for p in dst.iterdir()) == ["notes.txt", "results"]
+
+
+def test_force_into_a_non_empty_dst_keeps_foreign_files(
+    tiny_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli
+) -> None:
+    dst = tmp_path / "ds"
+    dst.mkdir()
+    (dst / "notes.txt").write_text("precious")
+    rc, _, err = run_cli("pack", tiny_tree, dst, "--force", "--no-progress")
+    assert rc == 0, err
+    assert (dst / "notes.txt").read_text() == "precious"
+    rc, _, err = run_cli("verify", dst, *W1)
+    assert rc == 0, err
+
+
+def test_dst_already_a_dataset(
+    small_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli, assert_cli_error, packed_small
+) -> None:
+    dst = tmp_path / "ds"
+    shutil.copytree(packed_small("tar", "256KiB", 1)[0], dst)
+    old = tree_files(dst)
+    old_shards = sorted(p.name for p in (dst / "shards").iterdir())
+    assert len(old_shards) > 20
+
+    # Without --force: refused, and the dataset is untouched.
+    result = run_cli("pack", small_tree, dst, "--shard-size", "1MiB", "--no-progress")
+    assert result.rc == 2
+    assert_cli_error(result, str(dst), "already holds a shardio dataset", "--force")
+    assert tree_files(dst) == old
+
+    # --resume of a complete dataset: nothing to do, nothing lost.
+    result = run_cli("pack", small_tree, dst, "--shard-size", "256KiB", "--resume")
+    assert tree_files(dst) == old
+
+    # --force: a new dataset, and none of the old shards are left.
+    rc, _, err = run_cli(
+        "pack",
+        small_tree,
+        dst,
+        "--shard-size",
+        "1MiB",
+        "--force",
+        *W1,
+    )
+    assert rc == 0, err
+    man = json.loads((dst / "manifest.json").read_text())
+    listed = {s["path"].split("/")[-1] for s in man["shards"]}
+    listed |= {s["dali_index"].split("/")[-1] for s in man["shards"]}
+    assert sorted(p.name for p in (dst / "shards").iterdir()) == sorted(listed)
+    assert len(man["shards"]) < len(old_shards) // 2
+    assert man["options"]["shard_size_bytes"] == 1024**2
+    rc, _, err = run_cli("verify", dst, *W1)
+    assert rc == 0, err
+
+
+def test_dst_is_a_file(
+    tiny_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli, assert_cli_error
+) -> None:
+    dst = tmp_path / "ds"
+    dst.write_text("not a directory")
+    result = run_cli("pack", tiny_tree, dst, "--no-progress")
+    assert_cli_error(result, str(dst))
+    assert dst.read_text() == "not a directory"
+
+
+def test_resume_with_nothing_to_resume_packs(
+    tiny_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli
+) -> None:
+    dst = tmp_path / "ds"
+    rc, out, err = run_cli("pack", tiny_tree, dst, "--resume", *W1)
+    assert rc == 0, err
+    assert "reused" not in out
+    rc, _, err = run_cli("verify", dst, *W1)
+    assert rc == 0, err
+
+
+def test_unpack_into_a_non_empty_directory(
+    packed_small, tmp_path: pathlib.Path, run_cli, assert_cli_error
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = run_cli("unpack", packed_small("tar", "1MiB", 1)[0], out)
+    assert result.rc == 2
+    assert_cli_error(result, str(out), "not empty")
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_resume_and_force_together(
+    tiny_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli, assert_cli_error
+) -> None:
+    result = run_cli("pack", tiny_tree, tmp_path / "ds", "--resume", "--force")
+    assert result.rc == 2
+    assert_cli_error(result, "--resume", "--force")
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--format", "zip"), "invalid choice"),
+        (("--stripe", "lots"), "'lots'"),
+        (("--fs-type", "ntfs"), "'ntfs'"),
+        (("--labels", "maybe"), "invalid choice"),
+    ],
+)
+def test_bad_options(
+    args: tuple[str, ...],
+    needle: str,
+    tiny_tree: pathlib.Path,
+    tmp_path: pathlib.Path,
+    run_cli,
+) -> None:
+    result = run_cli("pack", tiny_tree, tmp_path / "ds", *args)
+    assert result.rc == 2
+    assert "Traceback" not in result.stderr
+    assert needle in result.stderr
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+# --------------------------------------------------------------------------- odd files
+
+
+@pytest.fixture
+def odd_tree(tmp_path: pathlib.Path) -> tuple[pathlib.Path, dict[str, str]]:
+    """A class-dir tree with regular files and every kind of file that cannot be packed.
+
+    Returns (src, {relative path: expected skip reason}); the device file only where
+    mknod is permitted.
+    """
+    src = tmp_path / "odd"
+    a, b = src / "a", src / "b"
+    a.mkdir(parents=True)
+    b.mkdir()
+    for i in range(6):
+        (a / f"img_{i}.jpg").write_bytes(os.urandom(5000 + 37 * i))
+        (b / f"img_{i}.jpg").write_bytes(os.urandom(7000 + 11 * i))
+    (a / "empty.jpg").write_bytes(b"")
+    (b / "huge.bin").write_bytes(os.urandom(100_000))  # larger than the 64 KiB shard size
+    (a / "link_to_file.jpg").symlink_to(a / "img_0.jpg")  # followed: packed as a file
+    skipped = {
+        "a/broken.jpg": "broken symlink",
+        "a/loop.jpg": "symlink loop",
+        "b/dirlink": "symlink to a directory (not followed)",
+        "b/pipe.jpg": "FIFO (named pipe)",
+    }
+    (a / "broken.jpg").symlink_to(src / "does-not-exist.jpg")
+    (a / "loop.jpg").symlink_to(a / "loop.jpg")
+    (b / "dirlink").symlink_to(a, target_is_directory=True)
+    os.mkfifo(b / "pipe.jpg")
+    try:
+        os.mknod(b / "null.dev", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        skipped["b/null.dev"] = "device file"
+    except OSError:
+        pass  # no permission for device files here: that case is skipped
+    return src, skipped
+
+
+def test_odd_files_are_skipped_listed_and_reported(
+    odd_tree: tuple[pathlib.Path, dict[str, str]],
+    tmp_path: pathlib.Path,
+    run_cli,
+) -> None:
+    src, skipped = odd_tree
+    dst = tmp_path / "ds"
+    rc, out, err = run_cli(
+        "pack",
+        src,
+        dst,
+        "--shard-size",
+        "64KiB",
+        *W1,
+        timeout=30,
+    )
+    assert rc == 0, err
+    assert "Traceback" not in err
+
+    # The summary names every skipped file and its reason (at most 5 are shown; we have 5).
+    assert f"skipped {len(skipped)} file(s), listed in {dst}/pack-report.json:" in out, out
+    for path, reason in skipped.items():
+        assert f"  {path}: {reason}" in out, (path, out)
+    assert "1 sample(s) larger than --shard-size got a shard each" in out
+
+    report = json.loads((dst / "pack-report.json").read_text())
+    assert sorted((s["path"], s["reason"]) for s in report["skipped"]) == sorted(skipped.items())
+    assert report["oversized"] == ["b/huge"]
+
+    # The oversized file is alone in its shard.
+    man = json.loads((dst / "manifest.json").read_text())
+    big = [s for s in man["shards"] if s["size_bytes"] > 64 * 1024]
+    assert len(big) == 1
+    assert big[0]["num_samples"] == 1
+    with tarfile.open(dst / big[0]["path"]) as tf:
+        assert tf.getnames() == ["b/huge.bin", "b/huge.cls"]
+
+    rc, _, err = run_cli("verify", dst, *W1)
+    assert rc == 0, err
+
+    # Unpack: every packable file comes back (the file symlink as a regular file, the
+    # zero-byte file as an empty file), and nothing that was skipped.
+    out_dir = tmp_path / "restored"
+    rc, _, err = run_cli("unpack", dst, out_dir)
+    assert rc == 0, err
+    expected = tree_files(src)
+    expected["a/link_to_file.jpg"] = (src / "a" / "img_0.jpg").read_bytes()
+    assert tree_files(out_dir) == expected
+    assert (out_dir / "a" / "empty.jpg").stat().st_size == 0
+    for path in skipped:
+        assert not os.path.lexists(out_dir / path)
+
+
+@pytest.mark.parametrize("kind", ["broken", "fifo", "device"])
+def test_strict_turns_a_skip_into_an_error(
+    kind: str, tiny_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli, assert_cli_error
+) -> None:
+    bad = tiny_tree / "dog" / "dog_9.jpg"
+    if kind == "broken":
+        bad.symlink_to(tmp_path / "gone")
+        reason = "broken symlink"
+    elif kind == "fifo":
+        os.mkfifo(bad)
+        reason = "FIFO"
+    else:
+        try:
+            os.mknod(bad, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        except OSError:
+            pytest.skip("cannot create a device file here")
+        reason = "device file"
+    dst = tmp_path / "ds"
+    result = run_cli("pack", tiny_tree, dst, "--strict", "--no-progress", timeout=30)
+    assert result.rc != 0
+    assert_cli_error(result, "dog/dog_9.jpg", reason)
+    assert not (dst / "manifest.json").exists()
+    assert not list((dst / "shards").glob("shard-*")) if (dst / "shards").exists() else True
+
+    # Without --strict the same tree packs (skipping the file) into the same DST.
+    rc, out, err = run_cli("pack", tiny_tree, dst, "--no-progress", "--resume", timeout=30)
+    assert rc == 0, err
+    assert "dog/dog_9.jpg" in out
+
+
+def test_a_failed_strict_pack_does_not_poison_dst(
+    tiny_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli
+) -> None:
+    """After a --strict refusal, the plain command (no --resume) works on the same DST."""
+    os.mkfifo(tiny_tree / "dog" / "pipe.jpg")
+    dst = tmp_path / "ds"
+    assert run_cli("pack", tiny_tree, dst, "--strict", timeout=30).rc != 0
+    rc, _, err = run_cli("pack", tiny_tree, dst, "--no-progress", timeout=30)
+    assert rc == 0, err
+
+
+def test_zero_byte_only_tree(tmp_path: pathlib.Path, run_cli) -> None:
+    src = tmp_path / "zeros"
+    (src / "c").mkdir(parents=True)
+    for i in range(3):
+        (src / "c" / f"z{i}.txt").write_bytes(b"")
+    dst = tmp_path / "ds"
+    rc, _, err = run_cli("pack", src, dst, "--no-progress")
+    assert rc == 0, err
+    rc, _, err = run_cli("verify", dst, *W1)
+    assert rc == 0, err
+    out_dir = tmp_path / "restored"
+    rc, _, err = run_cli("unpack", dst, out_dir)
+    assert rc == 0, err
+    assert tree_files(out_dir) == {f"c/z{i}.txt": b"" for i in range(3)}
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+@pytest.fixture(scope="module")
+def good_dataset(packed_small) -> pathlib.Path:
+    return packed_small("tar", "1MiB", 1)[0]
+
+
+def _broken_copy(good: pathlib.Path, tmp_path: pathlib.Path, kind: str) -> tuple[pathlib.Path, str]:
+    dst = tmp_path / "ds"
+    shutil.copytree(good, dst)
+    manifest = dst / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    if kind == "garbage":
+        manifest.write_bytes(b"{not json at all\n\x00\xff")
+        needle = "not valid JSON"
+    elif kind == "version-99":
+        doc["format_version"] = 99
+        manifest.write_text(json.dumps(doc))
+        needle = "unsupported format_version 99"
+    elif kind == "missing-field":
+        del doc["num_samples"]
+        manifest.write_text(json.dumps(doc))
+        needle = "num_samples"
+    elif kind == "not-shardio":
+        manifest.write_text(json.dumps({"format": "webdataset"}))
+        needle = "not a shardio manifest"
+    elif kind == "escaping-path":
+        doc["shards"][0]["path"] = "../../etc/passwd"
+        manifest.write_text(json.dumps(doc))
+        needle = "../../etc/passwd"
+    elif kind == "no-manifest":
+        manifest.unlink()
+        needle = "no manifest"
+    else:
+        raise AssertionError(kind)
+    return dst, needle
+
+
+MANIFEST_CASES = [
+    (kind, command)
+    for kind in ("garbage", "version-99", "missing-field", "not-shardio", "escaping-path")
+    for command in ("verify", "inspect")
+] + [
+    (kind, command)
+    for kind in ("garbage", "version-99", "no-manifest")
+    for command in ("ls", "unpack")
+]
+
+
+@pytest.mark.parametrize(("kind", "command"), MANIFEST_CASES)
+def test_malformed_manifest(
+    kind: str,
+    command: str,
+    good_dataset: pathlib.Path,
+    tmp_path: pathlib.Path,
+    run_cli,
+    assert_cli_error,
+) -> None:
+    dst, needle = _broken_copy(good_dataset, tmp_path, kind)
+    args = [command, dst]
+    if command == "unpack":
+        args.append(tmp_path / "out")
+    if command == "verify":
+        args += ["--workers", "1", "--no-progress"]
+    result = run_cli(*args)
+    assert result.rc != 0
+    assert_cli_error(result, str(dst / "manifest.json"), needle)
+    if command == "unpack":
+        assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_verify_of_a_missing_dataset(tmp_path: pathlib.Path, run_cli, assert_cli_error) -> None:
+    result = run_cli("verify", tmp_path / "nothing")
+    assert result.rc != 0
+    assert_cli_error(result, str(tmp_path / "nothing"))
+
+
+# --------------------------------------------------------------------------- ENOSPC
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: pathlib.Path):
+    """A 3 MiB tmpfs mounted at tmp_path/mnt (needs root; skipped when mount fails)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mnt)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
+
+
+@pytest.mark.parametrize(("fmt", "workers"), [("tar", "1"), ("tar", "2"), ("hdf5", "1")])
+def test_enospc_on_a_full_tmpfs(
+    fmt: str,
+    workers: str,
+    small_tree: pathlib.Path,
+    small_tmpfs: pathlib.Path,
+    run_cli,
+    assert_cli_error,
+    packed_small,
+) -> None:
+    args = ("--format", fmt, "--shard-size", "512KiB", "--workers", workers, "--no-progress")
+    reference = tree_files(packed_small(fmt, "512KiB", 1)[0])
+    suffix = {"tar": ".tar", "hdf5": ".h5"}[fmt]
+
+    dst = small_tmpfs / "ds"
+    result = run_cli("pack", small_tree, dst, *args)  # ~6 MB into 3 MiB
+    assert result.rc == 1
+    line = assert_cli_error(result, "no space left")
+    assert str(dst) in line
+    assert not (dst / "manifest.json").exists()
+    assert temp_files(small_tmpfs) == []
+    published = sorted((dst / "shards").glob("shard-*"))
+    assert any(p.suffix == suffix for p in published), "nothing was published before ENOSPC"
+    for p in published:
+        assert p.read_bytes() == reference[f"shards/{p.name}"], f"{p.name} damaged"
+
+    # Room again: --resume finishes the pack, byte-identical to the reference.
+    remount = subprocess.run(
+        ["mount", "-o", "remount,size=32M", str(small_tmpfs)], capture_output=True, check=False
+    )
+    if remount.returncode != 0:
+        return
+    rc, out, err = run_cli("pack", small_tree, dst, *args, "--resume")
+    assert rc == 0, err
+    assert "reused" in out
+    got = tree_files(dst)
+    man, ref_man = json.loads(got.pop("manifest.json")), json.loads(reference["manifest.json"])
+    assert man.pop("layout")["fs_type"] == "tmpfs"  # the reference is on another filesystem
+    ref_man.pop("layout")
+    assert man == ref_man
+    assert got == {k: v for k, v in reference.items() if k != "manifest.json"}
+
+
+def test_enospc_in_process_names_the_shard(
+    small_tree: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shardio.writers.tar as tar_writer
+
+    real_writev = os.writev
+    calls = {"n": 0}
+
+    def writev(fd: int, buffers: list[bytes]) -> int:
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_writev(fd, buffers)
+
+    monkeypatch.setattr(tar_writer.os, "writev", writev)
+    dst = tmp_path / "ds"
+    with pytest.raises(StorageError) as info:
+        pack(
+            str(small_tree),
+            str(dst),
+            PackOptions(shard_size_bytes=256 * 1024, workers=1, durable=False),
+        )
+    monkeypatch.undo()
+    exc = info.value
+    assert exc.errno == errno.ENOSPC
+    shard = str(dst / "shards" / "shard-000003.tar")
+    assert shard in str(exc)
+    assert "no space left" in str(exc)
+    assert temp_files(dst) == []
+    assert not (dst / "manifest.json").exists()
+    assert sorted(p.name for p in (dst / "shards").glob("*.tar")) == [
+        f"shard-{i:06d}.tar" for i in range(3)
+    ]
+    for i in range(3):
+        with tarfile.open(dst / "shards" / f"shard-{i:06d}.tar") as tf:
+            assert tf.getnames()
