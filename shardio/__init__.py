@@ -3,6 +3,7 @@
 Public API (torch-side names load lazily, so packing never imports torch)::
 
     from shardio import pack, PackOptions, verify_dataset, PackedDataset
+    from shardio import ShardDataset   # imports torch on first use
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ __all__ = [
     "PackOptions",
     "PackResult",
     "PackedDataset",
+    "RankInfo",
+    "ShardDataset",
+    "ShardLoader",
     "ShardioError",
     "SourceError",
     "StorageError",
@@ -49,6 +53,9 @@ _LAZY = {
     "pack": "shardio.pack",
     "merge_parts": "shardio.merge",
     "PackedDataset": "shardio.readers.dataset",
+    "ShardDataset": "shardio.runtime.dataset",
+    "ShardLoader": "shardio.runtime.loader",
+    "RankInfo": "shardio.runtime.ranks",
     "VerifyReport": "shardio.verify",
     "verify_dataset": "shardio.verify",
     "unpack_dataset": "shardio.unpack",
@@ -61,4 +68,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'shardio' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
+    # Importing shardio.pack binds the submodule to the package attribute "pack"; bind the
+    # public function over it so `from shardio import pack` gets the function.
+    globals()[name] = value
+    return value
