@@ -66,7 +66,7 @@ GiB = 1024**3
 _SUFFIX = {"tar": ".tar", "hdf5": ".h5"}
 # Source files read ahead of the shard writer, per worker process.
 _READ_THREADS = 4
-_READ_AHEAD = 32
+_READ_AHEAD = 8  # samples: keep what was read in the CPU cache for hashing and the write
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,358 @@
+"""Shared helpers of the benchmarks: cold caches, timed child processes, results tables.
+
+Every measured configuration runs as its own child process, so imports, start-up and
+memory are charged to the configuration that needs them and nothing leaks between runs.
+Nothing here asserts on timings: the benchmarks measure and report, they never fail on speed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata
+
+__all__ = [
+    "ChildRun",
+    "CodeState",
+    "drop_caches",
+    "first_line",
+    "code_state",
+    "fmt_ratio",
+    "machine_lines",
+    "markdown_table",
+    "median",
+    "package_version",
+    "path_bytes",
+    "remove_path",
+    "results_header",
+    "run_child",
+    "tree_payload",
+    "update_section",
+]
+
+MiB = 1024**2
+RESULTS_TITLE = "# shardio benchmark results"
+
+
+def drop_caches() -> bool:
+    """Write back dirty pages and drop the page, dentry and inode caches.
+
+    Returns:
+        True if the caches were dropped (root), False if not permitted: the run is then
+        "warm" and the results must say so.
+    """
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("3\n")
+    except OSError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """One timed child process."""
+
+    argv: tuple[str, ...]
+    wall_s: float
+    returncode: int
+    max_rss_bytes: int  # largest single process of the tree (kernel's ru_maxrss)
+    peak_tree_rss_bytes: int  # largest sampled sum of RSS over the process tree
+    stderr_tail: str
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                kids.extend(int(p) for p in fh.read().split())
+        except OSError:
+            continue
+    return kids
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _tree_rss_bytes(root: int) -> int:
+    total, stack, seen = 0, [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += _rss_bytes(pid)
+        stack.extend(_children(pid))
+    return total
+
+
+class _TreeSampler:
+    """Samples the summed RSS of a process tree from /proc while it runs."""
+
+    def __init__(self, pid: int, interval_s: float) -> None:
+        self._pid = pid
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self.peak_bytes = 0
+        self._thread = threading.Thread(target=self._run, name="bench-rss", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_bytes = max(self.peak_bytes, _tree_rss_bytes(self._pid))
+            self._stop.wait(self._interval_s)
+
+    def __enter__(self) -> _TreeSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_child(
+    argv: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    sample_interval_s: float = 0.1,
+) -> ChildRun:
+    """Run ``argv`` as a child process (stdout discarded) and measure it.
+
+    Wall time is time.perf_counter around spawn-to-reap, so interpreter start-up and imports
+    count. ``max_rss_bytes`` is the kernel's ru_maxrss from wait4 (the largest single process
+    among the child and the descendants it reaped); ``peak_tree_rss_bytes`` sums the RSS of
+    all live processes of the tree, sampled every ``sample_interval_s`` (shared pages count
+    once per process, so it is an upper bound for parallel workers).
+    """
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        list(argv), env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    stderr_chunks: list[bytes] = []
+
+    def drain() -> None:
+        if proc.stderr is not None:
+            stderr_chunks.append(proc.stderr.read())
+
+    reader = threading.Thread(target=drain, name="bench-stderr", daemon=True)
+    reader.start()
+    with _TreeSampler(proc.pid, sample_interval_s) as sampler:
+        _, status, rusage = os.wait4(proc.pid, 0)
+    wall_s = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    reader.join()
+    stderr = b"".join(stderr_chunks).decode(errors="replace")
+    return ChildRun(
+        argv=tuple(argv),
+        wall_s=wall_s,
+        returncode=proc.returncode,
+        max_rss_bytes=rusage.ru_maxrss * 1024,
+        peak_tree_rss_bytes=max(sampler.peak_bytes, rusage.ru_maxrss * 1024),
+        stderr_tail=stderr[-2000:],
+    )
+
+
+def remove_path(path: str) -> None:
+    """Delete a file or a directory tree if it exists."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def path_bytes(path: str) -> int:
+    """Total size of the regular files at ``path`` (a file or a tree)."""
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            if os.path.isfile(full) and not os.path.islink(full):
+                total += os.path.getsize(full)
+    return total
+
+
+def tree_payload(path: str) -> tuple[int, int]:
+    """Return (number of regular files, total bytes) of a source tree."""
+    count = total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            st = os.lstat(os.path.join(root, name))
+            count += 1
+            total += st.st_size
+    return count, total
+
+
+def median(values: Sequence[float]) -> float:
+    """Median of a non-empty sequence."""
+    return statistics.median(values)
+
+
+def fmt_ratio(value: float) -> str:
+    """Format a ratio such as 1.27x."""
+    return f"{value:.2f}x"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Render a GitHub-flavoured markdown table (numbers right-aligned)."""
+
+    def align(col: int) -> str:
+        cells = [r[col] for r in rows if r[col] not in ("", "-", "n/a")]
+        numeric = bool(cells) and all(re.match(r"^[\d.,x%+-]+", c) for c in cells)
+        return "---:" if numeric else "---"
+
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join(align(i) for i in range(len(header))) + " |",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def package_version(name: str) -> str:
+    """Installed version of a distribution, or "not installed"."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def first_line(argv: Sequence[str]) -> str:
+    try:
+        out = subprocess.run(list(argv), capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return "unknown"
+    return out.splitlines()[0].strip() if out else "unknown"
+
+
+def machine_lines(workdir: str) -> list[str]:
+    """Describe the machine: CPUs, memory, filesystem of ``workdir``, kernel, CPU model."""
+    mem_kib = 0
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    fs = first_line(["stat", "-f", "-c", "%T", workdir])
+    try:
+        out = subprocess.run(
+            ["df", "--output=source", workdir], capture_output=True, text=True, check=False
+        ).stdout.splitlines()
+        device = out[1].strip() if len(out) > 1 else "unknown"
+    except OSError:
+        device = "unknown"
+    return [
+        f"- CPUs: {os.cpu_count()} (`nproc` {len(os.sched_getaffinity(0))}), {cpu}",
+        f"- RAM: {mem_kib / 1024**2:.1f} GiB",
+        f"- Workdir filesystem: `{fs}` (`stat -f -c %T`; ext2/ext3 is also ext4's magic) "
+        f"on {device}",
+        f"- Kernel: {platform.release()}; Python {platform.python_version()}",
+    ]
+
+
+@dataclass(frozen=True)
+class CodeState:
+    """The code measured: git commit, uncommitted changes, a digest of each source file."""
+
+    head: str
+    dirty: bool
+    files: dict[str, str]
+
+    def describe(self) -> str:
+        """One line: commit, clean or not, and a digest over all the package's sources."""
+        digest = hashlib.sha256("".join(f"{k}{v}" for k, v in sorted(self.files.items())).encode())
+        state = "with uncommitted changes" if self.dirty else "clean"
+        return f"commit {self.head} (sources {state}; sha256 {digest.hexdigest()[:12]})"
+
+    def changed(self, later: CodeState) -> list[str]:
+        """Source files that differ between this state and ``later``."""
+        names = set(self.files) | set(later.files)
+        return sorted(n for n in names if self.files.get(n) != later.files.get(n))
+
+
+def code_state(repo: str, package: str = "shardio") -> CodeState:
+    """Snapshot the package's Python sources (others may edit them while a benchmark runs)."""
+    head = first_line(["git", "-C", repo, "rev-parse", "--short", "HEAD"])
+    try:
+        dirty = subprocess.run(
+            ["git", "-C", repo, "status", "--porcelain", "--", package],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+    except OSError:
+        dirty = ""
+    files: dict[str, str] = {}
+    for root, dirs, names in os.walk(os.path.join(repo, package)):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in names if f.endswith(".py")):
+            full = os.path.join(root, name)
+            with open(full, "rb") as fh:
+                files[os.path.relpath(full, repo)] = hashlib.sha256(fh.read()).hexdigest()
+    return CodeState(head=head, dirty=bool(dirty), files=files)
+
+
+def update_section(path: str, heading: str, body: str, header_lines: Sequence[str]) -> None:
+    """Write ``heading`` + ``body`` into the markdown file at ``path``, replacing only that
+    section (up to the next ``## `` heading); the file header (everything before the first
+    ``## ``) is rewritten from ``header_lines``; other sections are kept as they are.
+    """
+    text = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    sections = re.split(r"(?m)^(?=## )", text)
+    rest = list(sections[1:]) if text else []
+    new_section = heading.rstrip() + "\n\n" + body.strip() + "\n\n"
+    replaced = False
+    for i, sec in enumerate(rest):
+        if sec.splitlines()[0].strip() == heading.strip():
+            rest[i] = new_section
+            replaced = True
+    if not replaced:
+        rest.append(new_section)
+    header = "\n".join(header_lines).strip() + "\n\n"
+    out = header + "".join(s if s.endswith("\n\n") else s.rstrip("\n") + "\n\n" for s in rest)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(out.rstrip("\n") + "\n")
+
+
+def results_header(workdir: str) -> list[str]:
+    """Header of RESULTS.md: what the file is and the machine the figures come from."""
+    return [
+        RESULTS_TITLE,
+        "",
+        "Written by the scripts in `benchmarks/` (see benchmarks/README.md); each script "
+        "rewrites only its own `##` section. Machine of the latest run "
+        f"({datetime.date.today().isoformat()}):",
+        "",
+        *machine_lines(workdir),
+    ]
