@@ -33,8 +33,11 @@ typecheck: install
 
 check: lint typecheck test
 
+# Peers for benchmarks only. mosaicml-streaming pulls a CUDA torchvision that cannot import
+# beside the CPU torch: remove it (the benchmarks use streaming's writer/reader modules only).
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[bench]"
+	-$(PY) -m pip uninstall -q -y torchvision
 	touch $@
 
 bench: $(BENCH_STAMP)

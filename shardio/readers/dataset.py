@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import OrderedDict
 from typing import Any
@@ -28,7 +29,11 @@ class FilePool:
     def fd(self, path: str) -> int:
         """Return an open descriptor for ``path``."""
         if self._pid != os.getpid():
-            # Descriptors inherited over fork share offsets and locks: start afresh.
+            # Descriptors inherited over fork are this process's copies: close them and
+            # start afresh (pread keeps no offset, but each process owns its pool).
+            for inherited in self._fds.values():
+                with contextlib.suppress(OSError):
+                    os.close(inherited)
             self._fds.clear()
             self._pid = os.getpid()
         fd = self._fds.get(path)

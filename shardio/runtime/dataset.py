@@ -1,0 +1,342 @@
+"""ShardDataset: map-style random access and streaming over shardio shards, for PyTorch.
+
+Start-up opens the manifest and the memory-mapped index only, whatever the shard count. Each
+process (DataLoader worker) opens a shard once, lazily, and reads members with ``pread`` at
+the index offsets, verifying each member's xxh3-64.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from shardio.errors import ShardioError, UsageError
+from shardio.format.spec import LABEL_EXT
+from shardio.readers.dataset import PackedDataset
+from shardio.runtime.batch import read_batch
+from shardio.runtime.decode import Decoder, make_decoder
+from shardio.runtime.order import ORDERS, epoch_order, rank_positions
+from shardio.runtime.ranks import RankInfo, detect_ranks
+
+__all__ = ["ShardDataset", "ShardStreamDataset", "collate_samples"]
+
+MODES = ("map", "stream")
+STATE_VERSION = 1
+
+
+def _default_max_open() -> int:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 65536
+    return max(16, soft // 2)
+
+
+class WorkerFailure:
+    """A ShardioError raised in a DataLoader worker, carried to the main process intact.
+
+    torch re-raises worker errors by building a new exception from a message, which loses
+    the type and the attributes of a ChecksumMismatchError; the loader re-raises this one.
+    """
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def collate_samples(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Collate decoded samples: lists per field, ``cls`` as a tensor, equal-shape tensors
+    stacked."""
+    batch: dict[str, Any] = {}
+    for field in samples[0]:
+        values = [s.get(field) for s in samples]
+        if field == LABEL_EXT:
+            batch[field] = torch.tensor(values, dtype=torch.int64)
+        elif all(isinstance(v, torch.Tensor) for v in values):
+            tensors = [v for v in values if isinstance(v, torch.Tensor)]
+            same = len({tuple(t.shape) for t in tensors}) == 1
+            batch[field] = torch.stack(tensors) if same else tensors
+        else:
+            batch[field] = values
+    return batch
+
+
+class ShardDataset(Dataset[dict[str, Any]]):
+    """A packed dataset as a PyTorch dataset.
+
+    ``ShardDataset(path, mode="stream")`` returns a :class:`ShardStreamDataset` (an
+    ``IterableDataset``); ``mode="map"`` (the default) a map-style dataset with ``len`` and
+    ``ds[i]``.
+
+    Args:
+        path: the dataset directory (holding manifest.json).
+        mode: "map" or "stream".
+        shuffle: shuffle each epoch; False reads in dataset order.
+        seed: the order is a pure function of (seed, epoch).
+        order: "random", "shard-local" or "sequential" (default: random for map, shard-local
+            for stream); see :mod:`shardio.runtime.order`.
+        window_shards: shards per shuffle window in shard-local order.
+        decode: None (raw bytes), "pil", "torch" or a callable on the sample dict.
+        transform: a callable applied to each (decoded) sample.
+        verify: check every member's xxh3-64 on read (cheap); a mismatch raises
+            ChecksumMismatchError.
+        drop_last: per rank, cut the epoch's remainder instead of padding it by repeating
+            samples (either way every rank gets the same count).
+        ranks: the rank layout; detected from torch.distributed, SLURM or RANK/WORLD_SIZE
+            when None.
+        max_open: shard files held open at once per process; None (default) holds every
+            shard open up to half the process's open-file limit, so random reads never
+            reopen a shard (each reopen is a metadata-server round trip on Lustre).
+    """
+
+    mode = "map"
+
+    def __new__(cls, path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> ShardDataset:
+        del path, args
+        mode = kwargs.get("mode", "map")
+        if cls is ShardDataset and mode == "stream":
+            return super().__new__(ShardStreamDataset)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        mode: str = "map",
+        shuffle: bool = True,
+        seed: int = 0,
+        order: str | None = None,
+        window_shards: int = 4,
+        decode: str | Decoder | None = None,
+        transform: Decoder | None = None,
+        verify: bool = True,
+        drop_last: bool = False,
+        ranks: RankInfo | None = None,
+        max_open: int | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise UsageError(f"invalid mode {mode!r}: choose one of {', '.join(MODES)}")
+        if order is None:
+            order = "random" if mode == "map" else "shard-local"
+        if not shuffle:
+            order = "sequential"
+        if order not in ORDERS:
+            raise UsageError(f"invalid order {order!r}: choose one of {', '.join(ORDERS)}")
+        self.path = os.fspath(path)
+        self.mode = mode
+        self.seed = seed
+        self.order = order
+        self.window_shards = window_shards
+        self.decode = decode
+        self.transform = transform
+        self.verify = verify
+        self.drop_last = drop_last
+        self.max_open = max_open if max_open is not None else _default_max_open()
+        self._ranks = ranks
+        self._decoder = make_decoder(decode)
+        self._ds: PackedDataset | None = PackedDataset(self.path, max_open=self.max_open)
+        self.num_samples = len(self._ds)
+        self._shard_sizes = np.array(
+            [s.num_samples for s in self._ds.manifest.shards], dtype=np.int64
+        )
+        self.epoch = 0
+        self._consumed = 0  # global positions of this epoch delivered before this run
+        self._delivered = 0  # samples this process delivered since (direct iteration)
+        self._order_cache: tuple[int, np.ndarray[Any, Any]] | None = None
+        self._stream_plan: tuple[np.ndarray[Any, Any], int | None] | None = None
+
+    # -- pickling: workers reopen the dataset lazily (no mmap or descriptors cross) ----------
+    def __getnewargs_ex__(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.path,), {"mode": self.mode}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_ds"] = None
+        state["_order_cache"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def packed(self) -> PackedDataset:
+        """The underlying packed dataset, opened in this process on first use."""
+        if self._ds is None:
+            self._ds = PackedDataset(self.path, max_open=self.max_open)
+        return self._ds
+
+    @property
+    def classes(self) -> tuple[str, ...] | None:
+        """The label map (class index -> name), or None."""
+        return self.packed.manifest.classes
+
+    def ranks(self) -> RankInfo:
+        """The rank layout used for splitting (detected at call time unless given)."""
+        return self._ranks if self._ranks is not None else detect_ranks()
+
+    # -- order -------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch; a new epoch reshuffles and starts from its beginning."""
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._consumed = 0
+            self._delivered = 0
+
+    def epoch_order(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The global sample order of the current epoch."""
+        if self._order_cache is None or self._order_cache[0] != self.epoch:
+            order = epoch_order(
+                shard_sizes=self._shard_sizes,
+                seed=self.seed,
+                epoch=self.epoch,
+                order=self.order,
+                window_shards=self.window_shards,
+            )
+            self._order_cache = (self.epoch, order)
+        return self._order_cache[1]
+
+    def rank_indices(self, *, consumed: int | None = None) -> np.ndarray[Any, Any]:
+        """Sample indices this rank reads in the rest of the epoch."""
+        ranks = self.ranks()
+        return rank_positions(
+            self.epoch_order(),
+            consumed=self._consumed if consumed is None else consumed,
+            rank=ranks.rank,
+            world_size=ranks.world_size,
+            drop_last=self.drop_last,
+        )
+
+    def samples_per_rank(self) -> int:
+        """Samples each rank reads in a whole epoch."""
+        world = self.ranks().world_size
+        return self.num_samples // world if self.drop_last else -(-self.num_samples // world)
+
+    # -- resumable state ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Position of the iteration in this process (global positions consumed)."""
+        return self._state(self._consumed + self._delivered * self.ranks().world_size)
+
+    def _state(self, consumed: int) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "order": self.order,
+            "window_shards": self.window_shards,
+            "num_samples": self.num_samples,
+            "consumed": min(consumed, self.num_samples),
+            "world_size": self.ranks().world_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (also from a run with another number of ranks)."""
+        if state.get("version") != STATE_VERSION:
+            raise UsageError(f"unsupported ShardDataset state version {state.get('version')!r}")
+        for key in ("seed", "order", "window_shards", "num_samples"):
+            if state[key] != getattr(self, key):
+                raise UsageError(
+                    f"state was saved with {key}={state[key]!r}, this dataset has "
+                    f"{getattr(self, key)!r}: cannot resume"
+                )
+        self.epoch = int(state["epoch"])
+        self._consumed = int(state["consumed"])
+        self._delivered = 0
+
+    # -- reading -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _finish(self, sample: dict[str, Any]) -> dict[str, Any]:
+        if self._decoder is not None:
+            sample = self._decoder(sample)
+        if self.transform is not None:
+            sample = self.transform(sample)
+        return sample
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """Sample ``index`` as a dict: ``__key__``, bytes per extension, ``cls`` as int."""
+        if not -self.num_samples <= index < self.num_samples:
+            raise IndexError(f"sample {index} out of range for {self.num_samples} samples")
+        batch = read_batch(
+            self.packed, [index % self.num_samples], verify=self.verify, shared=False
+        )
+        sample = {
+            k: (
+                v[0]
+                if k == "__key__"
+                else int(v[0])
+                if k == LABEL_EXT
+                else (bytes(v[0]) if v[0] is not None else None)
+            )
+            for k, v in batch.items()
+        }
+        return self._finish(sample)
+
+    def __getitems__(self, indices: Sequence[int]) -> Any:
+        """A batch: packed in shared memory when undecoded, else collated decoded samples."""
+        if get_worker_info() is not None:
+            try:
+                return self._read_items(indices)
+            except ShardioError as exc:
+                return WorkerFailure(exc)
+        return self._read_items(indices)
+
+    def _read_items(self, indices: Sequence[int]) -> Any:
+        if self._decoder is None and self.transform is None:
+            return read_batch(
+                self.packed, list(indices), verify=self.verify, shared=get_worker_info() is not None
+            )
+        return collate_samples([self[int(i)] for i in indices])
+
+    def loader(self, batch_size: int, num_workers: int = 0, **kwargs: Any) -> Any:
+        """The DataLoader shardio recommends: batches built in the workers and moved through
+        shared memory, resumable with ``state_dict``/``load_state_dict``."""
+        from shardio.runtime.loader import ShardLoader
+
+        return ShardLoader(self, batch_size=batch_size, num_workers=num_workers, **kwargs)
+
+    def close(self) -> None:
+        """Close shard files and the index."""
+        if self._ds is not None:
+            self._ds.close()
+            self._ds = None
+
+
+class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
+    """Streaming mode: an IterableDataset that splits work by rank and DataLoader worker.
+
+    Reads follow the epoch order (shard-local by default, so reads stay sequential within a
+    window of shards). With :meth:`ShardDataset.loader` each worker builds whole batches;
+    iterated directly it yields single samples.
+    """
+
+    mode = "stream"
+
+    def __len__(self) -> int:
+        return self.samples_per_rank()
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        if self._stream_plan is not None:
+            positions, batch_size = self._stream_plan
+        else:
+            if info is None:
+                # A restarted direct iteration continues after what was delivered.
+                self._consumed += self._delivered * self.ranks().world_size
+                self._delivered = 0
+            positions, batch_size = self.rank_indices(), None
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if batch_size is None:
+            for i in positions[worker::workers]:
+                sample = self[int(i)]
+                if info is None:
+                    self._delivered += 1
+                yield sample
+            return
+        chunks = range(worker, -(-len(positions) // batch_size), workers)
+        for c in chunks:
+            yield self.__getitems__(positions[c * batch_size : (c + 1) * batch_size].tolist())
