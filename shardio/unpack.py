@@ -46,13 +46,12 @@ def unpack_dataset(root: str | os.PathLike[str], out: str | os.PathLike[str]) ->
         made: set[bytes] = set()
         for sample in range(len(ds)):
             shard = int(index.samples[sample]["shard"])
-            key = ds.key(sample)
             for m in index.sample_member_range(sample):
                 rel = index.member_path(m)
                 if not rel:
                     continue  # a member shardio made (the label)
                 dest = _safe_join(out_b, rel)
-                data = ds.read_member(m, shard=shard, key=key)
+                data = ds.read_member(m, shard=shard, sample=sample)
                 parent = os.path.dirname(dest)
                 try:
                     if parent not in made:

@@ -109,10 +109,17 @@ class PackedDataset:
         """Key of a sample."""
         return self.index.key(sample)
 
-    def read_member(
-        self, member: int, *, shard: int, key: str | None = None, verify: bool = True
-    ) -> bytes:
-        """Read one member's bytes with pread, checking its xxh3-64.
+    def read_member_into(
+        self,
+        member: int,
+        target: memoryview,
+        *,
+        shard: int,
+        sample: int | None = None,
+        verify: bool = True,
+    ) -> None:
+        """Read one member's bytes into ``target`` (its exact size) with preadv, checking its
+        xxh3-64.
 
         Raises:
             ChecksumMismatchError: the bytes differ from the index's checksum.
@@ -120,25 +127,33 @@ class PackedDataset:
         """
         rec = self.index.members[member]
         path = self._shard_paths[shard]
-        size = int(rec["size"])
+        size = len(target)
         try:
-            data = os.pread(self.pool.fd(path), size, int(rec["offset"]))
+            got = os.preadv(self.pool.fd(path), [target], int(rec["offset"])) if size else 0
         except OSError as exc:
             raise StorageError(exc.errno, f"cannot read shard {path}: {exc.strerror}") from exc
-        if len(data) != size:
-            raise StorageError(5, f"shard {path} is truncated (sample {key or member!r})")
+        if sample is None and (got != size or verify):
+            sample = self._sample_of(member)
+        if got != size:
+            raise StorageError(5, f"shard {path} is truncated (sample {self.key(sample or 0)!r})")
         if verify:
-            actual = member_xxh3_64(data)
+            actual = member_xxh3_64(target)
             if actual != int(rec["xxh3_64"]):
                 raise ChecksumMismatchError(
                     path=path,
                     shard=self.manifest.shards[shard].path,
-                    key=key if key is not None else self.key(self._sample_of(member)),
+                    key=self.key(sample or 0),
                     expected=hex64(int(rec["xxh3_64"])),
                     actual=hex64(actual),
-                    member=None,
                 )
-        return data
+
+    def read_member(
+        self, member: int, *, shard: int, sample: int | None = None, verify: bool = True
+    ) -> bytes:
+        """Return one member's bytes (see :meth:`read_member_into`)."""
+        buf = bytearray(int(self.index.members[member]["size"]))
+        self.read_member_into(member, memoryview(buf), shard=shard, sample=sample, verify=verify)
+        return bytes(buf)
 
     def _sample_of(self, member: int) -> int:
         import numpy as np
@@ -152,12 +167,11 @@ class PackedDataset:
         """
         rec = self.index.samples[sample]
         shard = int(rec["shard"])
-        key = self.index.key(sample)
-        out: dict[str, Any] = {"__key__": key}
+        out: dict[str, Any] = {"__key__": self.index.key(sample)}
         exts = self.index.exts
         for m in self.index.sample_member_range(sample):
             ext = exts[int(self.index.members[m]["ext_id"])]
-            data = self.read_member(m, shard=shard, key=key, verify=verify)
+            data = self.read_member(m, shard=shard, sample=sample, verify=verify)
             synthesised = int(self.index.members[m]["path_length"]) == 0
             out[ext] = int(data) if ext == LABEL_EXT and synthesised else data
         return out

@@ -9,15 +9,12 @@ cross the process boundary.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from shardio.errors import ChecksumMismatchError, StorageError
-from shardio.format.checksum import hex64, member_xxh3_64
 from shardio.format.spec import LABEL_EXT
 from shardio.readers.dataset import PackedDataset
 
@@ -117,25 +114,13 @@ def read_batch(
         size = int(sizes[k])
         rec = members[m]
         shard = int(samples[spos]["shard"])
-        path = ds.shard_path(shard)
-        target = view[pos_in_buf : pos_in_buf + size]
-        try:
-            got = os.preadv(ds.pool.fd(path), [target], int(rec["offset"])) if size else 0
-        except OSError as exc:
-            raise StorageError(exc.errno, f"cannot read shard {path}: {exc.strerror}") from exc
-        if got != size:
-            key = index.key(int(indices[spos]))
-            raise StorageError(5, f"shard {path} is truncated (sample {key!r})")
-        if verify:
-            actual = member_xxh3_64(target)
-            if actual != int(rec["xxh3_64"]):
-                raise ChecksumMismatchError(
-                    path=path,
-                    shard=ds.manifest.shards[shard].path,
-                    key=index.key(int(indices[spos])),
-                    expected=hex64(int(rec["xxh3_64"])),
-                    actual=hex64(actual),
-                )
+        ds.read_member_into(
+            m,
+            view[pos_in_buf : pos_in_buf + size],
+            shard=shard,
+            sample=int(indices[spos]),
+            verify=verify,
+        )
         offsets, present = columns[ext_id]
         starts.setdefault(ext_id, pos_in_buf)
         present[spos] = True
