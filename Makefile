@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stamp-install
 BENCH_STAMP := $(VENV)/.stamp-bench
 PYTEST_ARGS ?= -q
 
-.PHONY: install test lint typecheck check bench demo clean
+.PHONY: install test lint typecheck check bench demo stage-nvme clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,13 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(PY) benchmarks/bench_pack.py
+
+# Job prologue: stage this node's shards of $(SHARDIO_DATA) to node-local storage, verified.
+# SHARDIO_STAGE_DIR defaults (in the CLI) to $SLURM_TMPDIR, $TMPDIR, then /mnt/nvme/$USER/$JOB.
+SHARDIO_STAGE_ARGS ?=
+stage-nvme: install
+	@test -n "$(SHARDIO_DATA)" || { echo "make stage-nvme: set SHARDIO_DATA=/path/to/dataset" >&2; exit 2; }
+	$(VENV)/bin/shardio stage "$(SHARDIO_DATA)" $(if $(SHARDIO_STAGE_DIR),"$(SHARDIO_STAGE_DIR)") --node auto $(SHARDIO_STAGE_ARGS)
 
 demo: install
 	$(PY) scripts/demo.py

@@ -104,6 +104,34 @@ def _build_parser() -> argparse.ArgumentParser:
     ls.add_argument("dst")
     ls.add_argument("--paths", action="store_true", help="list original file paths instead")
 
+    st = sub.add_parser(
+        "stage",
+        help="copy this node's shards to node-local storage, verified (job prologue)",
+        description="Stage shards from SRC to DEST (default: the job's node-local scratch), "
+        "in the order training first needs them. `shardio stage --clean DEST` removes them.",
+    )
+    st.add_argument("paths", nargs="+", metavar="SRC [DEST]")
+    st.add_argument("--node", default="auto", help="I/N (0-based) or auto (SLURM_NODEID/NNODES)")
+    st.add_argument(
+        "--ranks-per-node",
+        type=int,
+        default=None,
+        help="training ranks per node (default SLURM_NTASKS_PER_NODE or 1)",
+    )
+    st.add_argument("--seed", type=int, default=0, help="ShardDataset's seed")
+    st.add_argument("--epoch", type=int, default=0, help="the epoch to stage for")
+    st.add_argument(
+        "--order",
+        default="shard-local",
+        choices=["random", "shard-local", "sequential"],
+        help="ShardDataset's order (default shard-local, stream mode's)",
+    )
+    st.add_argument("--window-shards", type=int, default=4)
+    st.add_argument("--streams", type=int, default=4, help="parallel copy streams")
+    st.add_argument("--capacity", default=None, help="stage at most this much, e.g. 800GiB")
+    st.add_argument("--clean", action="store_true", help="remove a staging area (epilogue)")
+    st.add_argument("--no-progress", action="store_true")
+
     u = sub.add_parser("unpack", help="restore the original tree, byte for byte")
     u.add_argument("dst")
     u.add_argument("out")
@@ -295,6 +323,81 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def default_stage_dir(src: str, environ: dict[str, str] | None = None) -> str:
+    """The job's node-local scratch: $SLURM_TMPDIR, $TMPDIR, then /mnt/nvme/$USER/$JOB."""
+    env = dict(os.environ) if environ is None else environ
+    base = env.get("SLURM_TMPDIR") or env.get("TMPDIR")
+    if not base:
+        base = os.path.join("/mnt/nvme", env.get("USER", "shardio"), env.get("SLURM_JOB_ID", "0"))
+    name = os.path.basename(os.path.normpath(src)) or "dataset"
+    return os.path.join(base, f"shardio-{name}")
+
+
+def _leading_int(text: str) -> int | None:
+    digits = ""
+    for ch in text:
+        if not ch.isdigit():
+            break
+        digits += ch
+    return int(digits) if digits else None
+
+
+def _cmd_stage(args: argparse.Namespace) -> int:
+    from shardio.cli.progress import ProgressBar
+    from shardio.staging import StageOptions, clean_stage, stage_dataset
+
+    if args.clean:
+        if len(args.paths) != 1:
+            raise UsageError("stage --clean takes one path: the staging area (DEST)")
+        removed = clean_stage(args.paths[0])
+        print(f"removed {removed} staged shard(s) from {args.paths[0]}")
+        return EXIT_OK
+    if len(args.paths) > 2:
+        raise UsageError("stage takes SRC and an optional DEST")
+    src = args.paths[0]
+    dest = args.paths[1] if len(args.paths) == 2 else default_stage_dir(src)
+    env = dict(os.environ)
+    if args.node == "auto":
+        node = _leading_int(env.get("SLURM_NODEID", "")) or 0
+        nodes = _leading_int(env.get("SLURM_NNODES", "")) or 1
+    else:
+        node, nodes = parse_part(args.node)
+    ranks = args.ranks_per_node
+    if ranks is None:
+        ranks = _leading_int(env.get("SLURM_NTASKS_PER_NODE", "")) or 1
+    options = StageOptions(
+        node=node,
+        num_nodes=nodes,
+        ranks_per_node=ranks,
+        seed=args.seed,
+        epoch=args.epoch,
+        order=args.order,
+        window_shards=args.window_shards,
+        streams=args.streams,
+        capacity_bytes=parse_size(args.capacity) if args.capacity else None,
+    )
+    bar = None if args.no_progress else ProgressBar("staging", unit="shards")
+    result = stage_dataset(src, dest, options, progress=bar)
+    rate = result.bytes_copied / result.seconds if result.seconds > 0 else 0.0
+    print(
+        f"staged node {node}/{nodes}: {result.shards_needed - len(result.from_source):,} of "
+        f"{result.shards_needed:,} shards ({format_size(result.bytes_staged)}) at {dest} in "
+        f"{format_duration(result.seconds)}: copied {result.copied} "
+        f"({format_size(result.bytes_copied)}, {format_size(rate)}/s), already staged and "
+        f"verified {result.present}, replaced {result.replaced}, every copy verified (xxh3-128)"
+    )
+    if result.from_source:
+        shown = ", ".join(result.from_source[:3]) + (", ..." if len(result.from_source) > 3 else "")
+        print(
+            f"{len(result.from_source)} shard(s) do not fit --capacity and will be read from "
+            f"{src}: {shown}"
+        )
+    if result.evicted:
+        print(f"evicted {len(result.evicted)} shard(s) not needed now to make room")
+    print(f"read it with ShardDataset({src!r}, cache={dest!r}) or ShardDataset({dest!r})")
+    return EXIT_OK
+
+
 def _cmd_unpack(args: argparse.Namespace) -> int:
     from shardio.unpack import unpack_dataset
 
@@ -313,6 +416,7 @@ _COMMANDS = {
     "inspect": _cmd_inspect,
     "ls": _cmd_ls,
     "unpack": _cmd_unpack,
+    "stage": _cmd_stage,
 }
 
 

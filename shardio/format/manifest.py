@@ -78,6 +78,7 @@ class Manifest:
     layout: Mapping[str, Any] = field(default_factory=dict)
     created_by: str = ""
     format_version: int = FORMAT_VERSION
+    staged_from: str | None = None  # set in a staging area's manifest: the source dataset
 
     def __post_init__(self) -> None:
         if self.shard_format not in SHARD_FORMATS:
@@ -120,6 +121,7 @@ class Manifest:
             },
             "options": dict(self.options),
             "layout": dict(self.layout),
+            **({"staged_from": self.staged_from} if self.staged_from is not None else {}),
             "shards": [
                 {
                     "path": s.path,
@@ -194,6 +196,7 @@ def _parse_v1(doc: Mapping[str, Any], where: str) -> Manifest:
         layout=dict(doc.get("layout") or {}),
         created_by=str(doc.get("created_by", "")),
         format_version=1,
+        staged_from=doc["staged_from"] if isinstance(doc.get("staged_from"), str) else None,
     )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import logging
 import os
 from collections import OrderedDict
 from typing import Any
@@ -12,8 +14,11 @@ from shardio.format.checksum import hex64, member_xxh3_64
 from shardio.format.index import Index
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
+from shardio.storage.stamps import drop_staged, stamp_matches
 
 __all__ = ["FilePool", "PackedDataset"]
+
+logger = logging.getLogger(__name__)
 
 
 class FilePool:
@@ -26,8 +31,14 @@ class FilePool:
         self._pid = os.getpid()
         self.opens = 0
 
-    def fd(self, path: str) -> int:
-        """Return an open descriptor for ``path``."""
+    def fd(self, path: str, *, shared_lock: bool = False) -> int:
+        """Return an open descriptor for ``path``.
+
+        Args:
+            path: the file.
+            shared_lock: hold a shared ``flock`` while open (staged copies: eviction takes
+                the exclusive lock and skips files being read).
+        """
         if self._pid != os.getpid():
             # Descriptors inherited over fork are this process's copies: close them and
             # start afresh (pread keeps no offset, but each process owns its pool).
@@ -44,6 +55,8 @@ class FilePool:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             raise StorageError(exc.errno, f"cannot open shard {path}: {exc.strerror}") from exc
+        if shared_lock:
+            fcntl.flock(fd, fcntl.LOCK_SH)
         self.opens += 1
         self._fds[path] = fd
         if len(self._fds) > self.max_open:
@@ -68,12 +81,28 @@ class FilePool:
 class PackedDataset:
     """A dataset written by ``shardio pack``.
 
+    Reads a shard from a staging cache when a verified copy is there, else from the source
+    (a read-through cache): ``PackedDataset(SRC, cache=DEST)``, or ``PackedDataset(DEST)``
+    for a staging area, whose manifest names its source. A cached copy that fails its
+    checksum on read is dropped and the member is read again from the source.
+
     Args:
-        root: the dataset directory (holding manifest.json).
+        root: the dataset directory (holding manifest.json), or a staging area.
         max_open: bound on shard files held open at once.
+        cache: a staging area (``shardio stage``) to read verified copies from.
+
+    Attributes:
+        cache_stats: per-process counts: ``hits``/``misses`` (shards opened from the cache /
+            the source), ``bytes_cache``/``bytes_source``, ``dropped`` (bad cached copies).
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, max_open: int = 64) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        max_open: int = 64,
+        cache: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
             raise FormatError(f"{self.root}: no such dataset directory")
@@ -89,7 +118,23 @@ class PackedDataset:
                 f"{self.root}: index refers to {self.index.n_shards} shards, manifest lists "
                 f"{len(self.manifest.shards)}"
             )
-        self._shard_paths = [os.path.join(self.root, s.path) for s in self.manifest.shards]
+        source = self.manifest.staged_from or self.root
+        self.cache_root = (
+            os.fspath(cache)
+            if cache is not None
+            else (self.root if self.manifest.staged_from else None)
+        )
+        self._source_paths = [os.path.join(source, s.path) for s in self.manifest.shards]
+        self._resolved: dict[int, str] = {}
+        self._cached_shards: set[int] = set()
+        self._resolved_pid = os.getpid()
+        self.cache_stats = {
+            "hits": 0,
+            "misses": 0,
+            "bytes_cache": 0,
+            "bytes_source": 0,
+            "dropped": 0,
+        }
         self.pool = FilePool(max_open)
 
     def __len__(self) -> int:
@@ -102,8 +147,25 @@ class PackedDataset:
         self.close()
 
     def shard_path(self, shard: int) -> str:
-        """Absolute path of shard number ``shard``."""
-        return self._shard_paths[shard]
+        """Path shard ``shard`` is read from: its verified cached copy, else the source."""
+        if self.cache_root is None:
+            return self._source_paths[shard]
+        if self._resolved_pid != os.getpid():
+            self._resolved.clear()
+            self._cached_shards.clear()
+            self._resolved_pid = os.getpid()
+        path = self._resolved.get(shard)
+        if path is None:
+            entry = self.manifest.shards[shard]
+            if stamp_matches(self.cache_root, entry.path, entry.xxh3_128):
+                path = os.path.join(self.cache_root, entry.path)
+                self._cached_shards.add(shard)
+                self.cache_stats["hits"] += 1
+            else:
+                path = self._source_paths[shard]
+                self.cache_stats["misses"] += 1
+            self._resolved[shard] = path
+        return path
 
     def key(self, sample: int) -> str:
         """Key of a sample."""
@@ -122,23 +184,53 @@ class PackedDataset:
         xxh3-64.
 
         Raises:
-            ChecksumMismatchError: the bytes differ from the index's checksum.
+            ChecksumMismatchError: the bytes differ from the index's checksum (in the source;
+                a bad cached copy is dropped and the source read instead).
             StorageError: the shard is missing or short.
         """
         rec = self.index.members[member]
-        path = self._shard_paths[shard]
+        path = self.shard_path(shard)
+        cached = shard in self._cached_shards
         size = len(target)
         try:
-            got = os.preadv(self.pool.fd(path), [target], int(rec["offset"])) if size else 0
+            fd = self.pool.fd(path, shared_lock=cached)
+            got = os.preadv(fd, [target], int(rec["offset"])) if size else 0
         except OSError as exc:
+            if cached:
+                return self._refetch(
+                    member,
+                    target=target,
+                    shard=shard,
+                    sample=sample,
+                    verify=verify,
+                    why=f"unreadable: {exc}",
+                )
             raise StorageError(exc.errno, f"cannot read shard {path}: {exc.strerror}") from exc
         if sample is None and (got != size or verify):
             sample = self._sample_of(member)
         if got != size:
+            if cached:
+                return self._refetch(
+                    member,
+                    target=target,
+                    shard=shard,
+                    sample=sample,
+                    verify=verify,
+                    why="truncated",
+                )
             raise StorageError(5, f"shard {path} is truncated (sample {self.key(sample or 0)!r})")
         if verify:
             actual = member_xxh3_64(target)
             if actual != int(rec["xxh3_64"]):
+                if cached:
+                    return self._refetch(
+                        member,
+                        target=target,
+                        shard=shard,
+                        sample=sample,
+                        verify=verify,
+                        why="checksum mismatch",
+                    )
                 raise ChecksumMismatchError(
                     path=path,
                     shard=self.manifest.shards[shard].path,
@@ -146,6 +238,33 @@ class PackedDataset:
                     expected=hex64(int(rec["xxh3_64"])),
                     actual=hex64(actual),
                 )
+        self.cache_stats["bytes_cache" if cached else "bytes_source"] += size
+        return None
+
+    def _refetch(
+        self,
+        member: int,
+        *,
+        target: memoryview,
+        shard: int,
+        sample: int | None,
+        verify: bool,
+        why: str,
+    ) -> None:
+        """Drop a bad cached copy and read the member from the source."""
+        if self.cache_root is None:  # pragma: no cover - only called for cached shards
+            raise RuntimeError("no cache to drop from")
+        rel = self.manifest.shards[shard].path
+        logger.warning(
+            "staged copy %s is bad (%s): dropped, reading %s", rel, why, self._source_paths[shard]
+        )
+        cached_path = self._resolved[shard]
+        self.pool.discard(cached_path)
+        drop_staged(self.cache_root, rel)
+        self._cached_shards.discard(shard)
+        self._resolved[shard] = self._source_paths[shard]
+        self.cache_stats["dropped"] += 1
+        self.read_member_into(member, target, shard=shard, sample=sample, verify=verify)
 
     def read_member(
         self, member: int, *, shard: int, sample: int | None = None, verify: bool = True

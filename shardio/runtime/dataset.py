@@ -88,6 +88,8 @@ class ShardDataset(Dataset[dict[str, Any]]):
             samples (either way every rank gets the same count).
         ranks: the rank layout; detected from torch.distributed, SLURM or RANK/WORLD_SIZE
             when None.
+        cache: a staging area (``shardio stage SRC DEST``) to read verified shard copies
+            from; shards not staged (yet) are read from ``path``.
         max_open: shard files held open at once per process; None (default) holds every
             shard open up to half the process's open-file limit, so random reads never
             reopen a shard (each reopen is a metadata-server round trip on Lustre).
@@ -117,6 +119,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         drop_last: bool = False,
         ranks: RankInfo | None = None,
         max_open: int | None = None,
+        cache: str | os.PathLike[str] | None = None,
     ) -> None:
         if mode not in MODES:
             raise UsageError(f"invalid mode {mode!r}: choose one of {', '.join(MODES)}")
@@ -138,7 +141,10 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self.max_open = max_open if max_open is not None else _default_max_open()
         self._ranks = ranks
         self._decoder = make_decoder(decode)
-        self._ds: PackedDataset | None = PackedDataset(self.path, max_open=self.max_open)
+        self.cache = os.fspath(cache) if cache is not None else None
+        self._ds: PackedDataset | None = PackedDataset(
+            self.path, max_open=self.max_open, cache=self.cache
+        )
         self.num_samples = len(self._ds)
         self._shard_sizes = np.array(
             [s.num_samples for s in self._ds.manifest.shards], dtype=np.int64
@@ -166,7 +172,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
     def packed(self) -> PackedDataset:
         """The underlying packed dataset, opened in this process on first use."""
         if self._ds is None:
-            self._ds = PackedDataset(self.path, max_open=self.max_open)
+            self._ds = PackedDataset(self.path, max_open=self.max_open, cache=self.cache)
         return self._ds
 
     @property
