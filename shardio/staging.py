@@ -68,7 +68,10 @@ class StageOptions:
             stager computes the same order as training.
         streams: parallel copy streams.
         capacity_bytes: stage at most this many bytes (the shards needed first); None: all.
-        durable: fsync each copy before publishing it.
+        durable: fsync each copy before publishing it. Off by default: a staging area is a
+            job-scoped cache, a kill -9 cannot expose a half-written copy (temp name, then
+            rename), and every read verifies each member and falls back to the source, which
+            also covers a copy damaged by a node crash.
     """
 
     node: int = 0
@@ -81,7 +84,7 @@ class StageOptions:
     drop_last: bool = False
     streams: int = 4
     capacity_bytes: int | None = None
-    durable: bool = True
+    durable: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.node < self.num_nodes:

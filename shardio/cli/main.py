@@ -130,6 +130,9 @@ def _build_parser() -> argparse.ArgumentParser:
     st.add_argument("--streams", type=int, default=4, help="parallel copy streams")
     st.add_argument("--capacity", default=None, help="stage at most this much, e.g. 800GiB")
     st.add_argument("--clean", action="store_true", help="remove a staging area (epilogue)")
+    st.add_argument(
+        "--fsync", action="store_true", help="fsync every copy (survives a node crash; slower)"
+    )
     st.add_argument("--no-progress", action="store_true")
 
     u = sub.add_parser("unpack", help="restore the original tree, byte for byte")
@@ -375,6 +378,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         window_shards=args.window_shards,
         streams=args.streams,
         capacity_bytes=parse_size(args.capacity) if args.capacity else None,
+        durable=args.fsync,
     )
     bar = None if args.no_progress else ProgressBar("staging", unit="shards")
     result = stage_dataset(src, dest, options, progress=bar)

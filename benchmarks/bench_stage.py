@@ -1,0 +1,149 @@
+"""Staging throughput: ``shardio stage`` (every byte verified) against ``cp -r`` and ``rsync -a``.
+
+Cold cache before every run (the source shards are read from disk, as from Lustre in a job
+prologue), same shards, one run, medians and ratios; rewrites the "## Staging throughput"
+section of benchmarks/RESULTS.md. Not a test: nothing asserts on timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+import common
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECTION = "## Staging throughput"
+TARGET_VS_CP = 0.9
+
+
+def _ensure_packed(tree: str, workdir: str, shard_size: str) -> str:
+    out = os.path.join(workdir, f"stage-src-{os.path.basename(tree)}-s{shard_size}")
+    if not os.path.exists(os.path.join(out, "manifest.json")):
+        common.remove_path(out)
+        argv = [
+            os.path.join(REPO, ".venv", "bin", "shardio"),
+            "pack",
+            tree,
+            out,
+            "--shard-size",
+            shard_size,
+            "--no-progress",
+        ]
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--files", type=int, default=20000)
+    parser.add_argument("--mean-kb", type=float, default=110)
+    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--shard-size", default="256MiB")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workdir", default=os.path.join(REPO, ".bench"))
+    parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "RESULTS.md"))
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    tree = common.ensure_tree(
+        REPO, args.workdir, files=args.files, classes=args.classes, mean_kb=args.mean_kb
+    )
+    src = _ensure_packed(tree, args.workdir, args.shard_size)
+    shards = os.path.join(src, "shards")
+    shard_bytes = sum(
+        os.path.getsize(os.path.join(shards, n)) for n in os.listdir(shards) if n.endswith(".tar")
+    )
+    dest = os.path.join(args.workdir, "stage-dest")
+    shardio = os.path.join(REPO, ".venv", "bin", "shardio")
+    configs: list[tuple[str, str, list[str]]] = [
+        ("cp", "`cp -r` of the shard directory", ["cp", "-r", shards, dest]),
+        (
+            "cp-sync",
+            "`cp -r` + `sync` (durable)",
+            ["sh", "-c", 'cp -r "$0" "$1" && sync', shards, dest],
+        ),
+        (
+            "shardio-4",
+            "`shardio stage` (4 streams, xxh3-128 of every copy)",
+            [shardio, "stage", src, dest, "--no-progress", "--streams", "4"],
+        ),
+        (
+            "shardio-1",
+            "`shardio stage --streams 1`",
+            [shardio, "stage", src, dest, "--no-progress", "--streams", "1"],
+        ),
+        (
+            "shardio-fsync",
+            "`shardio stage --fsync` (4 streams, durable)",
+            [shardio, "stage", src, dest, "--no-progress", "--fsync"],
+        ),
+    ]
+    if shutil.which("rsync"):
+        configs.insert(
+            1,
+            (
+                "rsync",
+                "`rsync -a` of the shard directory",
+                ["rsync", "-a", shards + "/", dest + "/"],
+            ),
+        )
+    cold = True
+    walls: dict[str, list[float]] = {name: [] for name, _, _ in configs}
+    load_before = common.loadavg()
+    for rep in range(args.repeat):
+        for name, _, argv in configs:
+            common.remove_path(dest)
+            cold = common.drop_caches() and cold
+            run = common.run_child(argv)
+            if run.returncode != 0:
+                raise SystemExit(f"{name} failed: {run.stderr_tail}")
+            walls[name].append(run.wall_s)
+            print(f"[{rep + 1}/{args.repeat}] {name:10s} {run.wall_s:6.2f} s", file=sys.stderr)
+    common.remove_path(dest)
+    med = {name: common.median(v) for name, v in walls.items()}
+    n_shards = sum(1 for n in os.listdir(shards) if n.endswith(".tar"))
+    rows = []
+    for name, label, _argv in configs:
+        rate = shard_bytes / med[name] / 1e6
+        rows.append(
+            [
+                label,
+                f"{med[name]:.2f} ({min(walls[name]):.2f}-{max(walls[name]):.2f})",
+                f"{rate:.0f}",
+                common.fmt_ratio(med["cp"] / med[name]),
+            ]
+        )
+    ratio = med["cp"] / med["shardio-4"]
+    verdict = "PASS" if ratio >= TARGET_VS_CP else "FAIL"
+    body = "\n".join(
+        [
+            f"Data: {args.files} generated JPEGs packed into {n_shards} tar shards "
+            f"of {args.shard_size} ({shard_bytes / 1e9:.2f} GB); cache: "
+            f"{'cold (drop_caches before every run)' if cold else 'WARM (could not drop caches)'}; "
+            f"{args.repeat} runs each, round-robin; load average before/after: {load_before} / "
+            f"{common.loadavg()}. MB/s = shard bytes / median wall.",
+            "",
+            common.markdown_table(
+                ["configuration", "wall s, median (min-max)", "MB/s", "throughput vs `cp -r`"], rows
+            ),
+            "",
+            f"- target: `shardio stage` (verifying every byte) ≥ {TARGET_VS_CP}x the throughput of "
+            f"`cp -r`: {ratio:.2f}x → **{verdict}**",
+            "",
+            "Reproduce: `.venv/bin/python benchmarks/bench_stage.py` (root, for drop_caches). "
+            "Commands: " + "; ".join(f"`{shlex.join(a)}`" for _, _, a in configs) + ".",
+        ]
+    )
+    print(body)
+    if not args.no_write:
+        common.update_section(args.out, SECTION, body, common.results_header(args.workdir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
