@@ -7,7 +7,10 @@ import fcntl
 import logging
 import os
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from shardio.errors import ChecksumMismatchError, FormatError, StorageError
 from shardio.format.checksum import hex64, member_xxh3_64
@@ -19,6 +22,10 @@ from shardio.storage.stamps import drop_staged, stamp_matches
 __all__ = ["FilePool", "PackedDataset"]
 
 logger = logging.getLogger(__name__)
+
+# Ranges closer than this are advised as one (reading a tar header between two members
+# costs less than another request).
+_ADVISE_GAP = 128 * 1024
 
 
 class FilePool:
@@ -170,6 +177,43 @@ class PackedDataset:
     def key(self, sample: int) -> str:
         """Key of a sample."""
         return self.index.key(sample)
+
+    def advise(self, samples: Sequence[int]) -> None:
+        """Tell the kernel these samples will be read soon (``POSIX_FADV_WILLNEED``).
+
+        Reads of a batch then go to the device (or the parallel filesystem) together instead
+        of one synchronous pread at a time; nearby ranges are merged first.
+        """
+        if len(samples) == 0:
+            return
+        recs = self.index.samples[np.asarray(samples, dtype=np.int64)]
+        counts = recs["n_members"].astype(np.int64)
+        total = int(counts.sum())
+        starts = np.cumsum(counts) - counts
+        rows = np.repeat(recs["first_member"].astype(np.int64), counts) + (
+            np.arange(total) - np.repeat(starts, counts)
+        )
+        shards = np.repeat(recs["shard"].astype(np.int64), counts)
+        offsets = self.index.members["offset"][rows].astype(np.int64)
+        ends = offsets + self.index.members["size"][rows].astype(np.int64)
+        order = np.lexsort((offsets, shards))
+        cur_shard, cur_lo, cur_hi = -1, 0, 0
+        for k in order.tolist():
+            shard, lo, hi = int(shards[k]), int(offsets[k]), int(ends[k])
+            if shard == cur_shard and lo - cur_hi <= _ADVISE_GAP:
+                cur_hi = max(cur_hi, hi)
+                continue
+            if cur_shard >= 0:
+                self._advise_range(cur_shard, cur_lo, cur_hi)
+            cur_shard, cur_lo, cur_hi = shard, lo, hi
+        if cur_shard >= 0:
+            self._advise_range(cur_shard, cur_lo, cur_hi)
+
+    def _advise_range(self, shard: int, lo: int, hi: int) -> None:
+        path = self.shard_path(shard)
+        with contextlib.suppress(OSError):
+            fd = self.pool.fd(path, shared_lock=shard in self._cached_shards)
+            os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
 
     def read_member_into(
         self,

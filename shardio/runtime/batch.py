@@ -80,6 +80,7 @@ def read_batch(
         StorageError: a shard is missing or short.
     """
     index = ds.index
+    ds.advise(indices)
     samples = index.samples[np.asarray(indices, dtype=np.int64)]
     members = index.members
     exts = index.exts

@@ -343,6 +343,11 @@ class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
                     self._delivered += 1
                 yield sample
             return
-        chunks = range(worker, -(-len(positions) // batch_size), workers)
-        for c in chunks:
+        n_chunks = -(-len(positions) // batch_size)
+        for c in range(worker, n_chunks, workers):
+            following = c + workers  # this worker's next batch: start its reads now
+            if following < n_chunks:
+                self.packed.advise(
+                    positions[following * batch_size : (following + 1) * batch_size].tolist()
+                )
             yield self.__getitems__(positions[c * batch_size : (c + 1) * batch_size].tolist())
