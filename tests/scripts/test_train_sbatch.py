@@ -1,0 +1,373 @@
+"""scripts/slurm/train_8gpu.sbatch and bind.sh, run with bash and fake srun/scontrol/numactl.
+
+The fake srun runs each step's command once, as task 0 of node 0, so the dry run stages a
+real tiny dataset, "trains" with a command that records what it sees, and cleans up.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SLURM_DIR = REPO / "scripts" / "slurm"
+SBATCH = SLURM_DIR / "train_8gpu.sbatch"
+BIND = SLURM_DIR / "bind.sh"
+SHARDIO = pathlib.Path(sys.executable).parent / "shardio"
+SCRIPTS = [
+    SBATCH,
+    BIND,
+    SLURM_DIR / "retry_srun.sh",
+    REPO / "scripts" / "beeond" / "beeond_stage.sh",
+]
+FAKES = sorted(p for p in (REPO / "tests" / "fakebin_beeond").iterdir() if p.is_file())
+
+
+def sbatch_options(path: pathlib.Path) -> dict[str, str]:
+    """The #SBATCH lines of a job script, before its first command, as {option: value}."""
+    options: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            break  # sbatch stops reading #SBATCH lines at the first command
+        match = re.match(r"#SBATCH\s+(--[\w-]+)(?:=(\S+))?", line)
+        if match:
+            options[match.group(1)] = match.group(2) or ""
+    return options
+
+
+def test_sbatch_header_asks_for_8_gpu_nodes() -> None:
+    options = sbatch_options(SBATCH)
+    assert options["--gres"] == "gpu:8"
+    assert options["--ntasks-per-node"] == "8"
+    assert options["--cpus-per-task"] == "8"
+    assert options["--hint"] == "nomultithread"
+    assert "--exclusive" in options
+    assert re.fullmatch(r"\d+:\d\d:\d\d", options["--time"])
+    assert options["--nodes"].isdigit()
+    assert options["--signal"].startswith("B:USR1@")  # the epilogue's time before the limit
+    assert SBATCH.read_text().startswith("#!/usr/bin/env bash\n")
+
+
+def test_sbatch_exports_threads_and_binds_cores() -> None:
+    text = SBATCH.read_text()
+    assert 'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-8}"' in text
+    assert "--cpu-bind=cores" in text
+    assert "set -euo pipefail" in text
+    assert "trap epilogue EXIT" in text
+
+
+@pytest.mark.parametrize("path", SCRIPTS + FAKES, ids=lambda p: p.name)
+def test_bash_syntax(path: pathlib.Path) -> None:
+    result = subprocess.run(["bash", "-n", path], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("path", SCRIPTS + [p for p in FAKES if not p.name.startswith("_")])
+def test_executable(path: pathlib.Path) -> None:
+    assert os.access(path, os.X_OK), f"chmod +x {path}"
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+def test_shellcheck_clean() -> None:
+    result = subprocess.run(
+        ["shellcheck", "-x", *map(str, SCRIPTS + FAKES)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout
+
+
+# --- bind.sh ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def probe(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A command that writes the binding it got (GPU, ranks) to probe.out."""
+    return tmp_path / "probe.out"
+
+
+def probe_cmd(out: pathlib.Path) -> list[str]:
+    return [
+        "bash",
+        "-c",
+        f'echo "$CUDA_VISIBLE_DEVICES $LOCAL_RANK ${{RANK:-}} $SHARDIO_BOUND_NUMA_NODE" > {out}',
+    ]
+
+
+@pytest.mark.parametrize(
+    ("numa_nodes", "expected_numa"), [("2", "0"), ("4", "1"), ("8", "3"), ("1", "0")]
+)
+def test_bind_localid_3_gets_gpu_3_and_its_numa_node(
+    run_script: Callable[..., Any], probe: pathlib.Path, numa_nodes: str, expected_numa: str
+) -> None:
+    env = {"SLURM_LOCALID": "3", "SLURM_PROCID": "11", "SHARDIO_NUMA_NODES": numa_nodes}
+    result = run_script([BIND, *probe_cmd(probe)], env=env)
+    assert result.rc == 0, result.stderr
+    n = expected_numa
+    assert result.calls == [
+        ["numactl", f"--cpunodebind={n}", f"--membind={n}", "--", *probe_cmd(probe)]
+    ]
+    assert probe.read_text().split() == ["3", "3", "11", n]
+
+
+def test_bind_uses_the_gpu_numa_map(run_script: Callable[..., Any], probe: pathlib.Path) -> None:
+    env = {"SLURM_LOCALID": "3", "SHARDIO_GPU_NUMA_MAP": "3,3,1,1,7,7,5,5"}
+    result = run_script([BIND, *probe_cmd(probe)], env=env)
+    assert result.rc == 0, result.stderr
+    assert result.calls[0][:3] == ["numactl", "--cpunodebind=1", "--membind=1"]
+
+
+def test_bind_picks_from_the_gpus_slurm_made_visible(
+    run_script: Callable[..., Any], probe: pathlib.Path
+) -> None:
+    env = {"SLURM_LOCALID": "1", "CUDA_VISIBLE_DEVICES": "4,6", "SHARDIO_NUMA_NODES": "2"}
+    result = run_script([BIND, *probe_cmd(probe)], env=env)
+    assert result.rc == 0, result.stderr
+    assert probe.read_text().split()[0] == "6"
+
+
+def test_bind_cores_mode_binds_memory_only(
+    run_script: Callable[..., Any], probe: pathlib.Path
+) -> None:
+    env = {"SLURM_LOCALID": "5", "SHARDIO_NUMA_NODES": "2", "SHARDIO_CPU_BIND": "cores"}
+    result = run_script([BIND, *probe_cmd(probe)], env=env)
+    assert result.rc == 0, result.stderr
+    assert result.calls == [["numactl", "--membind=1", "--", *probe_cmd(probe)]]
+
+
+def test_bind_falls_back_to_taskset_then_to_plain_exec(
+    run_script: Callable[..., Any], probe: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    sysfs = tmp_path / "sysfs-node"
+    for node, cpus in (("node0", "0-31"), ("node1", "32-63")):
+        (sysfs / node).mkdir(parents=True)
+        (sysfs / node / "cpulist").write_text(cpus + "\n")
+    env = {"SLURM_LOCALID": "6", "SHARDIO_NUMACTL": "", "SHARDIO_SYSFS_NODE_DIR": str(sysfs)}
+    result = run_script([BIND, *probe_cmd(probe)], env=env)
+    assert result.rc == 0, result.stderr
+    assert result.calls == [["taskset", "-c", "32-63", *probe_cmd(probe)]]  # 2 nodes counted
+    assert probe.read_text().split()[0] == "6"
+
+    probe.unlink()
+    result = run_script([BIND, *probe_cmd(probe)], env=env | {"SHARDIO_TASKSET": ""})
+    assert result.rc == 0, result.stderr
+    assert len(result.calls) == 1  # nothing new recorded: plain exec
+    assert probe.read_text().split()[:2] == ["6", "6"]
+
+
+def test_bind_can_leave_every_gpu_visible(
+    run_script: Callable[..., Any], probe: pathlib.Path
+) -> None:
+    env = {"SLURM_LOCALID": "2", "SHARDIO_BIND_GPU": "0", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    result = run_script([BIND, *probe_cmd(probe)], env=env | {"SHARDIO_CPU_BIND": "none"})
+    assert result.rc == 0, result.stderr
+    assert result.calls == []
+    assert probe.read_text().split()[:2] == ["0,1,2,3", "2"]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SLURM_LOCALID": "x"}, "SLURM_LOCALID is not a number"),
+        ({"SHARDIO_NUMA_NODES": "0"}, "SHARDIO_NUMA_NODES must be"),
+        ({"SHARDIO_GPU_NUMA_MAP": "0,1", "SLURM_LOCALID": "3"}, "has 2 entries"),
+        ({"SHARDIO_CPU_BIND": "sockets"}, "must be numa, cores or none"),
+    ],
+)
+def test_bind_rejects_bad_settings(
+    run_script: Callable[..., Any], env: dict[str, str], message: str
+) -> None:
+    result = run_script([BIND, "true"], env=env)
+    assert result.rc == 2
+    assert message in result.stderr
+
+
+# --- the job script, run with bash --------------------------------------------------------------
+
+
+@pytest.fixture
+def job_env(tmp_path: pathlib.Path, tiny_dataset: pathlib.Path) -> dict[str, str]:
+    """What sbatch would set for a 1-node job of 8 tasks, plus shardio's settings."""
+    return {
+        "SLURM_JOB_ID": "777",
+        "SLURM_NNODES": "1",
+        "SLURM_NTASKS_PER_NODE": "8",
+        "SLURM_CPUS_PER_TASK": "8",
+        "SLURM_JOB_NODELIST": "gpu[07]",
+        "SLURM_SUBMIT_DIR": str(REPO),
+        "SHARDIO_FAKE_HOSTS": "gpu07",
+        "SHARDIO_DATA": str(tiny_dataset),
+        "SHARDIO_BIN": str(SHARDIO),
+        "SHARDIO_NUMA_NODES": "2",
+        "SLURM_TMPDIR": str(tmp_path / "nvme"),
+        "RETRY_SRUN_BACKOFF_S": "0",
+    }
+
+
+def steps(calls: list[list[str]]) -> list[str]:
+    """srun calls named by what they run: stage, train or clean."""
+    out = []
+    for call in calls:
+        if call[0] != "srun":
+            continue
+        if str(BIND) in call:
+            out.append("train")
+        elif "shardio-clean" in call:
+            out.append("clean")
+        elif "stage" in call:
+            out.append("stage")
+        else:
+            out.append("?")
+    return out
+
+
+def test_dry_run_stages_trains_and_cleans(
+    run_script: Callable[..., Any],
+    job_env: dict[str, str],
+    tiny_dataset: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    stage_dir = tmp_path / "nvme" / "shardio-tiny-ds"
+    seen = tmp_path / "seen.txt"
+    train = (
+        'test -e "$SHARDIO_STAGE_DIR/manifest.json" && echo "$CUDA_VISIBLE_DEVICES $OMP_NUM_THREADS'
+        f' $MASTER_ADDR $SHARDIO_STAGE_DIR $SHARDIO_BOUND_NUMA_NODE $WORLD_SIZE" > {seen}'
+    )
+    env = job_env | {"TRAIN_CMD": train, "SLURM_NTASKS": "8"}
+    result = run_script(["bash", SBATCH], env=env)
+    assert result.rc == 0, result.stderr
+    assert steps(result.calls) == ["stage", "train", "clean"]
+    stage, train_call, clean = (c for c in result.calls if c[0] == "srun")
+    assert stage == [
+        "srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--cpus-per-task=8",
+        "--kill-on-bad-exit=1", str(SHARDIO), "stage", str(tiny_dataset), str(stage_dir),
+        "--node", "auto", "--ranks-per-node", "8", "--no-progress",
+    ]  # fmt: skip
+    assert train_call[:8] == [
+        "srun", "--nodes=1", "--ntasks-per-node=8", "--cpus-per-task=8", "--cpu-bind=cores",
+        "--threads-per-core=1", "--distribution=block:block", "--kill-on-bad-exit=1",
+    ]  # fmt: skip
+    assert train_call[8:] == [str(BIND), "bash", "-c", train]
+    assert clean[:6] == stage[:6]
+    assert clean[-2:] == [str(stage_dir), str(SHARDIO)]
+    assert ["numactl", "--cpunodebind=0", "--membind=0", "--", "bash", "-c", train] in (
+        result.calls
+    )
+    # The training command saw the staged copy, its GPU, its threads and the rendezvous.
+    gpu, omp, master, cache, numa, world = seen.read_text().split()
+    assert (gpu, omp, master, cache, numa, world) == ("0", "8", "gpu07", str(stage_dir), "0", "8")
+    assert not stage_dir.exists()  # the epilogue removed it
+    assert "training finished with exit 0" in result.stderr
+
+
+def test_failed_training_is_retried_and_still_cleaned(
+    run_script: Callable[..., Any],
+    job_env: dict[str, str],
+    tmp_path: pathlib.Path,
+) -> None:
+    env = job_env | {"TRAIN_CMD": "exit 4", "SHARDIO_TRIES": "2", "SHARDIO_VERIFY_QUICK": "1"}
+    result = run_script(["bash", SBATCH], env=env)
+    assert result.rc == 4, result.stderr
+    # try 1, verify, re-stage (the retry hook), try 2, then the epilogue
+    assert steps(result.calls) == ["stage", "train", "stage", "train", "clean"]
+    assert "checking " in result.stderr and "verify --no-progress --quick" in result.stderr
+    assert "giving up after 2 tries; exit 4" in result.stderr
+    assert "job ends with exit 4" in result.stderr
+    assert not (tmp_path / "nvme" / "shardio-tiny-ds").exists()
+
+
+def test_failed_staging_stops_before_training_and_cleans(
+    run_script: Callable[..., Any], job_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    env = job_env | {"SHARDIO_DATA": str(tmp_path / "missing-ds")}
+    result = run_script(["bash", SBATCH], env=env)
+    assert result.rc != 0
+    assert steps(result.calls) == ["stage", "clean"]
+    assert "shardio: error:" in result.stderr
+
+
+def test_stage_with_make(
+    run_script: Callable[..., Any], job_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    # The Makefile's stage-nvme depends on `install`; give it a stand-in `make` that records.
+    fake_make = tmp_path / "bin" / "make"
+    fake_make.parent.mkdir()
+    fake_make.write_text(
+        "#!/usr/bin/env bash\n"
+        'line=make; for a in "$@"; do line+=$\'\\t\'"$a"; done\n'
+        'printf \'%s\\n\' "$line" >>"$SHARDIO_FAKE_LOG"\n'
+    )
+    fake_make.chmod(0o755)
+    env = job_env | {
+        "SHARDIO_STAGE_WITH": "make",
+        "SHARDIO_STAGE_ARGS": "--capacity 1GiB",
+        "TRAIN_CMD": "true",
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{REPO / 'tests' / 'fakebin_beeond'}"
+        f"{os.pathsep}{os.environ['PATH']}",
+    }
+    result = run_script(["bash", SBATCH], env=env)
+    assert result.rc == 0, result.stderr
+    make = next(c for c in result.calls if c[0] == "make")
+    stage_dir = tmp_path / "nvme" / "shardio-tiny-ds"
+    assert make == [
+        "make", "-s", "-C", str(REPO), "stage-nvme", f"SHARDIO_DATA={job_env['SHARDIO_DATA']}",
+        f"SHARDIO_STAGE_DIR={stage_dir}",
+        "SHARDIO_STAGE_ARGS=--ranks-per-node 8 --no-progress --capacity 1GiB",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("drop", "message"),
+    [("SHARDIO_DATA", "set SHARDIO_DATA"), ("SLURM_JOB_ID", "not inside a SLURM job")],
+)
+def test_job_script_needs_its_settings(
+    run_script: Callable[..., Any], job_env: dict[str, str], drop: str, message: str
+) -> None:
+    env = job_env | {drop: ""}
+    result = run_script(["bash", SBATCH], env=env)
+    assert result.rc == 2
+    assert message in result.stderr
+    assert result.calls == []
+
+
+def test_usr1_before_the_time_limit_stops_training_and_cleans(
+    job_env: dict[str, str], tmp_path: pathlib.Path, fake_log: pathlib.Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SHARDIO_"))}
+    env |= job_env | {
+        "TRAIN_CMD": "sleep 30",
+        "SHARDIO_FAKE_LOG": str(fake_log),
+        "PATH": f"{REPO / 'tests' / 'fakebin_beeond'}{os.pathsep}{os.environ['PATH']}",
+    }
+    stage_dir = tmp_path / "nvme" / "shardio-tiny-ds"
+    with subprocess.Popen(
+        ["bash", SBATCH],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        deadline = time.monotonic() + 20
+        while "sleep 30" not in (fake_log.read_text() if fake_log.exists() else ""):
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(0.05)
+        assert stage_dir.is_dir()
+        proc.send_signal(signal.SIGUSR1)  # what `#SBATCH --signal=B:USR1@300` sends
+        _, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "got SIGUSR1: stopping training" in stderr
+    assert "try 2/" not in stderr
+    assert not stage_dir.exists()
