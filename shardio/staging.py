@@ -39,7 +39,13 @@ from shardio.format.manifest import Manifest, ShardEntry, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.progress import Counters, ProgressCallback, ProgressThread
 from shardio.runtime.order import epoch_order, rank_positions
-from shardio.storage.atomic import atomic_write, publish, storage_error, temp_path_for
+from shardio.storage.atomic import (
+    TEMP_MARK,
+    atomic_write,
+    publish,
+    storage_error,
+    temp_path_for,
+)
 from shardio.storage.stamps import STAGE_DIR, drop_staged, stamp_matches, write_stamp
 
 __all__ = [
@@ -194,6 +200,27 @@ def _copy_verified(src: str, dst: str, expected: str, *, durable: bool, counters
     return total
 
 
+def _sync_small_file(src: str, dst: str, durable: bool) -> None:
+    """Make dst a copy of a small file (no checksum in the manifest: compare the bytes)."""
+    with open(src, "rb") as fh:
+        data = fh.read()
+    with contextlib.suppress(FileNotFoundError), open(dst, "rb") as fh:
+        if fh.read() == data:
+            return
+    with atomic_write(dst, durable=durable) as out:
+        out.write(data)
+
+
+def _remove_temps_of(final: str) -> None:
+    folder, name = os.path.split(final)
+    prefix = f".{name}{TEMP_MARK}"
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.listdir(folder):
+            if entry.startswith(prefix):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(folder, entry))
+
+
 def _stage_one(
     src_root: str, dest: str, entry: ShardEntry, *, durable: bool, counters: Counters
 ) -> tuple[str, str, int]:
@@ -202,6 +229,7 @@ def _stage_one(
     final = os.path.join(dest, rel)
     os.makedirs(os.path.dirname(final), exist_ok=True)
     with _shard_lock(dest, rel):
+        _remove_temps_of(final)  # a killed run's partial copy; the lock excludes live ones
         outcome, copied = "present", 0
         if not stamp_matches(dest, rel, expected):
             if os.path.exists(final) and file_xxh3_128(final) == expected:
@@ -220,13 +248,12 @@ def _stage_one(
                     counters=counters,
                 )
                 write_stamp(dest, rel, expected, durable)
-        if entry.dali_index is not None and not os.path.exists(
-            os.path.join(dest, entry.dali_index)
-        ):  # DALI's reader wants the .idx beside the staged tar
-            with open(os.path.join(src_root, entry.dali_index), "rb") as fh:
-                idx = fh.read()
-            with atomic_write(os.path.join(dest, entry.dali_index), durable=durable) as out:
-                out.write(idx)
+        if entry.dali_index is not None:  # DALI's reader wants the .idx beside the staged tar
+            _sync_small_file(
+                os.path.join(src_root, entry.dali_index),
+                os.path.join(dest, entry.dali_index),
+                durable,
+            )
     counters.add(1, 0)
     return rel, outcome, copied
 
@@ -254,29 +281,33 @@ def _write_local_metadata(src_root: str, dest: str, manifest: Manifest, durable:
 def _evict_for(
     dest: str, manifest: Manifest, keep: set[str], need_bytes: int, capacity: int
 ) -> list[str]:
-    """Remove staged shards not needed now, while over capacity; skip ones being read."""
+    """Remove staged shards not needed now while DEST would exceed ``capacity`` with the
+    ``need_bytes`` of the kept ones; oldest first, skipping any a reader holds open."""
     staged = []
     for s in manifest.shards:
         path = os.path.join(dest, s.path)
         if s.path not in keep and os.path.exists(path):
-            staged.append((os.path.getmtime(path), s.path, s.size_bytes))
-    used = sum(s.size_bytes for s in manifest.shards if os.path.exists(os.path.join(dest, s.path)))
+            staged.append((os.path.getmtime(path), s))
+    used = sum(s.size_bytes for _, s in staged)  # the kept shards are in need_bytes
     evicted = []
-    for _, rel, size in sorted(staged):
+    for _, entry in sorted(staged, key=lambda t: (t[0], t[1].path)):
         if used + need_bytes <= capacity:
             break
-        path = os.path.join(dest, rel)
+        path = os.path.join(dest, entry.path)
         fd = os.open(path, os.O_RDONLY)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # readers hold LOCK_SH
             except BlockingIOError:
                 continue
-            drop_staged(dest, rel)
+            drop_staged(dest, entry.path)
+            if entry.dali_index is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(dest, entry.dali_index))
         finally:
             os.close(fd)
-        used -= size
-        evicted.append(rel)
+        used -= entry.size_bytes
+        evicted.append(entry.path)
     return evicted
 
 
@@ -301,6 +332,11 @@ def stage_dataset(
     real_src, real_dest = os.path.realpath(src_root), os.path.realpath(dest_root)
     if real_src == real_dest or real_dest.startswith(real_src.rstrip(os.sep) + os.sep):
         raise UsageError(f"stage destination {dest_root} must be outside the source {src_root}")
+    dest_manifest = os.path.join(dest_root, MANIFEST_FILENAME)
+    if os.path.exists(dest_manifest) and load_manifest(dest_manifest).staged_from is None:
+        raise UsageError(
+            f"{dest_root} holds a packed dataset, not a staging area: refusing to stage into it"
+        )
     for sub in ("locks", "ok"):
         os.makedirs(os.path.join(dest_root, STAGE_DIR, sub), exist_ok=True)
     needed = node_shard_order(manifest, options)
@@ -396,6 +432,7 @@ def clean_stage(dest: str | os.PathLike[str]) -> int:
     removed = 0
     for s in manifest.shards:
         path = os.path.join(dest_root, s.path)
+        _remove_temps_of(path)
         if os.path.exists(path):
             os.unlink(path)
             removed += 1

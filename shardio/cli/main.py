@@ -33,7 +33,9 @@ def default_workers(environ: os._Environ[str] | dict[str, str] | None = None) ->
     return max(1, len(os.sched_getaffinity(0)))
 
 
-def parse_part(text: str, environ: dict[str, str] | None = None) -> tuple[int, int]:
+def parse_part(
+    text: str, environ: dict[str, str] | None = None, *, option: str = "--part"
+) -> tuple[int, int]:
     """Parse ``--part I/N`` (0-based I) or ``auto`` (SLURM_PROCID/SLURM_NTASKS)."""
     env = dict(os.environ) if environ is None else environ
     if text == "auto":
@@ -42,7 +44,7 @@ def parse_part(text: str, environ: dict[str, str] | None = None) -> tuple[int, i
         text = f"{env['SLURM_PROCID']}/{env['SLURM_NTASKS']}"
     head, sep, tail = text.partition("/")
     if not sep or not head.isdigit() or not tail.isdigit() or not 0 <= int(head) < int(tail):
-        raise UsageError(f"invalid --part {text!r}: use I/N with 0 <= I < N, e.g. 0/4, or auto")
+        raise UsageError(f"invalid {option} {text!r}: use I/N with 0 <= I < N, e.g. 0/4, or auto")
     return int(head), int(tail)
 
 
@@ -364,7 +366,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         node = _leading_int(env.get("SLURM_NODEID", "")) or 0
         nodes = _leading_int(env.get("SLURM_NNODES", "")) or 1
     else:
-        node, nodes = parse_part(args.node)
+        node, nodes = parse_part(args.node, option="--node")
     ranks = args.ranks_per_node
     if ranks is None:
         ranks = _leading_int(env.get("SLURM_NTASKS_PER_NODE", "")) or 1
