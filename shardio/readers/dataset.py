@@ -17,6 +17,7 @@ from shardio.format.checksum import hex64, member_xxh3_64
 from shardio.format.index import Index
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
+from shardio.readers.mapcache import MapCache
 from shardio.storage.stamps import drop_staged, stamp_matches
 
 __all__ = ["FilePool", "PackedDataset"]
@@ -143,6 +144,7 @@ class PackedDataset:
             "dropped": 0,
         }
         self.pool = FilePool(max_open)
+        self.maps = MapCache()
 
     def __len__(self) -> int:
         return len(self.index)
@@ -285,6 +287,20 @@ class PackedDataset:
         self.cache_stats["bytes_cache" if cached else "bytes_source"] += size
         return None
 
+    def _drop_cached(self, shard: int, why: str) -> None:
+        """Drop a bad cached copy; the shard is read from the source from now on."""
+        if self.cache_root is None:  # pragma: no cover - only called for cached shards
+            raise RuntimeError("no cache to drop from")
+        rel = self.manifest.shards[shard].path
+        logger.warning(
+            "staged copy %s is bad (%s): dropped, reading %s", rel, why, self._source_paths[shard]
+        )
+        self.pool.discard(self._resolved[shard])
+        drop_staged(self.cache_root, rel)
+        self._cached_shards.discard(shard)
+        self._resolved[shard] = self._source_paths[shard]
+        self.cache_stats["dropped"] += 1
+
     def _refetch(
         self,
         member: int,
@@ -298,17 +314,49 @@ class PackedDataset:
         """Drop a bad cached copy and read the member from the source."""
         if self.cache_root is None:  # pragma: no cover - only called for cached shards
             raise RuntimeError("no cache to drop from")
-        rel = self.manifest.shards[shard].path
-        logger.warning(
-            "staged copy %s is bad (%s): dropped, reading %s", rel, why, self._source_paths[shard]
-        )
-        cached_path = self._resolved[shard]
-        self.pool.discard(cached_path)
-        drop_staged(self.cache_root, rel)
-        self._cached_shards.discard(shard)
-        self._resolved[shard] = self._source_paths[shard]
-        self.cache_stats["dropped"] += 1
+        self._drop_cached(shard, why)
         self.read_member_into(member, target, shard=shard, sample=sample, verify=verify)
+
+    def member_view(
+        self, member: int, *, shard: int, sample: int | None = None, verify: bool = True
+    ) -> tuple[str, memoryview]:
+        """Map a member without copying it: return (shard path, view of its bytes), checked.
+
+        The view lies in this process's mapping of the shard file (page cache, no copy).
+
+        Raises:
+            ChecksumMismatchError: the bytes differ from the index (in the source; a bad
+                cached copy is dropped and the source mapped instead).
+            StorageError: the shard is missing or short.
+        """
+        rec = self.index.members[member]
+        path = self.shard_path(shard)
+        cached = shard in self._cached_shards
+        off, size = int(rec["offset"]), int(rec["size"])
+        view = self.maps.view(path)
+        problem = None
+        if off + size > len(view):
+            problem = "truncated"
+        elif verify and member_xxh3_64(view[off : off + size]) != int(rec["xxh3_64"]):
+            problem = "checksum mismatch"
+        if problem is None:
+            self.cache_stats["bytes_cache" if cached else "bytes_source"] += size
+            return path, view[off : off + size]
+        if sample is None:
+            sample = self._sample_of(member)
+        if cached:
+            self.maps.discard(path)
+            self._drop_cached(shard, problem)
+            return self.member_view(member, shard=shard, sample=sample, verify=verify)
+        if problem == "truncated":
+            raise StorageError(5, f"shard {path} is truncated (sample {self.key(sample)!r})")
+        raise ChecksumMismatchError(
+            path=path,
+            shard=self.manifest.shards[shard].path,
+            key=self.key(sample),
+            expected=hex64(int(rec["xxh3_64"])),
+            actual=hex64(member_xxh3_64(view[off : off + size])),
+        )
 
     def read_member(
         self, member: int, *, shard: int, sample: int | None = None, verify: bool = True
@@ -342,4 +390,5 @@ class PackedDataset:
     def close(self) -> None:
         """Close shard files and the index mapping."""
         self.pool.close()
+        self.maps.close()
         self.index.close()

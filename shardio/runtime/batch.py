@@ -17,8 +17,13 @@ import torch
 
 from shardio.format.spec import LABEL_EXT
 from shardio.readers.dataset import PackedDataset
+from shardio.readers.mapcache import MapCache
 
-__all__ = ["ByteColumn", "read_batch"]
+__all__ = ["ByteColumn", "MappedColumn", "read_batch", "read_batch_mapped"]
+
+# Mappings of shard files in the process that receives mapped batches (the training loop).
+# One per process and file, like the page cache they view; forked children map afresh.
+_RECEIVER_MAPS = MapCache()
 
 
 class ByteColumn(Sequence[memoryview]):
@@ -62,6 +67,91 @@ class ByteColumn(Sequence[memoryview]):
 
     def __repr__(self) -> str:
         return f"ByteColumn(n={len(self)}, bytes={int(self.offsets[-1] - self.offsets[0])})"
+
+
+class MappedColumn(ByteColumn):
+    """A payload field whose bytes stay where they are: in the shard files' page cache.
+
+    The worker verified each member through its own mapping and sends only (file, offset,
+    size) per sample; the receiving process views the same pages through its mapping of the
+    file, so no byte is copied until the caller copies it (``bytes(col[i])``, pinning, or
+    ``.buffer``, which gathers the column into one contiguous tensor on first use).
+
+    Shard files are never modified in place (shardio publishes by rename and drops by
+    unlink), which keeps such views valid.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        which: np.ndarray[Any, Any],
+        starts: np.ndarray[Any, Any],
+        sizes: np.ndarray[Any, Any],
+        present: np.ndarray[Any, Any],
+    ) -> None:
+        self.paths = tuple(paths)
+        self.which = which
+        self.starts = starts
+        self.sizes = sizes
+        self.present = present
+        self._gathered: torch.Tensor | None = None
+
+    @property
+    def offsets(self) -> np.ndarray[Any, Any]:  # type: ignore[override]
+        """Offsets of the samples in the gathered layout (see ``buffer``)."""
+        return np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+
+    @property
+    def buffer(self) -> torch.Tensor:  # type: ignore[override]
+        """The column gathered into one uint8 tensor (one copy, made on first use)."""
+        if self._gathered is None:
+            self._gathered = self._gather(pin=False)
+        return self._gathered
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i: int) -> memoryview:  # type: ignore[override]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        if not self.present[i]:
+            return None  # type: ignore[return-value]
+        view = _RECEIVER_MAPS.view(self.paths[int(self.which[i])])
+        start = int(self.starts[i])
+        return view[start : start + int(self.sizes[i])]
+
+    def tensor(self, i: int) -> torch.Tensor:
+        """Sample i's bytes as a uint8 tensor view of the mapping (no copy)."""
+        view = self[i]
+        return (
+            torch.frombuffer(view, dtype=torch.uint8)
+            if len(view)
+            else torch.empty(0, dtype=torch.uint8)
+        )
+
+    def _gather(self, *, pin: bool) -> torch.Tensor:
+        out = torch.empty(int(self.sizes.sum()), dtype=torch.uint8, pin_memory=pin)
+        dst = memoryview(out.numpy())  # type: ignore[arg-type]
+        pos = 0
+        for i in range(len(self)):
+            if self.present[i]:
+                n = int(self.sizes[i])
+                dst[pos : pos + n] = self[i]
+                pos += n
+        return out
+
+    def pin_memory(self) -> ByteColumn:
+        """Gather into pinned memory (called by the DataLoader's pin-memory thread)."""
+        return ByteColumn(self._gather(pin=True), self.offsets, self.present)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_gathered"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"MappedColumn(n={len(self)}, bytes={int(self.sizes.sum())})"
 
 
 def _shared_uint8(nbytes: int) -> torch.Tensor:
@@ -138,4 +228,52 @@ def read_batch(
             if not present[i]:
                 offsets[i + 1] = offsets[i]
         batch[exts[e]] = ByteColumn(buffer, offsets, present)
+    return batch
+
+
+def read_batch_mapped(
+    ds: PackedDataset, indices: Sequence[int], *, verify: bool = True
+) -> dict[str, Any]:
+    """Verify a batch in place and describe it as MappedColumns (no payload copied).
+
+    The reads happen here (hashing touches every page, after ``advise`` started them all),
+    so the receiving process finds the pages in the page cache.
+    """
+    index = ds.index
+    ds.advise(indices)
+    samples = index.samples[np.asarray(indices, dtype=np.int64)]
+    members = index.members
+    exts = index.exts
+    label_id = exts.index(LABEL_EXT) if LABEL_EXT in exts else -1
+    labelled = ds.manifest.classes is not None
+    n = len(indices)
+    paths: dict[str, int] = {}
+    columns: dict[int, tuple[np.ndarray[Any, Any], ...]] = {}
+    for pos, rec in enumerate(samples):
+        shard = int(rec["shard"])
+        first = int(rec["first_member"])
+        for m in range(first, first + int(rec["n_members"])):
+            ext_id = int(members[m]["ext_id"])
+            if labelled and ext_id == label_id and int(members[m]["path_length"]) == 0:
+                continue  # the label is in the index already
+            path, view = ds.member_view(m, shard=shard, sample=int(indices[pos]), verify=verify)
+            col = columns.get(ext_id)
+            if col is None:
+                col = columns[ext_id] = (
+                    np.zeros(n, np.int32),
+                    np.zeros(n, np.int64),
+                    np.zeros(n, np.int64),
+                    np.zeros(n, bool),
+                )
+            which, starts, sizes, present = col
+            which[pos] = paths.setdefault(path, len(paths))
+            starts[pos] = int(members[m]["offset"])
+            sizes[pos] = len(view)
+            present[pos] = True
+    batch: dict[str, Any] = {"__key__": [index.key(int(i)) for i in indices]}
+    if labelled:
+        batch[LABEL_EXT] = torch.from_numpy(samples["label"].astype(np.int64))
+    ordered_paths = sorted(paths, key=paths.__getitem__)
+    for ext_id in sorted(columns, key=lambda e: exts[e]):
+        batch[exts[ext_id]] = MappedColumn(ordered_paths, *columns[ext_id])
     return batch

@@ -1,0 +1,77 @@
+"""Memory maps of shard files, one per file and process, least recently used dropped first."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from collections import OrderedDict
+
+from shardio.errors import StorageError
+
+__all__ = ["MapCache"]
+
+
+class MapCache:
+    """Private (copy-on-write) read mappings of whole files, opened lazily.
+
+    Pages come from the page cache, so mapping a shard costs no copy; writes through a view
+    would stay private to this process. A map still viewed by a live memoryview cannot be
+    closed; it is kept until its views are gone.
+
+    Args:
+        max_maps: mappings kept at once (virtual address space is the limit, not memory).
+    """
+
+    def __init__(self, max_maps: int = 1024) -> None:
+        self.max_maps = max_maps
+        self._maps: OrderedDict[str, mmap.mmap | None] = OrderedDict()
+        self._pid = os.getpid()
+        self.opens = 0
+
+    def view(self, path: str) -> memoryview:
+        """A writable (private) view of the whole file at ``path``."""
+        if self._pid != os.getpid():
+            self._maps.clear()  # a forked child maps afresh (the parent's maps stay its own)
+            self._pid = os.getpid()
+        if path in self._maps:
+            self._maps.move_to_end(path)
+            mm = self._maps[path]
+            return memoryview(mm) if mm is not None else memoryview(bytearray())
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StorageError(exc.errno, f"cannot open shard {path}: {exc.strerror}") from exc
+        try:
+            size = os.fstat(fd).st_size
+            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY) if size else None
+        except OSError as exc:
+            raise StorageError(exc.errno, f"cannot map shard {path}: {exc.strerror}") from exc
+        finally:
+            os.close(fd)
+        self.opens += 1
+        self._maps[path] = mm
+        self._trim()
+        return memoryview(mm) if mm is not None else memoryview(bytearray())
+
+    def _trim(self) -> None:
+        for path in list(self._maps)[: max(0, len(self._maps) - self.max_maps)]:
+            mm = self._maps[path]
+            try:
+                if mm is not None:
+                    mm.close()
+            except BufferError:
+                continue  # still viewed by a batch the caller holds
+            del self._maps[path]
+
+    def discard(self, path: str) -> None:
+        """Forget the mapping of ``path`` (the file was replaced or dropped)."""
+        mm = self._maps.pop(path, None)
+        if mm is not None:
+            with contextlib.suppress(BufferError):
+                mm.close()
+
+    def close(self) -> None:
+        """Close every mapping no view holds."""
+        for path in list(self._maps):
+            self.discard(path)
