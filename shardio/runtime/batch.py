@@ -272,7 +272,9 @@ def read_batch_mapped(
             present[pos] = True
     batch: dict[str, Any] = {"__key__": [index.key(int(i)) for i in indices]}
     if labelled:
-        batch[LABEL_EXT] = torch.from_numpy(samples["label"].astype(np.int64))
+        # An ndarray pickles inline; a tensor would cost a shared-memory segment per batch
+        # (open, truncate, map), so the loader makes it a tensor on arrival.
+        batch[LABEL_EXT] = samples["label"].astype(np.int64)
     ordered_paths = sorted(paths, key=paths.__getitem__)
     for ext_id in sorted(columns, key=lambda e: exts[e]):
         batch[exts[ext_id]] = MappedColumn(ordered_paths, *columns[ext_id])

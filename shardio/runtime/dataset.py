@@ -49,6 +49,14 @@ class WorkerFailure:
         self.error = error
 
 
+def labels_to_tensor(batch: dict[str, Any]) -> dict[str, Any]:
+    """Make a batch's labels a tensor (workers send them as an ndarray: no shared memory)."""
+    labels = batch.get(LABEL_EXT)
+    if isinstance(labels, np.ndarray):
+        batch[LABEL_EXT] = torch.from_numpy(labels)
+    return batch
+
+
 def collate_samples(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Collate decoded samples: lists per field, ``cls`` as a tensor, equal-shape tensors
     stacked."""
@@ -306,7 +314,10 @@ class ShardDataset(Dataset[dict[str, Any]]):
     def _read_items(self, indices: Sequence[int]) -> Any:
         if self._decoder is None and self.transform is None:
             if self.transport == "mmap":
-                return read_batch_mapped(self.packed, list(indices), verify=self.verify)
+                batch = read_batch_mapped(self.packed, list(indices), verify=self.verify)
+                if get_worker_info() is None:
+                    labels_to_tensor(batch)
+                return batch
             return read_batch(
                 self.packed, list(indices), verify=self.verify, shared=get_worker_info() is not None
             )

@@ -15,7 +15,7 @@ import numpy as np
 from torch.utils.data import DataLoader, Sampler
 
 from shardio.errors import UsageError
-from shardio.runtime.dataset import ShardDataset, WorkerFailure
+from shardio.runtime.dataset import ShardDataset, WorkerFailure, labels_to_tensor
 
 __all__ = ["ShardLoader"]
 
@@ -119,7 +119,7 @@ class ShardLoader:
                 if isinstance(batch, WorkerFailure):
                     raise batch.error
                 self._delivered += len(batch["__key__"])
-                yield batch
+                yield labels_to_tensor(batch)
         finally:
             self.dataset._stream_plan = None
 
