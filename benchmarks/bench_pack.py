@@ -79,32 +79,12 @@ def _peer_wds(src: str, dst: str, shard_bytes: int) -> None:
 
 
 def _import_mds_writer() -> type:
-    """Import streaming's MDSWriter without running ``streaming/__init__``.
-
-    ``import streaming`` imports ``streaming.vision``, which needs torchvision; the only
-    torchvision wheel reachable here is a CUDA build that fails to load beside the CPU torch
-    (and would pull CUDA torch into the venv). The writer itself needs neither, so the
-    package is registered without its ``__init__`` and ``streaming.base`` (which imports
-    torch, as for any user) is imported normally.
-    """
-    import importlib.util
-    import types
-
-    spec = importlib.util.find_spec("streaming")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("mosaicml-streaming is not installed")
-    try:
-        import streaming  # noqa: F401 - a working install needs no detour
-    except Exception:  # a broken torchvision raises RuntimeError, not ImportError
-        for name in [m for m in sys.modules if m == "streaming" or m.startswith("streaming.")]:
-            del sys.modules[name]
-        pkg = types.ModuleType("streaming")
-        pkg.__path__ = list(spec.submodule_search_locations)
-        pkg.__spec__ = spec
-        sys.modules["streaming"] = pkg
+    """Import streaming's MDSWriter without running ``streaming/__init__`` (see
+    :func:`common.import_streaming`)."""
+    common.import_streaming()
     from streaming.base.format.mds.writer import MDSWriter
 
-    return MDSWriter
+    return MDSWriter  # type: ignore[no-any-return]
 
 
 def _peer_mds(src: str, dst: str, shard_bytes: int) -> None:

@@ -24,6 +24,7 @@ import dataclasses
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import shutil
 import time
@@ -155,13 +156,63 @@ def _shard_lock(dest: str, rel: str) -> Iterator[None]:
         os.close(fd)  # releases the lock; a killed holder's lock goes with its process
 
 
-def _copy_verified(src: str, dst: str, expected: str, *, durable: bool, counters: Counters) -> int:
-    """Copy src to dst through a temp file, hashing while writing; publish if it matches."""
-    tmp = temp_path_for(dst)
-    hasher = xxhash.xxh3_128()
+def _copy_range(fin: int, fout: int, counters: Counters) -> int:
+    """Copy a whole file inside the kernel (copy_file_range, else sendfile, else read/write)."""
+    total = 0
+    for copy in (os.copy_file_range, _sendfile):
+        try:
+            while True:
+                n = copy(fin, fout, _CHUNK)
+                if n == 0:
+                    return total
+                total += n
+                counters.add(0, n)
+        except OSError as exc:
+            if total or exc.errno not in (
+                errno.EXDEV,
+                errno.ENOSYS,
+                errno.EINVAL,
+                errno.EOPNOTSUPP,
+            ):
+                raise
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
-    total = 0
+    while True:
+        n = os.readv(fin, [buf])
+        if n == 0:
+            return total
+        written = 0
+        while written < n:
+            written += os.write(fout, view[written:n])
+        total += n
+        counters.add(0, n)
+
+
+def _sendfile(fin: int, fout: int, count: int) -> int:
+    return os.sendfile(fout, fin, None, count)
+
+
+def _hash_file(fd: int) -> str:
+    """xxh3-128 of an open file through a mapping (its pages are hashed where they lie)."""
+    hasher = xxhash.xxh3_128()
+    if os.fstat(fd).st_size:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                for pos in range(0, len(view), _CHUNK):
+                    hasher.update(view[pos : pos + _CHUNK])
+            finally:
+                view.release()
+    return hasher.hexdigest()
+
+
+def _copy_verified(src: str, dst: str, expected: str, *, durable: bool, counters: Counters) -> int:
+    """Copy src to a temp file in the kernel, hash the copy's own bytes, publish if it matches.
+
+    The copy is hashed after it is written (its pages are still in the page cache), so what is
+    checked is what will be read, not the source.
+    """
+    tmp = temp_path_for(dst)
     try:
         fin = os.open(src, os.O_RDONLY)
     except OSError as exc:
@@ -169,18 +220,10 @@ def _copy_verified(src: str, dst: str, expected: str, *, durable: bool, counters
     try:
         with contextlib.suppress(OSError):
             os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        fout = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fout = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            while True:
-                n = os.readv(fin, [buf])
-                if n == 0:
-                    break
-                hasher.update(view[:n])
-                written = 0
-                while written < n:
-                    written += os.write(fout, view[written:n])
-                total += n
-                counters.add(0, n)
+            total = _copy_range(fin, fout, counters)
+            actual = _hash_file(fout)
         finally:
             os.close(fout)
     except OSError as exc:
@@ -189,12 +232,12 @@ def _copy_verified(src: str, dst: str, expected: str, *, durable: bool, counters
         raise storage_error(exc, dst, "staging") from exc
     finally:
         os.close(fin)
-    if hasher.hexdigest() != expected:
+    if actual != expected:
         os.unlink(tmp)
         raise IntegrityError(
             errno.EIO,
             f"source shard {src} does not match its manifest checksum "
-            f"(expected {expected}, got {hasher.hexdigest()}): run shardio verify on the source",
+            f"(expected {expected}, got {actual}): run shardio verify on the source",
         )
     publish(tmp, dst, durable=durable)
     return total

@@ -238,52 +238,37 @@ class PackedDataset:
         path = self.shard_path(shard)
         cached = shard in self._cached_shards
         size = len(target)
+        problem = None
         try:
             fd = self.pool.fd(path, shared_lock=cached)
             got = os.preadv(fd, [target], int(rec["offset"])) if size else 0
         except OSError as exc:
-            if cached:
-                return self._refetch(
-                    member,
-                    target=target,
-                    shard=shard,
-                    sample=sample,
-                    verify=verify,
-                    why=f"unreadable: {exc}",
-                )
-            raise StorageError(exc.errno, f"cannot read shard {path}: {exc.strerror}") from exc
-        if sample is None and (got != size or verify):
-            sample = self._sample_of(member)
-        if got != size:
-            if cached:
-                return self._refetch(
-                    member,
-                    target=target,
-                    shard=shard,
-                    sample=sample,
-                    verify=verify,
-                    why="truncated",
-                )
-            raise StorageError(5, f"shard {path} is truncated (sample {self.key(sample or 0)!r})")
-        if verify:
+            if not cached:
+                raise StorageError(exc.errno, f"cannot read shard {path}: {exc.strerror}") from exc
+            problem, got = f"unreadable: {exc}", size
+        if problem is None and got != size:
+            problem = "truncated"
+        elif problem is None and verify:
             actual = member_xxh3_64(target)
             if actual != int(rec["xxh3_64"]):
-                if cached:
-                    return self._refetch(
-                        member,
-                        target=target,
-                        shard=shard,
-                        sample=sample,
-                        verify=verify,
-                        why="checksum mismatch",
-                    )
-                raise ChecksumMismatchError(
-                    path=path,
-                    shard=self.manifest.shards[shard].path,
-                    key=self.key(sample or 0),
-                    expected=hex64(int(rec["xxh3_64"])),
-                    actual=hex64(actual),
+                problem = "checksum mismatch"
+        if problem is not None:
+            if cached:  # drop the bad copy, read the source
+                self._drop_cached(shard, problem)
+                return self.read_member_into(
+                    member, target, shard=shard, sample=sample, verify=verify
                 )
+            if sample is None:
+                sample = self._sample_of(member)
+            if problem == "truncated":
+                raise StorageError(5, f"shard {path} is truncated (sample {self.key(sample)!r})")
+            raise ChecksumMismatchError(
+                path=path,
+                shard=self.manifest.shards[shard].path,
+                key=self.key(sample),
+                expected=hex64(int(rec["xxh3_64"])),
+                actual=hex64(member_xxh3_64(target)),
+            )
         self.cache_stats["bytes_cache" if cached else "bytes_source"] += size
         return None
 
@@ -300,22 +285,6 @@ class PackedDataset:
         self._cached_shards.discard(shard)
         self._resolved[shard] = self._source_paths[shard]
         self.cache_stats["dropped"] += 1
-
-    def _refetch(
-        self,
-        member: int,
-        *,
-        target: memoryview,
-        shard: int,
-        sample: int | None,
-        verify: bool,
-        why: str,
-    ) -> None:
-        """Drop a bad cached copy and read the member from the source."""
-        if self.cache_root is None:  # pragma: no cover - only called for cached shards
-            raise RuntimeError("no cache to drop from")
-        self._drop_cached(shard, why)
-        self.read_member_into(member, target, shard=shard, sample=sample, verify=verify)
 
     def member_view(
         self, member: int, *, shard: int, sample: int | None = None, verify: bool = True

@@ -160,6 +160,27 @@ def _shared_uint8(nbytes: int) -> torch.Tensor:
     return torch.tensor([], dtype=torch.uint8).set_(storage)[:nbytes]
 
 
+def _payload_members(
+    ds: PackedDataset, samples: np.ndarray[Any, Any]
+) -> list[tuple[int, int, int]]:
+    """(member row, ext id, position in the batch) of every member to read, in sample order.
+
+    The label shardio synthesised is in the index already (``cls``): it needs no read.
+    """
+    members = ds.index.members
+    exts = ds.index.exts
+    label_id = exts.index(LABEL_EXT) if LABEL_EXT in exts else -1
+    labelled = ds.manifest.classes is not None
+    plan = []
+    for pos, rec in enumerate(samples):
+        first = int(rec["first_member"])
+        for m in range(first, first + int(rec["n_members"])):
+            ext_id = int(members[m]["ext_id"])
+            if not (labelled and ext_id == label_id and int(members[m]["path_length"]) == 0):
+                plan.append((m, ext_id, pos))
+    return plan
+
+
 def read_batch(
     ds: PackedDataset, indices: Sequence[int], *, verify: bool = True, shared: bool = True
 ) -> dict[str, Any]:
@@ -174,18 +195,10 @@ def read_batch(
     samples = index.samples[np.asarray(indices, dtype=np.int64)]
     members = index.members
     exts = index.exts
-    label_id = exts.index(LABEL_EXT) if LABEL_EXT in exts else -1
     labelled = ds.manifest.classes is not None
     n = len(indices)
     # Plan: which members go where, per ext, in sample order.
-    plan: list[tuple[int, int, int]] = []  # (member row, ext_id, sample position)
-    for pos, rec in enumerate(samples):
-        first = int(rec["first_member"])
-        for m in range(first, first + int(rec["n_members"])):
-            ext_id = int(members[m]["ext_id"])
-            # The label shardio synthesised is in the index already: no read needed.
-            if not (labelled and ext_id == label_id and int(members[m]["path_length"]) == 0):
-                plan.append((m, ext_id, pos))
+    plan = _payload_members(ds, samples)  # (member row, ext_id, sample position)
     ext_ids = sorted({p[1] for p in plan}, key=lambda e: exts[e])
     rows = np.fromiter((p[0] for p in plan), dtype=np.int64, count=len(plan))
     sizes = members["size"][rows].astype(np.int64) if plan else np.zeros(0, np.int64)
@@ -203,7 +216,6 @@ def read_batch(
     for k in order:
         m, ext_id, spos = plan[k]
         size = int(sizes[k])
-        rec = members[m]
         shard = int(samples[spos]["shard"])
         ds.read_member_into(
             m,
@@ -244,32 +256,26 @@ def read_batch_mapped(
     samples = index.samples[np.asarray(indices, dtype=np.int64)]
     members = index.members
     exts = index.exts
-    label_id = exts.index(LABEL_EXT) if LABEL_EXT in exts else -1
     labelled = ds.manifest.classes is not None
     n = len(indices)
     paths: dict[str, int] = {}
     columns: dict[int, tuple[np.ndarray[Any, Any], ...]] = {}
-    for pos, rec in enumerate(samples):
-        shard = int(rec["shard"])
-        first = int(rec["first_member"])
-        for m in range(first, first + int(rec["n_members"])):
-            ext_id = int(members[m]["ext_id"])
-            if labelled and ext_id == label_id and int(members[m]["path_length"]) == 0:
-                continue  # the label is in the index already
-            path, view = ds.member_view(m, shard=shard, sample=int(indices[pos]), verify=verify)
-            col = columns.get(ext_id)
-            if col is None:
-                col = columns[ext_id] = (
-                    np.zeros(n, np.int32),
-                    np.zeros(n, np.int64),
-                    np.zeros(n, np.int64),
-                    np.zeros(n, bool),
-                )
-            which, starts, sizes, present = col
-            which[pos] = paths.setdefault(path, len(paths))
-            starts[pos] = int(members[m]["offset"])
-            sizes[pos] = len(view)
-            present[pos] = True
+    for m, ext_id, pos in _payload_members(ds, samples):
+        shard = int(samples[pos]["shard"])
+        path, view = ds.member_view(m, shard=shard, sample=int(indices[pos]), verify=verify)
+        col = columns.get(ext_id)
+        if col is None:
+            col = columns[ext_id] = (
+                np.zeros(n, np.int32),
+                np.zeros(n, np.int64),
+                np.zeros(n, np.int64),
+                np.zeros(n, bool),
+            )
+        which, starts, sizes, present = col
+        which[pos] = paths.setdefault(path, len(paths))
+        starts[pos] = int(members[m]["offset"])
+        sizes[pos] = len(view)
+        present[pos] = True
     batch: dict[str, Any] = {"__key__": [index.key(int(i)) for i in indices]}
     if labelled:
         # An ndarray pickles inline; a tensor would cost a shared-memory segment per batch
