@@ -42,6 +42,8 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(PY) benchmarks/bench_pack.py
+	$(PY) benchmarks/bench_read.py
+	$(PY) benchmarks/bench_stage.py
 
 # Job prologue: stage this node's shards of $(SHARDIO_DATA) to node-local storage, verified.
 # SHARDIO_STAGE_DIR defaults (in the CLI) to $SLURM_TMPDIR, $TMPDIR, then /mnt/nvme/$USER/$JOB.
