@@ -607,6 +607,11 @@ def _count_syscalls(log: str, data_roots: Sequence[str]) -> dict[str, int]:
     return counts
 
 
+def _syscall_limit(args: argparse.Namespace, num_samples: int) -> int:
+    """Samples of the long strace run: the whole epoch unless ``--syscall-samples`` caps it."""
+    return num_samples if args.syscall_samples < 0 else min(num_samples, args.syscall_samples)
+
+
 def _syscall_pass(
     outcome: Outcome, paths: dict[str, str], args: argparse.Namespace, num_samples: int
 ) -> None:
@@ -615,7 +620,7 @@ def _syscall_pass(
     cfg = outcome.config
     data = paths[cfg.data]
     _warm_up(data)
-    limit = min(num_samples, args.syscall_samples)
+    limit = _syscall_limit(args, num_samples)
     roots = sorted({os.path.realpath(data), os.path.abspath(data)})
     counts = []
     for n in (args.batch_size, limit):
@@ -949,7 +954,7 @@ def _report(
         cost_table,
         "",
         f"Opens+stats: `strace -f -y -e trace={TRACED}` over a run of {args.batch_size} samples "
-        f"(start-up) and one of {min(num_samples, args.syscall_samples)}, both warm and "
+        f"(start-up) and one of {_syscall_limit(args, num_samples)}, both warm and "
         f"untimed; the difference per 1,000 samples is the steady-state cost (the column "
         f"'start-up' is the short run's total, imports included; in parentheses those naming "
         f"the data files). 'On data files' = calls whose path or fd (`-y`) is under the "
@@ -1038,8 +1043,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--syscall-samples",
         type=int,
-        default=5120,
-        help="samples of the long strace run (0 skips the strace pass)",
+        default=-1,
+        help="samples of the long strace run (-1, the default: the whole epoch, so that shard "
+        "changes count; 0 skips the strace pass)",
     )
     parser.add_argument(
         "--no-touch",
