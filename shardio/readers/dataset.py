@@ -336,8 +336,6 @@ class PackedDataset:
         return bytes(buf)
 
     def _sample_of(self, member: int) -> int:
-        import numpy as np
-
         return int(np.searchsorted(self.index.samples["first_member"], member, side="right") - 1)
 
     def read_sample(self, sample: int, *, verify: bool = True) -> dict[str, Any]:
