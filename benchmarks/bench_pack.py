@@ -457,6 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.shard_size_bytes = _parse_size(args.shard_size)
     args.workdir = os.path.abspath(args.workdir)
     os.makedirs(args.workdir, exist_ok=True)
+    common.hold_bench_lock(args.workdir)
 
     configs = _configs(args.shard_size, args.shard_size_bytes)
     if args.only:

@@ -1,8 +1,10 @@
 """Staging throughput: ``shardio stage`` (every byte verified) against ``cp -r`` and ``rsync -a``.
 
 Cold cache before every run (the source shards are read from disk, as from Lustre in a job
-prologue), same shards, one run, medians and ratios; rewrites the "## Staging throughput"
-section of benchmarks/RESULTS.md. Not a test: nothing asserts on timings.
+prologue), and the memory the run will fill touched just before it (see
+common.back_free_memory); same shards, round-robin, medians and ratios; rewrites the
+"## Staging throughput" section of benchmarks/RESULTS.md. Not a test: nothing asserts on
+timings.
 """
 
 from __future__ import annotations
@@ -44,12 +46,13 @@ def main() -> int:
     parser.add_argument("--mean-kb", type=float, default=110)
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--shard-size", default="256MiB")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--workdir", default=os.path.join(REPO, ".bench"))
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "RESULTS.md"))
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
+    common.hold_bench_lock(args.workdir)
     tree = common.ensure_tree(
         REPO, args.workdir, files=args.files, classes=args.classes, mean_kb=args.mean_kb
     )
@@ -94,27 +97,39 @@ def main() -> int:
         )
     cold = True
     walls: dict[str, list[float]] = {name: [] for name, _, _ in configs}
+    cpus: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in configs}
+    # Source pages and copy pages, plus room: what one run fills.
+    backed = 2 * shard_bytes + (512 << 20)
     load_before = common.loadavg()
     for rep in range(args.repeat):
         for name, _, argv in configs:
             common.remove_path(dest)
             cold = common.drop_caches() and cold
+            common.back_free_memory(backed)
             run = common.run_child(argv)
             if run.returncode != 0:
                 raise SystemExit(f"{name} failed: {run.stderr_tail}")
             walls[name].append(run.wall_s)
-            print(f"[{rep + 1}/{args.repeat}] {name:10s} {run.wall_s:6.2f} s", file=sys.stderr)
+            cpus[name].append((run.user_s, run.sys_s))
+            print(
+                f"[{rep + 1}/{args.repeat}] {name:13s} {run.wall_s:6.2f} s "
+                f"(user {run.user_s:.2f} s, sys {run.sys_s:.2f} s)",
+                file=sys.stderr,
+            )
     common.remove_path(dest)
     med = {name: common.median(v) for name, v in walls.items()}
     n_shards = sum(1 for n in os.listdir(shards) if n.endswith(".tar"))
     rows = []
     for name, label, _argv in configs:
         rate = shard_bytes / med[name] / 1e6
+        user = common.median([u for u, _ in cpus[name]])
+        system = common.median([s for _, s in cpus[name]])
         rows.append(
             [
                 label,
                 f"{med[name]:.2f} ({min(walls[name]):.2f}-{max(walls[name]):.2f})",
                 f"{rate:.0f}",
+                f"{user:.2f} / {system:.2f}",
                 common.fmt_ratio(med["cp"] / med[name]),
             ]
         )
@@ -125,11 +140,22 @@ def main() -> int:
             f"Data: {args.files} generated JPEGs packed into {n_shards} tar shards "
             f"of {args.shard_size} ({shard_bytes / 1e9:.2f} GB); cache: "
             f"{'cold (drop_caches before every run)' if cold else 'WARM (could not drop caches)'}; "
+            f"{backed / 2**30:.1f} GiB of memory touched and freed just before every run "
+            "(this VM hands free memory back to its host, and without it the same `cp -r` "
+            "ranged 1.4-5.5 s: see `back_free_memory` in benchmarks/common.py); "
             f"{args.repeat} runs each, round-robin; load average before/after: {load_before} / "
-            f"{common.loadavg()}. MB/s = shard bytes / median wall.",
+            f"{common.loadavg()}. MB/s = shard bytes / median wall; CPU = median user / sys "
+            "seconds of the process tree (wait4); wall includes interpreter start-up.",
             "",
             common.markdown_table(
-                ["configuration", "wall s, median (min-max)", "MB/s", "throughput vs `cp -r`"], rows
+                [
+                    "configuration",
+                    "wall s, median (min-max)",
+                    "MB/s",
+                    "CPU s user / sys",
+                    "throughput vs `cp -r`",
+                ],
+                rows,
             ),
             "",
             f"- target: `shardio stage` (verifying every byte) ≥ {TARGET_VS_CP}x the throughput of "

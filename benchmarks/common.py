@@ -8,6 +8,7 @@ Nothing here asserts on timings: the benchmarks measure and report, they never f
 from __future__ import annotations
 
 import datetime
+import fcntl
 import hashlib
 import os
 import platform
@@ -27,6 +28,8 @@ from importlib import metadata
 __all__ = [
     "ChildRun",
     "CodeState",
+    "back_free_memory",
+    "hold_bench_lock",
     "child_handshake",
     "drop_caches",
     "ensure_tree",
@@ -78,6 +81,8 @@ class ChildRun:
     peak_tree_rss_bytes: int  # largest sampled sum of RSS over the process tree
     stderr_tail: str
     ready_s: float | None = None  # spawn to the child's READY line (handshake runs only)
+    user_s: float = 0.0  # CPU time of the child and the descendants it reaped (wait4)
+    sys_s: float = 0.0
 
 
 def _children(pid: int) -> list[int]:
@@ -208,6 +213,8 @@ def run_child(
         peak_tree_rss_bytes=max(sampler.peak_bytes, rusage.ru_maxrss * 1024),
         stderr_tail=stderr[-2000:],
         ready_s=ready_s,
+        user_s=rusage.ru_utime,
+        sys_s=rusage.ru_stime,
     )
 
 
@@ -400,6 +407,39 @@ def results_header(workdir: str) -> list[str]:
         "",
         *machine_lines(workdir),
     ]
+
+
+def back_free_memory(nbytes: int) -> float:
+    """Write ``nbytes`` of anonymous memory once and free it; return the seconds it took.
+
+    Virtual machines that hand free memory back to their host (free page reporting, a
+    balloon) make the first use of a freed page fault on the host. Right after a cache drop,
+    a copy then pays that fault for every page-cache page it fills, and the same ``cp -r``
+    measured 1.4 to 5.5 s depending on how much memory the host had taken back meanwhile.
+    Touching the memory a run will use just before it starts gives every configuration the
+    same backed memory, as on a physical node. A no-op cost where memory is never taken back.
+    """
+    start = time.perf_counter()
+    block = b"\x01" * nbytes  # filled, so every page is touched
+    del block  # freed: returned to the kernel, still backed by the host for a while
+    return time.perf_counter() - start
+
+
+_LOCK_FDS: list[int] = []
+
+
+def hold_bench_lock(workdir: str) -> None:
+    """Take ``workdir``'s benchmark lock for the rest of this process, waiting for any other
+    benchmark script that holds it: two never measure at once (one would disturb the other's
+    cold runs). The kernel releases it when the process exits, however it exits."""
+    os.makedirs(workdir, exist_ok=True)
+    fd = os.open(os.path.join(workdir, ".bench.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"waiting for another benchmark ({workdir}/.bench.lock)", file=sys.stderr, flush=True)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    _LOCK_FDS.append(fd)
 
 
 def loadavg() -> str:

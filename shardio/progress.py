@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Counters", "ProgressCallback", "ProgressSnapshot", "ProgressThread"]
+__all__ = [
+    "Counters",
+    "ProgressCallback",
+    "ProgressSnapshot",
+    "ProgressThread",
+    "ThreadCounters",
+]
 
 
 @dataclass(frozen=True)
@@ -33,7 +38,10 @@ class Counters:
     def __init__(self, ctx: Any = None) -> None:
         # The pools of pack and verify use forkserver (safe beside threads); shared memory
         # must come from the same context.
-        ctx = ctx or multiprocessing.get_context("forkserver")
+        if ctx is None:
+            import multiprocessing  # here: thread-only users need not import it
+
+            ctx = multiprocessing.get_context("forkserver")
         self._values = ctx.Array("q", 2, lock=True)
 
     def add(self, files: int, nbytes: int) -> None:
@@ -48,12 +56,37 @@ class Counters:
             return int(self._values[0]), int(self._values[1])
 
 
+class ThreadCounters:
+    """Two counters (files, bytes) that threads of one process add to.
+
+    Unlike :class:`Counters` it needs no shared memory, so it starts no multiprocessing
+    helper process (staging copies with threads and starts in a job prologue, where every
+    process start counts).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files = 0
+        self._bytes = 0
+
+    def add(self, files: int, nbytes: int) -> None:
+        """Add work done."""
+        with self._lock:
+            self._files += files
+            self._bytes += nbytes
+
+    def read(self) -> tuple[int, int]:
+        """Return (files, bytes) done so far."""
+        with self._lock:
+            return self._files, self._bytes
+
+
 class ProgressThread:
     """Calls a callback with snapshots of the counters every ``interval_s`` until closed."""
 
     def __init__(
         self,
-        counters: Counters,
+        counters: Counters | ThreadCounters,
         callback: ProgressCallback,
         *,
         files_total: int,

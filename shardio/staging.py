@@ -18,28 +18,28 @@ Layout of the destination::
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import errno
 import fcntl
+import itertools
 import logging
 import mmap
 import os
 import shutil
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
-import numpy as np
 import xxhash
 
 from shardio.errors import IntegrityError, StorageError, UsageError
 from shardio.format.checksum import file_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
-from shardio.progress import Counters, ProgressCallback, ProgressThread
-from shardio.runtime.order import epoch_order, rank_positions
+from shardio.progress import ProgressCallback, ProgressThread, ThreadCounters
 from shardio.storage.atomic import (
     TEMP_MARK,
     atomic_write,
@@ -124,6 +124,12 @@ def node_shard_order(manifest: Manifest, options: StageOptions) -> list[int]:
     Uses the same order and rank split as ShardDataset (epoch_order + rank_positions), with
     global rank = node * ranks_per_node + local rank.
     """
+    # Imported here: stage_dataset runs this beside its first I/O, so that numpy's import
+    # (a good part of a cold start) overlaps the copy of the index.
+    import numpy as np
+
+    from shardio.runtime.order import epoch_order, rank_positions
+
     sizes = np.array([s.num_samples for s in manifest.shards], dtype=np.int64)
     order = epoch_order(
         shard_sizes=sizes,
@@ -156,7 +162,7 @@ def _shard_lock(dest: str, rel: str) -> Iterator[None]:
         os.close(fd)  # releases the lock; a killed holder's lock goes with its process
 
 
-def _copy_range(fin: int, fout: int, counters: Counters) -> int:
+def _copy_range(fin: int, fout: int, counters: ThreadCounters) -> int:
     """Copy a whole file inside the kernel (copy_file_range, else sendfile, else read/write)."""
     total = 0
     for copy in (os.copy_file_range, _sendfile):
@@ -206,7 +212,9 @@ def _hash_file(fd: int) -> str:
     return hasher.hexdigest()
 
 
-def _copy_verified(src: str, dst: str, expected: str, *, durable: bool, counters: Counters) -> int:
+def _copy_verified(
+    src: str, dst: str, expected: str, *, durable: bool, counters: ThreadCounters
+) -> int:
     """Copy src to a temp file in the kernel, hash the copy's own bytes, publish if it matches.
 
     The copy is hashed after it is written (its pages are still in the page cache), so what is
@@ -265,7 +273,7 @@ def _remove_temps_of(final: str) -> None:
 
 
 def _stage_one(
-    src_root: str, dest: str, entry: ShardEntry, *, durable: bool, counters: Counters
+    src_root: str, dest: str, entry: ShardEntry, *, durable: bool, counters: ThreadCounters
 ) -> tuple[str, str, int]:
     """Stage one shard (and its DALI index) under its lock; return (rel, outcome, bytes)."""
     rel, expected = entry.path, entry.xxh3_128
@@ -301,6 +309,73 @@ def _stage_one(
     return rel, outcome, copied
 
 
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+class _Background(Generic[_R]):
+    """Runs ``fn(*args)`` in a thread; ``result()`` waits for it and raises what it raised."""
+
+    def __init__(self, fn: Callable[..., _R], *args: object) -> None:
+        self._result: _R | None = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._result = fn(*args)
+            except BaseException as exc:  # raised again in result()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="shardio-stage-order", daemon=True)
+        self._thread.start()
+
+    def result(self) -> _R:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]  # set when no error
+
+
+def _run_streams(items: Sequence[_T], streams: int, work: Callable[[_T], _R]) -> list[_R]:
+    """Run ``work`` on every item with ``streams`` threads, items taken in order.
+
+    The first error stops the streams from taking new items and is raised once the running
+    ones finish (each leaves its shard published or not at all).
+    """
+    results: list[_R | None] = [None] * len(items)
+    taken = itertools.count()  # next() on a count is atomic: each item is taken once
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def stream() -> None:
+        while not stop.is_set():
+            i = next(taken)
+            if i >= len(items):
+                return
+            try:
+                results[i] = work(items[i])
+            except BaseException as exc:  # handed to the caller below
+                errors.append(exc)
+                stop.set()
+                return
+
+    threads = [
+        threading.Thread(target=stream, name=f"shardio-stage-{k}")
+        for k in range(min(streams, len(items)))
+    ]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            t.join()
+    except BaseException:  # KeyboardInterrupt: let the running copies finish, take no more
+        stop.set()
+        raise
+    if errors:
+        raise errors[0]
+    return results  # type: ignore[return-value]  # every slot is filled when no error
+
+
 def _write_local_metadata(src_root: str, dest: str, manifest: Manifest, durable: bool) -> None:
     """Copy the index (verified) and write DEST's manifest, which names the source."""
     index_dst = os.path.join(dest, manifest.index.path)
@@ -310,7 +385,7 @@ def _write_local_metadata(src_root: str, dest: str, manifest: Manifest, durable:
             index_dst,
             manifest.index.xxh3_128,
             durable=durable,
-            counters=Counters(),
+            counters=ThreadCounters(),
         )
     data = dataclasses.replace(manifest, staged_from=os.path.abspath(src_root)).dumps()
     target = os.path.join(dest, MANIFEST_FILENAME)
@@ -380,9 +455,11 @@ def stage_dataset(
         raise UsageError(
             f"{dest_root} holds a packed dataset, not a staging area: refusing to stage into it"
         )
+    order = _Background(node_shard_order, manifest, options)
     for sub in ("locks", "ok"):
         os.makedirs(os.path.join(dest_root, STAGE_DIR, sub), exist_ok=True)
-    needed = node_shard_order(manifest, options)
+    _write_local_metadata(src_root, dest_root, manifest, options.durable)
+    needed = order.result()
     chosen, from_source, budget = [], [], options.capacity_bytes
     for shard in needed:
         entry = manifest.shards[shard]
@@ -402,9 +479,7 @@ def stage_dataset(
             sum(e.size_bytes for e in chosen),
             options.capacity_bytes,
         )
-    _write_local_metadata(src_root, dest_root, manifest, options.durable)
-    counters = Counters()
-    outcomes: list[tuple[str, str, int]] = []
+    counters = ThreadCounters()
     tracker = (
         ProgressThread(
             counters,
@@ -415,29 +490,14 @@ def stage_dataset(
         if progress is not None
         else contextlib.nullcontext()
     )
-    with (
-        tracker,
-        concurrent.futures.ThreadPoolExecutor(
-            max_workers=options.streams, thread_name_prefix="shardio-stage"
-        ) as pool,
-    ):
-        futures = [
-            pool.submit(
-                _stage_one,
-                src_root,
-                dest_root,
-                e,
-                durable=options.durable,
-                counters=counters,
-            )
-            for e in chosen
-        ]
-        try:
-            outcomes = [f.result() for f in futures]
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+    with tracker:
+        outcomes = _run_streams(
+            chosen,
+            options.streams,
+            lambda e: _stage_one(
+                src_root, dest_root, e, durable=options.durable, counters=counters
+            ),
+        )
     if from_source:
         logger.warning(
             "%d shard(s) exceed --capacity and will be read from %s", len(from_source), src_root

@@ -32,12 +32,43 @@ from shardio.format.spec import (
     INDEX_HEADER_SIZE,
     INDEX_MAGIC,
     INDEX_VERSION,
-    MEMBER_DTYPE,
-    SAMPLE_DTYPE,
     SECTION_ALIGN,
 )
 
-__all__ = ["Index", "IndexBuilder", "MemberEntry", "merge_indexes", "write_index"]
+__all__ = [
+    "MEMBER_DTYPE",
+    "SAMPLE_DTYPE",
+    "Index",
+    "IndexBuilder",
+    "MemberEntry",
+    "merge_indexes",
+    "write_index",
+]
+
+# One record per sample, in dataset order (sorted by shard, then position in the shard).
+SAMPLE_DTYPE = np.dtype(
+    [
+        ("shard", "<u4"),  # index into the manifest's shard list
+        ("n_members", "<u4"),
+        ("first_member", "<u8"),  # index of the sample's first record in the member table
+        ("key_offset", "<u8"),  # byte range of the key in the keys blob
+        ("key_length", "<u4"),
+        ("label", "<i4"),  # class index, or NO_LABEL
+    ]
+)
+
+# One record per member (tar member / HDF5 blob slice); offsets are absolute in the shard
+# file, so a reader pread()s them with no format-specific logic.
+MEMBER_DTYPE = np.dtype(
+    [
+        ("offset", "<u8"),
+        ("size", "<u8"),
+        ("xxh3_64", "<u8"),
+        ("path_offset", "<u8"),  # byte range of the original relative path in the paths blob
+        ("path_length", "<u4"),  # 0 for members shardio made itself (the label)
+        ("ext_id", "<u4"),  # index into the extension table
+    ]
+)
 
 _HEAD = struct.Struct("<8sIIQQQ")
 _SECTION = struct.Struct("<QQ")

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from shardio.errors import FormatError
-from shardio.format.index import Index, IndexBuilder, MemberEntry, merge_indexes
-from shardio.format.spec import (
-    INDEX_HEADER_SIZE,
-    INDEX_MAGIC,
+from shardio.format.index import (
     MEMBER_DTYPE,
-    NO_LABEL,
     SAMPLE_DTYPE,
-    SECTION_ALIGN,
+    Index,
+    IndexBuilder,
+    MemberEntry,
+    merge_indexes,
 )
+from shardio.format.spec import INDEX_HEADER_SIZE, INDEX_MAGIC, NO_LABEL, SECTION_ALIGN
 
 # Header layout from docs/format.md: magic, version u32, flags u32, n_samples, n_members,
 # n_shards (u64 each), then five (offset u64, length u64) section records.
