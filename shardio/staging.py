@@ -40,6 +40,7 @@ from shardio.format.checksum import file_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.progress import ProgressCallback, ProgressThread, ThreadCounters
+from shardio.runtime.order import check_order, epoch_order, rank_positions
 from shardio.storage.atomic import (
     TEMP_MARK,
     atomic_write,
@@ -100,6 +101,7 @@ class StageOptions:
             raise UsageError("ranks per node and copy streams must be at least 1")
         if self.capacity_bytes is not None and self.capacity_bytes < 0:
             raise UsageError("capacity must be positive")
+        check_order(self.order)
 
 
 @dataclass(frozen=True)
@@ -127,8 +129,6 @@ def node_shard_order(manifest: Manifest, options: StageOptions) -> list[int]:
     # Imported here: stage_dataset runs this beside its first I/O, so that numpy's import
     # (a good part of a cold start) overlaps the copy of the index.
     import numpy as np
-
-    from shardio.runtime.order import epoch_order, rank_positions
 
     sizes = np.array([s.num_samples for s in manifest.shards], dtype=np.int64)
     order = epoch_order(

@@ -13,9 +13,11 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from shardio._version import __version__
 from shardio.errors import ShardioError, UsageError
+from shardio.runtime.order import ORDERS
 from shardio.units import format_duration, format_size, parse_size
 
 __all__ = ["main"]
@@ -48,8 +50,17 @@ def parse_part(
     return int(head), int(tail)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line (what is wrong, where to look), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        top, _, command = self.prog.partition(" ")  # "shardio pack" for a subcommand
+        where = f"{command}: " if command else ""
+        self.exit(EXIT_USAGE, f"{top}: error: {where}{message} (see {self.prog} --help)\n")
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="shardio",
         description="Pack small files into checksummed shards and verify them.",
     )
@@ -125,7 +136,7 @@ def _build_parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--order",
         default="shard-local",
-        choices=["random", "shard-local", "sequential"],
+        choices=ORDERS,
         help="ShardDataset's order (default shard-local, stream mode's)",
     )
     st.add_argument("--window-shards", type=int, default=4)

@@ -21,7 +21,7 @@ from shardio.format.spec import LABEL_EXT
 from shardio.readers.dataset import PackedDataset
 from shardio.runtime.batch import read_batch, read_batch_mapped
 from shardio.runtime.decode import Decoder, make_decoder
-from shardio.runtime.order import ORDERS, epoch_order, rank_positions
+from shardio.runtime.order import check_order, epoch_order, rank_positions
 from shardio.runtime.ranks import RankInfo, detect_ranks
 
 __all__ = ["ShardDataset", "ShardStreamDataset", "collate_samples"]
@@ -147,8 +147,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
             order = "random" if mode == "map" else "shard-local"
         if not shuffle:
             order = "sequential"
-        if order not in ORDERS:
-            raise UsageError(f"invalid order {order!r}: choose one of {', '.join(ORDERS)}")
+        check_order(order)
         self.path = os.fspath(path)
         self.mode = mode
         self.seed = seed

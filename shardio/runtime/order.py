@@ -15,15 +15,22 @@ which is what makes mid-epoch resume exact, also with a different number of rank
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from shardio.errors import UsageError
 
-__all__ = ["ORDERS", "epoch_order", "rank_positions"]
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["ORDERS", "check_order", "epoch_order", "rank_positions"]
 
 ORDERS = ("random", "shard-local", "sequential")
+
+
+def check_order(order: str) -> None:
+    """Raise UsageError unless ``order`` is one of ORDERS."""
+    if order not in ORDERS:
+        raise UsageError(f"invalid order {order!r}: choose one of {', '.join(ORDERS)}")
 
 
 def epoch_order(
@@ -43,8 +50,9 @@ def epoch_order(
         order: one of ORDERS.
         window_shards: shards per shuffle window in ``shard-local`` order.
     """
-    if order not in ORDERS:
-        raise UsageError(f"invalid order {order!r}: choose one of {', '.join(ORDERS)}")
+    check_order(order)
+    import numpy as np  # here: ORDERS and check_order are for callers that need no numpy
+
     sizes = np.asarray(shard_sizes, dtype=np.int64)
     n = int(sizes.sum())
     if order == "sequential":
@@ -84,6 +92,8 @@ def rank_positions(
 
     Every rank gets the same count, so collective operations never hang at epoch end.
     """
+    import numpy as np
+
     rest = order[min(consumed, len(order)) :]
     if drop_last:
         total = len(rest) // world_size * world_size

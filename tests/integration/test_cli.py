@@ -305,6 +305,26 @@ def test_bad_workers_is_usage_error(
     assert_cli_error(result, "--workers")
 
 
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("pack",), ("pack:", "src, dst", "shardio pack --help")),
+        (("frob",), ("invalid choice", "'frob'", "shardio --help")),
+        (("stage", "src", "--bogus"), ("--bogus",)),
+        (("pack", "a", "b", "--workers", "x"), ("--workers", "'x'")),
+        (("verify", "ds", "--workers"), ("--workers", "expected one argument")),
+        ((), ("COMMAND",)),
+    ],
+)
+def test_argument_mistakes_are_one_line_usage_errors(
+    args: tuple[str, ...], needles: tuple[str, ...], run_cli, assert_cli_error
+) -> None:
+    """argparse's own errors follow the CLI's rule: one line, exit 2, no usage dump."""
+    result = run_cli(*args)
+    assert result.rc == 2
+    assert_cli_error(result, *needles)
+
+
 # --------------------------------------------------------------------------- parts + merge
 
 

@@ -29,3 +29,17 @@ print("IMPORTED", bad)
         [sys.executable, "-c", script], capture_output=True, text=True, check=True
     ).stdout
     assert "IMPORTED []" in out
+
+
+def test_stage_start_up_defers_numpy() -> None:
+    """A job prologue starts `shardio stage` cold: its imports leave numpy (about half of a
+    cold start) to the thread that computes the order beside the index copy."""
+    script = """
+import sys
+import shardio.cli.main, shardio.staging
+print("NUMPY", "numpy" in sys.modules)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    assert "NUMPY False" in out

@@ -11,6 +11,7 @@ import os
 import pytest
 
 import shardio.staging as staging
+from shardio.errors import UsageError
 from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.ranks import RankInfo
 from shardio.staging import StageOptions, node_shard_order, stage_dataset
@@ -125,3 +126,9 @@ def test_explicit_node_overrides_slurm(tiny_src, tmp_path, run_cli):
     assert rc == 0, err
     assert f"staged node 3/{NODES}:" in out, out
     tiny_src.assert_staged_ok(dest, set(_needed_by_node(tiny_src, 3)))
+
+
+def test_unknown_order_is_refused_before_anything_is_written(tiny_src, tmp_path):
+    with pytest.raises(UsageError, match="invalid order 'bogus'"):
+        stage_dataset(tiny_src.path, tmp_path / "stage", StageOptions(order="bogus"))
+    assert not (tmp_path / "stage").exists()
