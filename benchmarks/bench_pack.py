@@ -365,13 +365,7 @@ def _report(
         "--repeat",
         str(args.repeat),
     ]
-    changed = code_before.changed(code_after)
-    code = f"Code: {code_before.describe()}."
-    if changed:
-        code += (
-            f" **shardio sources changed during the run** ({', '.join(changed)}; end state "
-            f"{code_after.describe()}): rerun if these files are on the pack path."
-        )
+    code = common.code_line(code_before, code_after, "pack")
     parts = [
         f"Run {started}; {versions}; `{common.first_line(['tar', '--version'])}`.",
         "",

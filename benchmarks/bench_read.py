@@ -897,13 +897,7 @@ def _report(
     )
     tar_bytes = sum(os.path.getsize(p) for p in _shard_files(paths["tar"], "tar"))
     h5_bytes = sum(os.path.getsize(p) for p in _shard_files(paths["hdf5"], "hdf5"))
-    changed = code_before.changed(code_after)
-    code = f"Code: {code_before.describe()}."
-    if changed:
-        code += (
-            f" **shardio sources changed during the run** ({', '.join(changed)}; end state "
-            f"{code_after.describe()}): rerun if these files are on the read path."
-        )
+    code = common.code_line(code_before, code_after, "read")
     argv = [
         ".venv/bin/python",
         "benchmarks/bench_read.py",

@@ -10,6 +10,7 @@ timings.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import shlex
 import shutil
@@ -53,6 +54,8 @@ def main() -> int:
     args = parser.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     common.hold_bench_lock(args.workdir)
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    code_before = common.code_state(REPO)
     tree = common.ensure_tree(
         REPO, args.workdir, files=args.files, classes=args.classes, mean_kb=args.mean_kb
     )
@@ -142,6 +145,12 @@ def main() -> int:
     verdict = "PASS" if ratio >= TARGET_VS_CP else "FAIL"
     body = "\n".join(
         [
+            f"Run {started}; shardio {common.package_version('shardio')}, xxhash "
+            f"{common.package_version('xxhash')}; `{common.first_line(['cp', '--version'])}`, "
+            f"`{common.first_line(['rsync', '--version'])}`.",
+            "",
+            common.code_line(code_before, common.code_state(REPO), "staging"),
+            "",
             f"Data: {args.files} generated JPEGs packed into {n_shards} tar shards "
             f"of {args.shard_size} ({shard_bytes / 1e9:.2f} GB); cache: "
             f"{'cold (drop_caches before every run)' if cold else 'WARM (could not drop caches)'}; "

@@ -36,6 +36,7 @@ __all__ = [
     "first_line",
     "import_streaming",
     "loadavg",
+    "code_line",
     "code_state",
     "fmt_ratio",
     "machine_lines",
@@ -347,6 +348,19 @@ class CodeState:
         """Source files that differ between this state and ``later``."""
         names = set(self.files) | set(later.files)
         return sorted(n for n in names if self.files.get(n) != later.files.get(n))
+
+
+def code_line(before: CodeState, after: CodeState, path_name: str) -> str:
+    """The "Code:" line of a results section: what was measured, and a warning naming the
+    sources that changed while the benchmark ran (``path_name``: "read", "pack", ...)."""
+    line = f"Code: {before.describe()}."
+    changed = before.changed(after)
+    if changed:
+        line += (
+            f" **shardio sources changed during the run** ({', '.join(changed)}; end state "
+            f"{after.describe()}): rerun if these files are on the {path_name} path."
+        )
+    return line
 
 
 def code_state(repo: str, package: str = "shardio") -> CodeState:
