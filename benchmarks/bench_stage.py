@@ -3,7 +3,8 @@
 Cold cache before every run (the source shards are read from disk, as from Lustre in a job
 prologue), and the memory the run will fill touched just before it (see
 common.back_free_memory); same shards, round-robin, medians and ratios; rewrites the
-"## Staging throughput" section of benchmarks/RESULTS.md. Not a test: nothing asserts on
+"## Staging throughput: <size>" section of benchmarks/RESULTS.md (one per data size: start-up
+weighs less the more a run stages). Not a test: nothing asserts on
 timings.
 """
 
@@ -20,7 +21,7 @@ import sys
 import common
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECTION = "## Staging throughput"
+SECTION = "## Staging throughput"  # + ": <GB> GB in <N> shards" (one section per data size)
 TARGET_VS_CP = 0.9
 
 
@@ -191,7 +192,8 @@ def main() -> int:
     )
     print(body)
     if not args.no_write:
-        common.update_section(args.out, SECTION, body, common.results_header(args.workdir))
+        heading = f"{SECTION}: {shard_bytes / 1e9:.2f} GB in {n_shards} shards"
+        common.update_section(args.out, heading, body, common.results_header(args.workdir))
     return 0
 
 
