@@ -8,13 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "Counters",
-    "ProgressCallback",
-    "ProgressSnapshot",
-    "ProgressThread",
-    "ThreadCounters",
-]
+__all__ = ["Counters", "ProgressCallback", "ProgressSnapshot", "ProgressThread"]
 
 
 @dataclass(frozen=True)
@@ -33,52 +27,38 @@ ProgressCallback = Callable[[ProgressSnapshot], None]
 
 
 class Counters:
-    """Two shared 64-bit counters (files, bytes) that worker processes add to."""
+    """Two 64-bit counters (files, bytes) that workers add to.
 
-    def __init__(self, ctx: Any = None) -> None:
-        # The pools of pack and verify use forkserver (safe beside threads); shared memory
-        # must come from the same context.
+    ``shared=True`` (default): in shared memory, for worker processes (pack, verify).
+    ``shared=False``: for the threads of one process (staging); it needs no shared memory,
+    so it starts no multiprocessing helper process, which counts in a job prologue.
+    """
+
+    def __init__(self, ctx: Any = None, *, shared: bool = True) -> None:
+        self._values: Any
+        if not shared:
+            self._values = [0, 0]
+            self._lock: Any = threading.Lock()
+            return
         if ctx is None:
             import multiprocessing  # here: thread-only users need not import it
 
+            # The pools of pack and verify use forkserver (safe beside threads); shared
+            # memory must come from the same context.
             ctx = multiprocessing.get_context("forkserver")
         self._values = ctx.Array("q", 2, lock=True)
+        self._lock = self._values.get_lock()
 
     def add(self, files: int, nbytes: int) -> None:
         """Add work done."""
-        with self._values.get_lock():
+        with self._lock:
             self._values[0] += files
             self._values[1] += nbytes
 
     def read(self) -> tuple[int, int]:
         """Return (files, bytes) done so far."""
-        with self._values.get_lock():
+        with self._lock:
             return int(self._values[0]), int(self._values[1])
-
-
-class ThreadCounters:
-    """Two counters (files, bytes) that threads of one process add to.
-
-    Unlike :class:`Counters` it needs no shared memory, so it starts no multiprocessing
-    helper process (staging copies with threads and starts in a job prologue, where every
-    process start counts).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._files = 0
-        self._bytes = 0
-
-    def add(self, files: int, nbytes: int) -> None:
-        """Add work done."""
-        with self._lock:
-            self._files += files
-            self._bytes += nbytes
-
-    def read(self) -> tuple[int, int]:
-        """Return (files, bytes) done so far."""
-        with self._lock:
-            return self._files, self._bytes
 
 
 class ProgressThread:
@@ -86,7 +66,7 @@ class ProgressThread:
 
     def __init__(
         self,
-        counters: Counters | ThreadCounters,
+        counters: Counters,
         callback: ProgressCallback,
         *,
         files_total: int,

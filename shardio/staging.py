@@ -18,20 +18,18 @@ Layout of the destination::
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import errno
 import fcntl
-import itertools
 import logging
 import mmap
 import os
 import shutil
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
 
 import xxhash
 
@@ -39,7 +37,7 @@ from shardio.errors import IntegrityError, StorageError, UsageError
 from shardio.format.checksum import file_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
-from shardio.progress import ProgressCallback, ProgressThread, ThreadCounters
+from shardio.progress import Counters, ProgressCallback, ProgressThread
 from shardio.runtime.order import check_order, epoch_order, rank_positions
 from shardio.storage.atomic import (
     TEMP_MARK,
@@ -162,7 +160,7 @@ def _shard_lock(dest: str, rel: str) -> Iterator[None]:
         os.close(fd)  # releases the lock; a killed holder's lock goes with its process
 
 
-def _copy_range(fin: int, fout: int, counters: ThreadCounters) -> int:
+def _copy_range(fin: int, fout: int, counters: Counters) -> int:
     """Copy a whole file inside the kernel (copy_file_range, else sendfile, else read/write)."""
     total = 0
     for copy in (os.copy_file_range, _sendfile):
@@ -212,9 +210,7 @@ def _hash_file(fd: int) -> str:
     return hasher.hexdigest()
 
 
-def _copy_verified(
-    src: str, dst: str, expected: str, *, durable: bool, counters: ThreadCounters
-) -> int:
+def _copy_verified(src: str, dst: str, expected: str, *, durable: bool, counters: Counters) -> int:
     """Copy src to a temp file in the kernel, hash the copy's own bytes, publish if it matches.
 
     The copy is hashed after it is written (its pages are still in the page cache), so what is
@@ -273,7 +269,7 @@ def _remove_temps_of(final: str) -> None:
 
 
 def _stage_one(
-    src_root: str, dest: str, entry: ShardEntry, *, durable: bool, counters: ThreadCounters
+    src_root: str, dest: str, entry: ShardEntry, *, durable: bool, counters: Counters
 ) -> tuple[str, str, int]:
     """Stage one shard (and its DALI index) under its lock; return (rel, outcome, bytes)."""
     rel, expected = entry.path, entry.xxh3_128
@@ -309,73 +305,6 @@ def _stage_one(
     return rel, outcome, copied
 
 
-_T = TypeVar("_T")
-_R = TypeVar("_R")
-
-
-class _Background(Generic[_R]):
-    """Runs ``fn(*args)`` in a thread; ``result()`` waits for it and raises what it raised."""
-
-    def __init__(self, fn: Callable[..., _R], *args: object) -> None:
-        self._result: _R | None = None
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                self._result = fn(*args)
-            except BaseException as exc:  # raised again in result()
-                self._error = exc
-
-        self._thread = threading.Thread(target=run, name="shardio-stage-order", daemon=True)
-        self._thread.start()
-
-    def result(self) -> _R:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._result  # type: ignore[return-value]  # set when no error
-
-
-def _run_streams(items: Sequence[_T], streams: int, work: Callable[[_T], _R]) -> list[_R]:
-    """Run ``work`` on every item with ``streams`` threads, items taken in order.
-
-    The first error stops the streams from taking new items and is raised once the running
-    ones finish (each leaves its shard published or not at all).
-    """
-    results: list[_R | None] = [None] * len(items)
-    taken = itertools.count()  # next() on a count is atomic: each item is taken once
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def stream() -> None:
-        while not stop.is_set():
-            i = next(taken)
-            if i >= len(items):
-                return
-            try:
-                results[i] = work(items[i])
-            except BaseException as exc:  # handed to the caller below
-                errors.append(exc)
-                stop.set()
-                return
-
-    threads = [
-        threading.Thread(target=stream, name=f"shardio-stage-{k}")
-        for k in range(min(streams, len(items)))
-    ]
-    for t in threads:
-        t.start()
-    try:
-        for t in threads:
-            t.join()
-    except BaseException:  # KeyboardInterrupt: let the running copies finish, take no more
-        stop.set()
-        raise
-    if errors:
-        raise errors[0]
-    return results  # type: ignore[return-value]  # every slot is filled when no error
-
-
 def _write_local_metadata(src_root: str, dest: str, manifest: Manifest, durable: bool) -> None:
     """Copy the index (verified) and write DEST's manifest, which names the source."""
     index_dst = os.path.join(dest, manifest.index.path)
@@ -385,7 +314,7 @@ def _write_local_metadata(src_root: str, dest: str, manifest: Manifest, durable:
             index_dst,
             manifest.index.xxh3_128,
             durable=durable,
-            counters=ThreadCounters(),
+            counters=Counters(shared=False),
         )
     data = dataclasses.replace(manifest, staged_from=os.path.abspath(src_root)).dumps()
     target = os.path.join(dest, MANIFEST_FILENAME)
@@ -455,49 +384,64 @@ def stage_dataset(
         raise UsageError(
             f"{dest_root} holds a packed dataset, not a staging area: refusing to stage into it"
         )
-    order = _Background(node_shard_order, manifest, options)
-    for sub in ("locks", "ok"):
-        os.makedirs(os.path.join(dest_root, STAGE_DIR, sub), exist_ok=True)
-    _write_local_metadata(src_root, dest_root, manifest, options.durable)
-    needed = order.result()
-    chosen, from_source, budget = [], [], options.capacity_bytes
-    for shard in needed:
-        entry = manifest.shards[shard]
-        if budget is not None and entry.size_bytes > budget:
-            from_source.append(entry.path)
-            budget = 0
-            continue
-        chosen.append(entry)
-        if budget is not None:
-            budget -= entry.size_bytes
-    evicted: list[str] = []
-    if options.capacity_bytes is not None:
-        evicted = _evict_for(
-            dest_root,
-            manifest,
-            {e.path for e in chosen},
-            sum(e.size_bytes for e in chosen),
-            options.capacity_bytes,
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=options.streams, thread_name_prefix="shardio-stage"
+    ) as pool:
+        # The order needs numpy, whose import is a good part of a cold start: it is
+        # computed beside the copy of the index.
+        order = pool.submit(node_shard_order, manifest, options)
+        for sub in ("locks", "ok"):
+            os.makedirs(os.path.join(dest_root, STAGE_DIR, sub), exist_ok=True)
+        _write_local_metadata(src_root, dest_root, manifest, options.durable)
+        needed = order.result()
+        chosen, from_source, budget = [], [], options.capacity_bytes
+        for shard in needed:
+            entry = manifest.shards[shard]
+            if budget is not None and entry.size_bytes > budget:
+                from_source.append(entry.path)
+                budget = 0
+                continue
+            chosen.append(entry)
+            if budget is not None:
+                budget -= entry.size_bytes
+        evicted: list[str] = []
+        if options.capacity_bytes is not None:
+            evicted = _evict_for(
+                dest_root,
+                manifest,
+                {e.path for e in chosen},
+                sum(e.size_bytes for e in chosen),
+                options.capacity_bytes,
+            )
+        counters = Counters(shared=False)
+        tracker = (
+            ProgressThread(
+                counters,
+                progress,
+                files_total=len(chosen),
+                bytes_total=sum(e.size_bytes for e in chosen),
+            )
+            if progress is not None
+            else contextlib.nullcontext()
         )
-    counters = ThreadCounters()
-    tracker = (
-        ProgressThread(
-            counters,
-            progress,
-            files_total=len(chosen),
-            bytes_total=sum(e.size_bytes for e in chosen),
-        )
-        if progress is not None
-        else contextlib.nullcontext()
-    )
-    with tracker:
-        outcomes = _run_streams(
-            chosen,
-            options.streams,
-            lambda e: _stage_one(
-                src_root, dest_root, e, durable=options.durable, counters=counters
-            ),
-        )
+        with tracker:
+            futures = [
+                pool.submit(
+                    _stage_one,
+                    src_root,
+                    dest_root,
+                    e,
+                    durable=options.durable,
+                    counters=counters,
+                )
+                for e in chosen
+            ]
+            try:
+                outcomes = [f.result() for f in futures]
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
     if from_source:
         logger.warning(
             "%d shard(s) exceed --capacity and will be read from %s", len(from_source), src_root
