@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import h5py
 import numpy as np
 import pytest
+from trees import read_tree, write_tree
 
 from shardio.format.checksum import file_xxh3_128
 from shardio.format.keys import decode_component, split_name
@@ -74,29 +75,6 @@ class SourceTree:
     root: str
     files: dict[bytes, bytes]
     classes: tuple[bytes, ...]
-
-
-def write_tree(root: Path, files: dict[bytes, bytes]) -> str:
-    """Write ``files`` under ``root`` (bytes paths, so non-UTF-8 names survive)."""
-    root_b = os.fsencode(root)
-    for rel, data in files.items():
-        path = os.path.join(root_b, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as fh:
-            fh.write(data)
-    return str(root)
-
-
-def read_tree(root: str | Path) -> dict[bytes, bytes]:
-    """Every regular file under ``root`` as relative bytes path -> content."""
-    root_b = os.fsencode(root)
-    out: dict[bytes, bytes] = {}
-    for dirpath, _dirs, names in os.walk(root_b):
-        for name in names:
-            path = os.path.join(dirpath, name)
-            with open(path, "rb") as fh:
-                out[os.path.relpath(path, root_b)] = fh.read()
-    return out
 
 
 def dataset_files(root: str | Path) -> dict[str, bytes]:

@@ -17,6 +17,7 @@ import subprocess
 import tarfile
 
 import pytest
+from trees import tree_files
 
 from shardio.errors import StorageError
 from shardio.pack import PackOptions, pack
@@ -25,15 +26,6 @@ W1 = ("--workers", "1", "--no-progress")  # one worker, no progress bar
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def tree_files(root: pathlib.Path) -> dict[str, bytes]:
-    """Regular files under root (hidden ones included) by relative path, with their bytes."""
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.is_symlink()
-    }
 
 
 def temp_files(root: pathlib.Path) -> list[str]:

@@ -14,6 +14,7 @@ import pathlib
 import shutil
 
 import pytest
+from trees import tree_files
 
 from shardio.cli.main import default_workers, parse_part
 from shardio.errors import UsageError
@@ -27,15 +28,6 @@ W1 = ("--workers", "1", "--no-progress")  # one worker, no progress bar
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def source_files(root: pathlib.Path) -> dict[str, bytes]:
-    """Every regular file under ``root`` by relative path, with its bytes."""
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.is_symlink()
-    }
 
 
 def assert_same_tree(expected: pathlib.Path, actual: pathlib.Path) -> None:
@@ -71,7 +63,7 @@ def manifest(dst: pathlib.Path) -> dict[str, object]:
 
 def keys_from_source(root: pathlib.Path) -> list[str]:
     """WebDataset keys of an ImageNet-like tree: relative path without the extension."""
-    return sorted(p.rsplit(".", 1)[0] for p in source_files(root))
+    return sorted(p.rsplit(".", 1)[0] for p in tree_files(root))
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -108,7 +100,7 @@ def damaged_copy(packed: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path:
 def test_pack_verify_inspect_ls_unpack_round_trip(
     fmt: str, small_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli, packed_small
 ) -> None:
-    src_files = source_files(small_tree)
+    src_files = tree_files(small_tree)
     src_bytes = sum(len(b) for b in src_files.values())
 
     dst, (rc, out, err) = packed_small(fmt, "1MiB", 1)

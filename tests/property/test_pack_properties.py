@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from trees import read_tree, write_tree
 
 from shardio.errors import ChecksumMismatchError
 from shardio.format.keys import split_name
@@ -63,26 +64,6 @@ PROPERTY_SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-
-
-def write_tree(root: Path, files: dict[bytes, bytes]) -> str:
-    root_b = os.fsencode(root)
-    for rel, data in files.items():
-        path = os.path.join(root_b, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as fh:
-            fh.write(data)
-    return str(root)
-
-
-def read_tree(root: Path) -> dict[bytes, bytes]:
-    root_b = os.fsencode(root)
-    out = {}
-    for dirpath, _dirs, names in os.walk(root_b):
-        for name in names:
-            with open(os.path.join(dirpath, name), "rb") as fh:
-                out[os.path.relpath(os.path.join(dirpath, name), root_b)] = fh.read()
-    return out
 
 
 def pack_random_tree(

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from trees import write_tree
 
 from shardio.errors import SourceError, UsageError
 from shardio.format.spec import NO_LABEL, TAR_BLOCK
@@ -22,17 +23,6 @@ from shardio.plan import (
 )
 
 
-def make_tree(root: Path, files: dict[bytes, bytes]) -> str:
-    """Write ``files`` (relative bytes path -> content) under ``root``; return it as str."""
-    root_b = os.fsencode(root)
-    for rel, data in files.items():
-        path = os.path.join(root_b, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as fh:
-            fh.write(data)
-    return str(root)
-
-
 def scan(src: str, labels: str = "auto") -> tuple[Listing, list[PlannedSample], list[Skipped]]:
     listing = list_tree(src, labels=labels)
     samples, skipped = resolve_samples(src, listing, listing.groups)
@@ -47,7 +37,7 @@ def members(sample: PlannedSample) -> list[tuple[bytes, str, int]]:
 
 
 def test_same_stem_in_one_directory_is_one_sample(tmp_path: Path) -> None:
-    src = make_tree(
+    src = write_tree(
         tmp_path,
         {
             b"a/x.jpg": b"1",
@@ -67,7 +57,7 @@ def test_same_stem_in_one_directory_is_one_sample(tmp_path: Path) -> None:
 
 
 def test_multi_dot_names_group_by_the_last_dot(tmp_path: Path) -> None:
-    src = make_tree(
+    src = write_tree(
         tmp_path,
         {
             b"a.b.c.jpg": b"1",
@@ -88,7 +78,7 @@ def test_multi_dot_names_group_by_the_last_dot(tmp_path: Path) -> None:
 
 
 def test_keys_encode_odd_directory_and_file_names(tmp_path: Path) -> None:
-    src = make_tree(
+    src = write_tree(
         tmp_path, {b"d.x y/\xff \xe9.v1.png": b"z", "\u00e9t\u00e9/n.JPG".encode(): b""}
     )
     _, samples, _ = scan(src)
@@ -99,13 +89,13 @@ def test_keys_encode_odd_directory_and_file_names(tmp_path: Path) -> None:
 
 def test_samples_are_sorted_by_directory_then_stem(tmp_path: Path) -> None:
     names = [b"b/2.x", b"a/10.x", b"a/9.x", b"B/1.x", b"a/1.x"]
-    src = make_tree(tmp_path, {n: b"" for n in names})
+    src = write_tree(tmp_path, {n: b"" for n in names})
     _, samples, _ = scan(src)
     assert [s.key for s in samples] == ["B/1", "a/1", "a/10", "a/9", "b/2"]
 
 
 def test_listing_is_deterministic(tmp_path: Path) -> None:
-    src = make_tree(tmp_path, {f"d{i % 3}/f{i}.bin".encode(): b"x" * i for i in range(30)})
+    src = write_tree(tmp_path, {f"d{i % 3}/f{i}.bin".encode(): b"x" * i for i in range(30)})
     assert list_tree(src) == list_tree(src)
 
 
@@ -113,7 +103,7 @@ def test_listing_is_deterministic(tmp_path: Path) -> None:
 
 
 def test_class_dirs(tmp_path: Path) -> None:
-    src = make_tree(tmp_path, {b"dog/1.jpg": b"", b"cat/2.jpg": b"", b"cat/3.jpg": b""})
+    src = write_tree(tmp_path, {b"dog/1.jpg": b"", b"cat/2.jpg": b"", b"cat/3.jpg": b""})
     listing, samples, _ = scan(src)
     assert listing.label_layout == "class-dirs"
     assert listing.classes == ("cat", "dog")
@@ -121,7 +111,7 @@ def test_class_dirs(tmp_path: Path) -> None:
 
 
 def test_split_class_dirs(tmp_path: Path) -> None:
-    src = make_tree(
+    src = write_tree(
         tmp_path,
         {
             b"train/dog/1.jpg": b"",
@@ -142,7 +132,7 @@ def test_split_class_dirs(tmp_path: Path) -> None:
 
 
 def test_non_utf8_class_names_round_trip(tmp_path: Path) -> None:
-    src = make_tree(tmp_path, {b"\xff/1.jpg": b"", b"a/2.jpg": b""})
+    src = write_tree(tmp_path, {b"\xff/1.jpg": b"", b"a/2.jpg": b""})
     listing, samples, _ = scan(src)
     assert listing.classes == ("a", os.fsdecode(b"\xff"))
     assert [(s.key, s.label) for s in samples] == [("a/2", 0), ("%FF/1", 1)]
@@ -159,14 +149,14 @@ def test_non_utf8_class_names_round_trip(tmp_path: Path) -> None:
     ids=["root-file", "depth-1-and-2", "flat", "depth-3"],
 )
 def test_no_labels_for_other_layouts(tmp_path: Path, files: dict[bytes, bytes]) -> None:
-    listing, samples, _ = scan(make_tree(tmp_path, files))
+    listing, samples, _ = scan(write_tree(tmp_path, files))
     assert listing.label_layout == "none"
     assert listing.classes is None
     assert {s.label for s in samples} == {NO_LABEL}
 
 
 def test_labels_none_disables_detection(tmp_path: Path) -> None:
-    src = make_tree(tmp_path, {b"dog/1.jpg": b"", b"cat/2.cls": b""})
+    src = write_tree(tmp_path, {b"dog/1.jpg": b"", b"cat/2.cls": b""})
     listing, samples, _ = scan(src, labels="none")
     assert listing.label_layout == "none"
     assert listing.classes is None
@@ -176,7 +166,7 @@ def test_labels_none_disables_detection(tmp_path: Path) -> None:
 
 
 def test_invalid_label_mode(tmp_path: Path) -> None:
-    src = make_tree(tmp_path, {b"a.jpg": b""})
+    src = write_tree(tmp_path, {b"a.jpg": b""})
     with pytest.raises(UsageError, match="'folders'"):
         list_tree(src, labels="folders")
 
@@ -185,7 +175,7 @@ def test_invalid_label_mode(tmp_path: Path) -> None:
 
 
 def test_extensions_are_lower_cased_and_made_unique(tmp_path: Path) -> None:
-    src = make_tree(
+    src = write_tree(
         tmp_path,
         {
             b"c/x.JPEG": b"upper",
@@ -221,7 +211,7 @@ def test_extensions_are_lower_cased_and_made_unique(tmp_path: Path) -> None:
 
 
 def test_case_variants_are_two_members(tmp_path: Path) -> None:
-    src = make_tree(tmp_path, {b"x.JPEG": b"A", b"x.jpeg": b"bb"})
+    src = write_tree(tmp_path, {b"x.JPEG": b"A", b"x.jpeg": b"bb"})
     _, [sample], _ = scan(src)
     assert members(sample) == [(b"x.JPEG", "jpeg", 1), (b"x.jpeg", "jpeg_1", 2)]
 
@@ -230,7 +220,9 @@ def test_case_variants_are_two_members(tmp_path: Path) -> None:
 
 
 def test_file_kinds_are_classified(tmp_path: Path) -> None:
-    src = make_tree(tmp_path, {b"d/real.txt": b"abc", b"d/zero.bin": b"", b"other/dir/f.txt": b"q"})
+    src = write_tree(
+        tmp_path, {b"d/real.txt": b"abc", b"d/zero.bin": b"", b"other/dir/f.txt": b"q"}
+    )
     d = tmp_path / "d"
     os.symlink("missing-target", d / "broken.lnk")
     os.symlink("loop-b", d / "loop-a")
@@ -267,7 +259,7 @@ def test_skipped_json_keeps_non_utf8_paths(tmp_path: Path) -> None:
 
 
 def test_sample_with_only_skipped_files_disappears(tmp_path: Path) -> None:
-    src = make_tree(tmp_path, {b"a.jpg": b"x"})
+    src = write_tree(tmp_path, {b"a.jpg": b"x"})
     os.symlink("nowhere", tmp_path / "b.jpg")
     _, samples, skipped = scan(src)
     assert [s.key for s in samples] == ["a"]
@@ -382,7 +374,7 @@ def test_listing_parts_are_disjoint_and_cover_all(
     if n_groups == 0:
         listing = Listing(groups=(), classes=None, label_layout="none", num_files=0)
     else:
-        src = make_tree(tmp_path, {f"g{i:03d}.bin".encode(): b"" for i in range(n_groups)})
+        src = write_tree(tmp_path, {f"g{i:03d}.bin".encode(): b"" for i in range(n_groups)})
         listing = list_tree(src)
     seen = []
     for part in range(num_parts):
@@ -413,7 +405,7 @@ def test_planned_bytes_are_the_tar_shard_sizes(tmp_path: Path) -> None:
     from shardio.pack import PackOptions, pack
 
     files = {f"c{i % 2}/f{i}.bin".encode(): bytes([i]) * (i * 97) for i in range(12)}
-    src = make_tree(tmp_path / "src", files)
+    src = write_tree(tmp_path / "src", files)
     _, samples, _ = scan(src)
     shards = plan_shards(samples, shard_size_bytes=8192, labelled=True)
     result = pack(
