@@ -48,10 +48,10 @@ __all__ = [
 ]
 
 _LAZY = {
-    "PackOptions": "shardio.pack",
-    "PackResult": "shardio.pack",
-    "pack": "shardio.pack",
-    "merge_parts": "shardio.merge",
+    "PackOptions": "shardio.packing.run",
+    "PackResult": "shardio.packing.run",
+    "pack": "shardio.packing.run",
+    "merge_parts": "shardio.packing.merge",
     "PackedDataset": "shardio.readers.dataset",
     "ShardDataset": "shardio.runtime.dataset",
     "ShardLoader": "shardio.runtime.loader",
@@ -69,7 +69,5 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     value = getattr(importlib.import_module(module), name)
-    # Importing shardio.pack binds the submodule to the package attribute "pack"; bind the
-    # public function over it so `from shardio import pack` gets the function.
     globals()[name] = value
     return value

@@ -42,6 +42,7 @@ from shardio.runtime.order import check_order, epoch_order, rank_positions
 from shardio.storage.atomic import (
     TEMP_MARK,
     atomic_write,
+    create_temp,
     publish,
     storage_error,
     temp_path_for,
@@ -224,7 +225,7 @@ def _copy_verified(src: str, dst: str, expected: str, *, durable: bool, counters
     try:
         with contextlib.suppress(OSError):
             os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        fout = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fout = create_temp(tmp, readable=True)
         try:
             total = _copy_range(fin, fout, counters)
             actual = _hash_file(fout)

@@ -156,7 +156,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _cmd_pack(args: argparse.Namespace) -> int:
     from shardio.cli.progress import ProgressBar
-    from shardio.pack import PackOptions, pack
+    from shardio.packing.run import PackOptions, pack
 
     part, num_parts = parse_part(args.part) if args.part else (0, 1)
     options = PackOptions(
@@ -200,7 +200,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from shardio.merge import merge_parts
+    from shardio.packing.merge import merge_parts
 
     result = merge_parts(args.dst)
     man = result.manifest

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import IO
@@ -13,6 +14,7 @@ from shardio.errors import StorageError
 __all__ = [
     "TEMP_MARK",
     "atomic_write",
+    "create_temp",
     "fsync_dir",
     "is_temp_name",
     "publish",
@@ -28,6 +30,23 @@ def temp_path_for(path: str) -> str:
     """Return the temp name used while ``path`` is being written."""
     head, tail = os.path.split(path)
     return os.path.join(head, f".{tail}{TEMP_MARK}{os.getpid()}")
+
+
+def create_temp(tmp: str, mode: int = 0o644, *, readable: bool = False) -> int:
+    """Create a temp file for writing: never through a symlink, never an existing file.
+
+    A file already at the temp name (left by a killed process that had the same pid) is
+    removed first when it is a regular file; anything else there is refused.
+    """
+    flags = (os.O_RDWR if readable else os.O_WRONLY) | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(tmp, flags, mode)
+    except FileExistsError:
+        st = os.lstat(tmp)
+        if not stat.S_ISREG(st.st_mode):
+            raise
+        os.unlink(tmp)
+        return os.open(tmp, flags, mode)
 
 
 def is_temp_name(name: str) -> bool:
@@ -75,7 +94,7 @@ def atomic_write(path: str, *, durable: bool = True) -> Iterator[IO[bytes]]:
     """
     tmp = temp_path_for(path)
     try:
-        fh = open(tmp, "wb")  # noqa: SIM115 - closed by the with block below
+        fh = os.fdopen(create_temp(tmp), "wb")
     except OSError as exc:
         raise storage_error(exc, path, "creating") from exc
     try:

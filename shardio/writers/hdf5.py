@@ -27,7 +27,7 @@ import numpy as np
 
 from shardio.format.checksum import file_xxh3_128
 from shardio.format.spec import FORMAT_VERSION, HDF5_BLOB
-from shardio.storage.atomic import publish, storage_error, temp_path_for
+from shardio.storage.atomic import create_temp, publish, storage_error, temp_path_for
 
 __all__ = ["DEFAULT_HDF5_ALIGNMENT", "HDF5ShardWriter"]
 
@@ -70,6 +70,7 @@ class HDF5ShardWriter:
         self._sizes: list[int] = []
         self._hashes: list[int] = []
         try:
+            os.close(create_temp(self._tmp))  # never through a symlink; h5py truncates it
             with h5py.File(
                 self._tmp,
                 "w",

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from shardio.format.checksum import new_file_hasher
 from shardio.format.spec import TAR_BLOCK
-from shardio.storage.atomic import publish, storage_error, temp_path_for
+from shardio.storage.atomic import create_temp, publish, storage_error, temp_path_for
 
 __all__ = ["TarShardWriter", "dali_index_text", "ustar_header"]
 
@@ -91,7 +91,7 @@ class TarShardWriter:
         self._pending_bytes = 0
         self.samples: list[tuple[str, list[tuple[str, int, int]]]] = []
         try:
-            self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._fd = create_temp(self._tmp)
         except OSError as exc:
             raise storage_error(exc, path, "creating") from exc
 

@@ -28,7 +28,7 @@ from shardio.format.checksum import file_xxh3_128
 from shardio.format.keys import decode_component, split_name
 from shardio.format.manifest import parse_manifest
 from shardio.format.spec import INDEX_FILENAME, MANIFEST_FILENAME, REPORT_FILENAME, SHARD_DIR
-from shardio.pack import PackOptions, PackResult, pack
+from shardio.packing.run import PackOptions, PackResult, pack
 from shardio.readers.dataset import PackedDataset
 from shardio.unpack import unpack_dataset
 from shardio.verify import verify_dataset

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from shardio.pack import PackOptions, pack
+from shardio.packing.run import PackOptions, pack
 
 FORMATS = ("tar", "hdf5")
 # Small enough to cut the 4 samples into 2 shards of 2 (a tar sample costs 2-3 KiB here).

@@ -427,7 +427,7 @@ if point == "mid-shard-write":
         return real_writev(fd, buffers)
     os.writev = writev
 elif point == "shard-published-no-record":
-    import shardio.pack as pack
+    import shardio.packing.run as pack
     real_idx, calls = pack.dali_index_text, [0]
     def dali_index_text(samples):
         calls[0] += 1
@@ -436,14 +436,14 @@ elif point == "shard-published-no-record":
         return real_idx(samples)
     pack.dali_index_text = dali_index_text
 elif point == "mid-index-write":
-    import shardio.merge as merge
+    import shardio.packing.merge as merge
     def merge_indexes(fh, parts, *, n_shards):
         fh.write(b"SHRDIDX\0 half an index")
         fh.flush()
         die()
     merge.merge_indexes = merge_indexes
 elif point == "after-manifest":
-    import shardio.merge as merge
+    import shardio.packing.merge as merge
     class _Shutil:
         @staticmethod
         def rmtree(path, ignore_errors=False):

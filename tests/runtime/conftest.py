@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from shardio.pack import PackOptions, pack
+from shardio.packing.run import PackOptions, pack
 from shardio.readers.dataset import PackedDataset
 from shardio.runtime.batch import ByteColumn
 

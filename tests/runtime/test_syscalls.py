@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from shardio.pack import PackOptions, pack
+from shardio.packing.run import PackOptions, pack
 
 STRACE = "/usr/bin/strace"
 NUM_SAMPLES = 2400

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import pytest
 
-from shardio.pack import PackOptions, pack
+from shardio.packing.run import PackOptions, pack
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FAKEBIN = REPO / "tests" / "fakebin_beeond"

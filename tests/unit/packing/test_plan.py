@@ -10,7 +10,7 @@ from trees import write_tree
 
 from shardio.errors import SourceError, UsageError
 from shardio.format.spec import NO_LABEL, TAR_BLOCK
-from shardio.plan import (
+from shardio.packing.plan import (
     Listing,
     PlannedFile,
     PlannedSample,
@@ -402,7 +402,7 @@ def test_fingerprint_tracks_plan_and_options() -> None:
 
 
 def test_planned_bytes_are_the_tar_shard_sizes(tmp_path: Path) -> None:
-    from shardio.pack import PackOptions, pack
+    from shardio.packing.run import PackOptions, pack
 
     files = {f"c{i % 2}/f{i}.bin".encode(): bytes([i]) * (i * 97) for i in range(12)}
     src = write_tree(tmp_path / "src", files)

@@ -4,7 +4,7 @@ The manifest is written last and atomically; every shard, DALI index and per-sha
 fragment appears under its final name only when complete. A per-shard record in the work
 directory marks a shard done, so a killed pack resumes with ``resume=True`` and reuses the
 shards whose checksum still matches. A multi-node pack runs one part per SLURM task
-(``part``/``num_parts``) and :func:`shardio.merge.merge_parts` joins them.
+(``part``/``num_parts``) and :func:`shardio.packing.merge.merge_parts` joins them.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from shardio.format.spec import (
     SHARD_FORMATS,
     WORK_DIR,
 )
-from shardio.merge import MergeResult, merge_parts, part_record_name
-from shardio.plan import (
+from shardio.packing.merge import MergeResult, merge_parts, part_record_name
+from shardio.packing.plan import (
     LABEL_MODES,
     PlannedSample,
     ShardPlan,
