@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from shardio.errors import FormatError, StorageError
 from shardio.format.checksum import file_xxh3_128, hex64
 from shardio.progress import Counters, ProgressCallback, ProgressThread
 from shardio.readers.dataset import PackedDataset
+from shardio.storage.files import open_regular
 
 __all__ = ["BadMember", "ShardProblem", "VerifyReport", "verify_dataset"]
 
@@ -74,10 +76,16 @@ def _verify_shard(root: str, shard: int, quick: bool) -> tuple[ShardProblem | No
     entry = ds.manifest.shards[shard]
     path = ds.shard_path(shard)
     try:
-        size = os.path.getsize(path)
+        size = os.stat(path).st_size
     except FileNotFoundError:
         return ShardProblem(entry.path, "missing"), 0
+    except OSError as exc:
+        return ShardProblem(entry.path, f"cannot stat: {exc.strerror}"), 0
     reasons = []
+    try:
+        ds.index.check_shard(shard)
+    except FormatError as exc:
+        return ShardProblem(entry.path, f"its index records are damaged: {exc}"), 0
     if size != entry.size_bytes:
         reasons.append(f"size {size} bytes, expected {entry.size_bytes}")
     if entry.dali_index and not os.path.exists(os.path.join(root, entry.dali_index)):
@@ -87,7 +95,15 @@ def _verify_shard(root: str, shard: int, quick: bool) -> tuple[ShardProblem | No
     samples = ds.index.samples[entry.first_sample : entry.first_sample + entry.num_samples]
     bad: list[BadMember] = []
     whole = xxhash.xxh3_128()
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+    try:
+        fd = open_regular(path, what="shard")
+    except StorageError as exc:
+        return ShardProblem(entry.path, str(exc)), 0
+    try:
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    with mm:
         mm.madvise(mmap.MADV_SEQUENTIAL)
         view = memoryview(mm)
         pos = 0

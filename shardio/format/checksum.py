@@ -6,6 +6,8 @@ import os
 
 import xxhash
 
+from shardio.storage.files import open_regular
+
 __all__ = ["file_xxh3_128", "hex64", "member_xxh3_64", "new_file_hasher"]
 
 _CHUNK = 8 * 1024 * 1024
@@ -31,7 +33,7 @@ def file_xxh3_128(path: str | os.PathLike[str], *, chunk_bytes: int = _CHUNK) ->
     hasher = xxhash.xxh3_128()
     buf = bytearray(chunk_bytes)
     view = memoryview(buf)
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(os.fspath(path), what="file")
     try:
         while True:
             n = os.readv(fd, [buf])

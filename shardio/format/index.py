@@ -18,6 +18,7 @@ page faults, and ranks on one node share the pages through the page cache.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import mmap
 import os
 import struct
@@ -26,14 +27,19 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 import numpy as np
+import xxhash
 
 from shardio.errors import FormatError
+from shardio.format.checks import check_records
+from shardio.format.checks import parse_exts as _parse_exts
+from shardio.format.manifest import Manifest, ShardEntry
 from shardio.format.spec import (
     INDEX_HEADER_SIZE,
     INDEX_MAGIC,
     INDEX_VERSION,
     SECTION_ALIGN,
 )
+from shardio.storage.files import open_regular
 
 __all__ = [
     "MEMBER_DTYPE",
@@ -42,6 +48,7 @@ __all__ = [
     "IndexBuilder",
     "MemberEntry",
     "merge_indexes",
+    "seal_manifest",
     "write_index",
 ]
 
@@ -73,8 +80,6 @@ MEMBER_DTYPE = np.dtype(
 _HEAD = struct.Struct("<8sIIQQQ")
 _SECTION = struct.Struct("<QQ")
 _SECTION_NAMES = ("samples", "members", "keys", "paths", "exts")
-# Indexes up to this many samples get their record bounds checked on open.
-_FULL_CHECK_LIMIT = 50_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +180,12 @@ def write_index(
 class Index:
     """A read-only, memory-mapped view of an index file.
 
+    Opening checks the header and the extension table only, so it costs O(1) whatever the
+    index size. Opened with the dataset's manifest (:meth:`open`), each shard's records are
+    checked the first time they are used (:meth:`check_shard`): their xxh3-64 against the
+    manifest, and every offset, size and count against the tables and the shard's size, so a
+    reader never follows a record that was altered on disk.
+
     Attributes:
         samples: structured array of SAMPLE_DTYPE records.
         members: structured array of MEMBER_DTYPE records.
@@ -198,7 +209,7 @@ class Index:
         sections = {}
         for i, name in enumerate(_SECTION_NAMES):
             off, length = _SECTION.unpack_from(view, _HEAD.size + i * _SECTION.size)
-            if off + length > len(view):
+            if off < INDEX_HEADER_SIZE or off + length > len(view):  # Python ints: no wrap
                 raise FormatError(f"{path}: index section {name!r} runs past the end of the file")
             sections[name] = view[off : off + length]
         if (
@@ -206,73 +217,206 @@ class Index:
             or len(sections["members"]) != n_members * MEMBER_DTYPE.itemsize
         ):
             raise FormatError(f"{path}: index tables do not match their record counts")
+        self._head = view[:INDEX_HEADER_SIZE]
+        self._sections = sections
         self.n_shards = int(n_shards)
         self.samples = np.frombuffer(sections["samples"], dtype=SAMPLE_DTYPE)
         self.members = np.frombuffer(sections["members"], dtype=MEMBER_DTYPE)
         self.keys_blob = sections["keys"]
         self.paths_blob = sections["paths"]
-        ext_bytes = bytes(sections["exts"])
-        try:
-            self.exts: tuple[str, ...] = (
-                tuple(ext_bytes.decode("ascii").split("\n")) if ext_bytes else ()
-            )
-        except UnicodeDecodeError as exc:
-            raise FormatError(f"{path}: index extension table is not ASCII") from exc
-        if n_samples <= _FULL_CHECK_LIMIT:
-            self._check_bounds(path)
-
-    def _check_bounds(self, path: str) -> None:
-        """Check that every record points inside its tables (vectorised; a few ms per
-        million samples, skipped for huge indexes, where ``shardio verify`` does it)."""
-        s, m = self.samples, self.members
-        problems = []
-        if len(s):
-            if int((s["first_member"] + s["n_members"]).max()) > len(m):
-                problems.append("a sample's members run past the member table")
-            if int((s["key_offset"] + s["key_length"]).max()) > len(self.keys_blob):
-                problems.append("a key runs past the keys blob")
-            if int(s["shard"].max()) >= self.n_shards:
-                problems.append("a sample refers to a shard beyond n_shards")
-        if len(m):
-            if int((m["path_offset"] + m["path_length"]).max()) > len(self.paths_blob):
-                problems.append("a path runs past the paths blob")
-            if int(m["ext_id"].max()) >= len(self.exts):
-                problems.append("a member refers to an extension that is not in its table")
-        if problems:
-            raise FormatError(f"{path}: corrupt index: {problems[0]}")
+        self.exts = _parse_exts(bytes(sections["exts"]), path)
+        self._shards: tuple[ShardEntry, ...] | None = None
+        self._first = np.zeros(1, dtype=np.int64)
+        self._checked = bytearray()
+        self._num_classes: int | None = None
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> Index:
-        """Memory-map an index file."""
+    def open(cls, path: str | os.PathLike[str], *, manifest: Manifest | None = None) -> Index:
+        """Memory-map an index file (a regular file; a FIFO never blocks).
+
+        With ``manifest``, the index is bound to that dataset: its size, counts and header
+        checksum must match the manifest, and shard records are checked on first use.
+        """
         name = os.fspath(path)
+        if not os.path.lexists(name):
+            raise FormatError(f"{name}: index file is missing")
+        fd = open_regular(name, what="index")
         try:
-            with open(name, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if size == 0:
-                    raise FormatError(f"{name}: index is empty")
-                buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except FileNotFoundError as exc:
-            raise FormatError(f"{name}: index file is missing") from exc
-        return cls(buf, path=name)
+            size = os.fstat(fd).st_size
+            if size == 0:
+                raise FormatError(f"{name}: index is empty")
+            if manifest is not None and size != manifest.index.size_bytes:
+                raise FormatError(
+                    f"{name}: index is {size:,} bytes, the manifest says "
+                    f"{manifest.index.size_bytes:,}: it was altered or truncated"
+                )
+            try:
+                buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as exc:
+                raise FormatError(f"{name}: cannot map the index ({exc})") from exc
+        finally:
+            os.close(fd)
+        index = cls(buf, path=name)
+        if manifest is not None:
+            index.bind(manifest)
+        return index
+
+    def bind(self, manifest: Manifest) -> None:
+        """Bind to the dataset's manifest: check counts and the header (O(1)); shard records
+        are checked lazily by :meth:`check_shard`.
+
+        A format-1 manifest has no per-shard digests: the whole index is hashed against the
+        manifest here instead (one pass; format-1 datasets are small legacy ones).
+
+        Raises:
+            FormatError: the index does not belong to this manifest, or was altered.
+        """
+        where = self.path
+        if len(self.samples) != manifest.num_samples:
+            raise FormatError(
+                f"{where}: index holds {len(self.samples)} samples, the manifest says "
+                f"{manifest.num_samples}"
+            )
+        if self.n_shards != len(manifest.shards):
+            raise FormatError(
+                f"{where}: index refers to {self.n_shards} shards, the manifest lists "
+                f"{len(manifest.shards)}"
+            )
+        if manifest.format_version >= 2:
+            if len(self.members) != manifest.num_members:
+                raise FormatError(
+                    f"{where}: index holds {len(self.members)} members, the manifest says "
+                    f"{manifest.num_members}"
+                )
+            actual = self.head_digest()
+            if actual != manifest.index.head_xxh3_64:
+                raise FormatError(
+                    f"{where}: index header or extension table was altered (xxh3 "
+                    f"{actual}, the manifest says {manifest.index.head_xxh3_64})"
+                )
+            if any(s.index_xxh3_64 is None for s in manifest.shards):
+                raise FormatError(f"{where}: the manifest lacks per-shard index checksums")
+        else:
+            actual = xxhash.xxh3_128_hexdigest(self._buffer)
+            if actual != manifest.index.xxh3_128:
+                raise FormatError(
+                    f"{where}: index checksum mismatch (xxh3 {actual}, the manifest says "
+                    f"{manifest.index.xxh3_128}): it was altered or damaged"
+                )
+        self._shards = manifest.shards
+        self._first = np.array(
+            [s.first_sample for s in manifest.shards] + [manifest.num_samples], dtype=np.int64
+        )
+        self._checked = bytearray(len(manifest.shards))
+        self._num_classes = len(manifest.classes) if manifest.classes is not None else None
+
+    # -- checksums ---------------------------------------------------------------------------
+    def head_digest(self) -> str:
+        """xxh3-64 (hex) of the header and the extension table."""
+        h = xxhash.xxh3_64()
+        h.update(self._head)
+        h.update(self._sections["exts"])
+        return h.hexdigest()
+
+    def _slices(self, first_sample: int, num_samples: int) -> tuple[memoryview, ...]:
+        """The bytes of one shard's records: samples, members, keys, paths (clamped to the
+        tables; the structural check then refuses records that point outside them)."""
+        size_s, size_m = SAMPLE_DTYPE.itemsize, MEMBER_DTYPE.itemsize
+        sec = self._sections
+        samples = sec["samples"][first_sample * size_s : (first_sample + num_samples) * size_s]
+        if num_samples == 0:
+            empty = memoryview(b"")
+            return samples, empty, empty, empty
+        head = self.samples[first_sample]
+        tail = self.samples[first_sample + num_samples - 1]
+        m0 = min(int(head["first_member"]), len(self.members))
+        m1 = min(int(tail["first_member"]) + int(tail["n_members"]), len(self.members))
+        k0 = min(int(head["key_offset"]), len(self.keys_blob))
+        k1 = min(int(tail["key_offset"]) + int(tail["key_length"]), len(self.keys_blob))
+        members = sec["members"][m0 * size_m : max(m0, m1) * size_m]
+        p0 = p1 = 0
+        if m1 > m0:
+            first_m, last_m = self.members[m0], self.members[m1 - 1]
+            p0 = min(int(first_m["path_offset"]), len(self.paths_blob))
+            p1 = min(int(last_m["path_offset"]) + int(last_m["path_length"]), len(self.paths_blob))
+        return samples, members, self.keys_blob[k0 : max(k0, k1)], self.paths_blob[p0 : max(p0, p1)]
+
+    def shard_digest(self, first_sample: int, num_samples: int) -> str:
+        """xxh3-64 (hex) of one shard's records, keys and paths (docs/format.md)."""
+        h = xxhash.xxh3_64()
+        for part in self._slices(first_sample, num_samples):
+            h.update(part)
+        return h.hexdigest()
+
+    # -- lazy checks -------------------------------------------------------------------------
+    def check_shard(self, shard: int) -> None:
+        """Check shard ``shard``'s records once per process: checksum, then bounds.
+
+        Raises:
+            FormatError: the records were altered or point outside the tables or the shard.
+        """
+        if self._shards is None or self._checked[shard]:
+            return
+        entry = self._shards[shard]
+        where = f"{self.path} (records of shard {entry.path})"
+        if entry.index_xxh3_64 is not None:
+            actual = self.shard_digest(entry.first_sample, entry.num_samples)
+            if actual != entry.index_xxh3_64:
+                raise FormatError(
+                    f"{where}: index checksum mismatch (xxh3 {actual}, the manifest says "
+                    f"{entry.index_xxh3_64}): index.bin was altered or damaged"
+                )
+        problem = check_records(
+            self,
+            shard=shard,
+            first_sample=entry.first_sample,
+            num_samples=entry.num_samples,
+            shard_bytes=entry.size_bytes,
+            num_classes=self._num_classes,
+        )
+        if problem is not None:
+            raise FormatError(f"{where}: corrupt index: {problem}")
+        self._checked[shard] = 1
+
+    def check_all(self) -> None:
+        """Check every shard's records (what ``verify`` and ``ls --paths`` need)."""
+        for shard in range(len(self._checked)):
+            self.check_shard(shard)
+
+    def shards_of(self, samples: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The shard of each sample, from the manifest (not from the records)."""
+        return np.searchsorted(self._first, samples, side="right") - 1
+
+    def records(self, samples: Sequence[int] | np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The sample records of ``samples``, their shards checked first."""
+        idx = np.asarray(samples, dtype=np.int64)
+        if self._shards is not None and len(idx):
+            for shard in np.unique(self.shards_of(idx)).tolist():
+                self.check_shard(int(shard))
+        return self.samples[idx]
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def key(self, sample: int) -> str:
         """Return the key of a sample."""
-        rec = self.samples[sample]
+        rec = self.records([sample])[0]
         off = int(rec["key_offset"])
         return bytes(self.keys_blob[off : off + int(rec["key_length"])]).decode("ascii")
 
     def member_path(self, member: int) -> bytes:
-        """Return the original relative path of a member (b"" if synthesised)."""
+        """Return the original relative path of a member (b"" if synthesised).
+
+        The member's sample must have been checked (:meth:`records`, :meth:`key`,
+        :meth:`sample_member_range` or :meth:`check_all`).
+        """
         rec = self.members[member]
         off = int(rec["path_offset"])
         return bytes(self.paths_blob[off : off + int(rec["path_length"])])
 
     def sample_member_range(self, sample: int) -> range:
-        """Return the member indices of one sample."""
-        rec = self.samples[sample]
+        """Return the member indices of one sample (its shard checked first)."""
+        rec = self.records([sample])[0]
         first = int(rec["first_member"])
         return range(first, first + int(rec["n_members"]))
 
@@ -281,10 +425,37 @@ class Index:
         buf = self._buffer
         self.samples = self.members = np.empty(0, dtype=SAMPLE_DTYPE)
         self.keys_blob = self.paths_blob = memoryview(b"")
+        self._sections = {}
+        self._head = memoryview(b"")
         if isinstance(buf, mmap.mmap):
             # A caller may still hold a view; the mapping then goes when the last view does.
             with contextlib.suppress(BufferError):
                 buf.close()
+
+
+def seal_manifest(manifest: Manifest, index_path: str) -> Manifest:
+    """Fill a new manifest's index checksums from the written index, then check the index
+    against it in full (what is published must open and read back).
+
+    Returns:
+        The manifest with ``index.head_xxh3_64`` and every shard's ``index_xxh3_64`` set.
+    """
+    index = Index.open(index_path)
+    try:
+        shards = tuple(
+            dataclasses.replace(s, index_xxh3_64=index.shard_digest(s.first_sample, s.num_samples))
+            for s in manifest.shards
+        )
+        sealed = dataclasses.replace(
+            manifest,
+            index=dataclasses.replace(manifest.index, head_xxh3_64=index.head_digest()),
+            shards=shards,
+        )
+        index.bind(sealed)
+        index.check_all()
+    finally:
+        index.close()
+    return sealed
 
 
 def merge_indexes(fh: IO[bytes], parts: Iterable[tuple[Index, int]], *, n_shards: int) -> int:

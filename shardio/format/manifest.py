@@ -4,14 +4,39 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardio.errors import FormatError
-from shardio.format.spec import FORMAT_NAME, FORMAT_VERSION, SHARD_FORMATS
+import xxhash
 
-__all__ = ["IndexEntry", "Manifest", "ShardEntry", "load_manifest", "parse_manifest"]
+from shardio.errors import FormatError
+from shardio.format.spec import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    LABEL_LAYOUTS,
+    MANIFEST_CHECKSUM_FIELD,
+    MANIFEST_FILENAME,
+    MAX_MANIFEST_BYTES,
+    SHARD_FORMATS,
+)
+from shardio.storage.files import read_regular
+
+__all__ = [
+    "IndexEntry",
+    "Manifest",
+    "ShardEntry",
+    "encode_document",
+    "load_manifest",
+    "parse_manifest",
+]
+
+# Every count, size and offset in a manifest fits a signed 64-bit integer (numpy and the
+# index use int64/uint64 for them); larger values are refused before any arithmetic.
+_MAX_INT = 2**63 - 1
+_HEX128 = re.compile(r"[0-9a-f]{32}")
+_HEX64 = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,13 +49,24 @@ class ShardEntry:
     first_sample: int
     xxh3_128: str
     dali_index: str | None = None  # the DALI .idx beside a tar shard
+    # xxh3-64 of this shard's slice of index.bin (records, keys, paths): checked the first
+    # time a reader touches the shard, so opening stays O(1) whatever the index size.
+    index_xxh3_64: str | None = None
 
     def __post_init__(self) -> None:
-        if self.size_bytes < 0 or self.num_samples < 0 or self.first_sample < 0:
-            raise FormatError(f"shard {self.path!r}: negative size or count")
-        if len(self.xxh3_128) != 32:
-            raise FormatError(f"shard {self.path!r}: xxh3_128 must be 32 hex digits")
         _check_relative(self.path)
+        for name in ("size_bytes", "num_samples", "first_sample"):
+            value = getattr(self, name)
+            if value < 0:
+                raise FormatError(f"shard {self.path!r}: negative size or count ({name})")
+            if value > _MAX_INT:
+                raise FormatError(f"shard {self.path!r}: {name} {value} is out of range")
+        if not _HEX128.fullmatch(self.xxh3_128):
+            raise FormatError(f"shard {self.path!r}: xxh3_128 must be 32 lower-case hex digits")
+        if self.index_xxh3_64 is not None and not _HEX64.fullmatch(self.index_xxh3_64):
+            raise FormatError(
+                f"shard {self.path!r}: index_xxh3_64 must be 16 lower-case hex digits"
+            )
         if self.dali_index is not None:
             _check_relative(self.dali_index)
 
@@ -42,9 +78,17 @@ class IndexEntry:
     path: str
     size_bytes: int
     xxh3_128: str
+    # xxh3-64 of the index header and extension table (format 2): checked at every open.
+    head_xxh3_64: str | None = None
 
     def __post_init__(self) -> None:
         _check_relative(self.path)
+        if not 0 <= self.size_bytes <= _MAX_INT:
+            raise FormatError(f"index {self.path!r}: size_bytes {self.size_bytes} is out of range")
+        if not _HEX128.fullmatch(self.xxh3_128):
+            raise FormatError(f"index {self.path!r}: xxh3_128 must be 32 lower-case hex digits")
+        if self.head_xxh3_64 is not None and not _HEX64.fullmatch(self.head_xxh3_64):
+            raise FormatError(f"index {self.path!r}: head_xxh3_64 must be 16 lower-case hex digits")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,10 +123,32 @@ class Manifest:
     created_by: str = ""
     format_version: int = FORMAT_VERSION
     staged_from: str | None = None  # set in a staging area's manifest: the source dataset
+    # The plan fingerprint of each part of the pack: --resume on a finished dataset compares
+    # the source tree and options against them.
+    pack_fingerprints: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.shard_format not in SHARD_FORMATS:
             raise FormatError(f"unknown shard_format {self.shard_format!r}")
+        for name in ("num_samples", "num_members", "data_bytes"):
+            if not 0 <= getattr(self, name) <= _MAX_INT:
+                raise FormatError(f"{name} {getattr(self, name)} is out of range")
+        if self.label_layout not in LABEL_LAYOUTS:
+            raise FormatError(f"unknown label layout {self.label_layout!r}")
+        if (self.classes is None) != (self.label_layout == "none"):
+            raise FormatError(f"label layout {self.label_layout!r} does not match the classes")
+        if self.classes is not None and len(set(self.classes)) != len(self.classes):
+            raise FormatError("labels.classes holds a class name twice")
+        names = {MANIFEST_FILENAME, self.index.path}
+        if len(names) != 2:
+            raise FormatError(f"index path {self.index.path!r} is the manifest's")
+        for shard in self.shards:
+            for name in (shard.path, shard.dali_index):
+                if name is None:
+                    continue
+                if name in names:
+                    raise FormatError(f"path {name!r} is listed twice in the manifest")
+                names.add(name)
         first = 0
         for shard in self.shards:
             if shard.first_sample != first:
@@ -99,7 +165,24 @@ class Manifest:
         return sum(s.size_bytes for s in self.shards)
 
     def to_json(self) -> dict[str, Any]:
-        """Return the JSON document (keys in a fixed order, so output is deterministic)."""
+        """Return the JSON document (keys in a fixed order, so output is deterministic).
+
+        The document of format 2 ends with its own checksum field (see :func:`encode_document`).
+        """
+        if self.format_version == 1:
+            return self._to_json_v1()
+        doc = self._to_json_v1()
+        doc["format_version"] = self.format_version
+        doc["index"]["head_xxh3_64"] = self.index.head_xxh3_64
+        doc["pack_fingerprints"] = list(self.pack_fingerprints)
+        shards = doc.pop("shards")
+        for entry, s in zip(shards, self.shards, strict=True):
+            entry["index_xxh3_64"] = s.index_xxh3_64
+        doc["shards"] = shards
+        doc[MANIFEST_CHECKSUM_FIELD] = "0" * 32
+        return doc
+
+    def _to_json_v1(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,
             "format_version": self.format_version,
@@ -137,12 +220,58 @@ class Manifest:
 
     def dumps(self) -> bytes:
         """Serialise to bytes (ASCII JSON; non-UTF-8 class names travel as escapes)."""
-        return (json.dumps(self.to_json(), indent=1) + "\n").encode("ascii")
+        return encode_document(self.to_json())
+
+
+_CHECKSUM_RE = re.compile(
+    rb'\n "' + MANIFEST_CHECKSUM_FIELD.encode() + rb'": "([0-9a-f]{32})"\n}\n\Z'
+)
+
+
+def encode_document(doc: Mapping[str, Any]) -> bytes:
+    """Serialise a manifest document; a format-2 document gets its checksum filled in.
+
+    The checksum is the xxh3-128 of the serialised document with the checksum's own value
+    as 32 zeros; it is the document's last field, so a reader finds it at a fixed place.
+    """
+    data = (json.dumps(doc, indent=1) + "\n").encode("ascii")
+    if MANIFEST_CHECKSUM_FIELD not in doc:
+        return data
+    match = _CHECKSUM_RE.search(data)
+    if match is None:
+        raise FormatError(f"{MANIFEST_CHECKSUM_FIELD} must be the last field of the manifest")
+    digest = xxhash.xxh3_128_hexdigest(data).encode("ascii")
+    return data[: match.start(1)] + digest + data[match.end(1) :]
+
+
+def _check_document_checksum(data: bytes, where: str) -> None:
+    match = _CHECKSUM_RE.search(data)
+    if match is None:
+        raise FormatError(
+            f"{where}: the manifest's own checksum ({MANIFEST_CHECKSUM_FIELD}, its last field) "
+            "is missing or malformed: the file was edited or truncated"
+        )
+    zeroed = data[: match.start(1)] + b"0" * 32 + data[match.end(1) :]
+    actual = xxhash.xxh3_128_hexdigest(zeroed)
+    if actual != match.group(1).decode("ascii"):
+        raise FormatError(
+            f"{where}: manifest checksum mismatch (expected {match.group(1).decode()}, got "
+            f"{actual}): the file was edited or damaged"
+        )
 
 
 def _check_relative(path: str) -> None:
     parts = path.split("/")
-    if not path or path.startswith("/") or ".." in parts or "" in parts:
+    if (
+        not path
+        or path.startswith("/")
+        or ".." in parts
+        or "." in parts
+        or "" in parts
+        or not path.isascii()
+        or not path.isprintable()
+        or "\\" in path
+    ):
         raise FormatError(f"path {path!r} in manifest must be relative and inside the dataset")
 
 
@@ -152,23 +281,29 @@ def _get(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where:
     value = doc[key]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise FormatError(f"{where}: field {key!r} has the wrong type ({type(value).__name__})")
+    if isinstance(value, int) and not isinstance(value, bool) and value > _MAX_INT:
+        raise FormatError(f"{where}: field {key!r} is out of range ({value})")
+    if isinstance(value, str) and "\0" in value:
+        raise FormatError(f"{where}: field {key!r} holds a NUL byte")
     return value
 
 
-def _parse_v1(doc: Mapping[str, Any], where: str) -> Manifest:
-    index_doc = _get(doc, "index", dict, where)
-    labels = _get(doc, "labels", dict, where)
-    classes = labels.get("classes")
-    if classes is not None and not (
-        isinstance(classes, list) and all(isinstance(c, str) for c in classes)
-    ):
-        raise FormatError(f"{where}: labels.classes must be a list of strings or null")
+def _opt(doc: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+    """An optional field: None when absent or null, else of ``kind``."""
+    if doc.get(key) is None:
+        return None
+    return _get(doc, key, kind, where)
+
+
+def _parse_shards(doc: Mapping[str, Any], where: str, *, version: int) -> list[ShardEntry]:
     shards = []
     for i, s in enumerate(_get(doc, "shards", list, where)):
         if not isinstance(s, dict):
             raise FormatError(f"{where}: shards[{i}] is not an object")
         w = f"{where}: shards[{i}]"
-        dali = s.get("dali_index")
+        index_digest = None
+        if version >= 2:
+            index_digest = _get(s, "index_xxh3_64", str, w)
         shards.append(
             ShardEntry(
                 path=_get(s, "path", str, w),
@@ -176,10 +311,47 @@ def _parse_v1(doc: Mapping[str, Any], where: str) -> Manifest:
                 num_samples=_get(s, "num_samples", int, w),
                 first_sample=_get(s, "first_sample", int, w),
                 xxh3_128=_get(s, "xxh3_128", str, w),
-                dali_index=dali if isinstance(dali, str) else None,
+                dali_index=_opt(s, "dali_index", str, w),
+                index_xxh3_64=index_digest,
             )
         )
-    return Manifest(
+    return shards
+
+
+def _parse(doc: Mapping[str, Any], where: str, version: int) -> Manifest:
+    index_doc = _get(doc, "index", dict, where)
+    labels = _get(doc, "labels", dict, where)
+    classes = labels.get("classes")
+    if classes is not None and not (
+        isinstance(classes, list) and all(isinstance(c, str) and "\0" not in c for c in classes)
+    ):
+        raise FormatError(f"{where}: labels.classes must be a list of strings or null")
+    layout = labels.get("layout", "none")
+    if not isinstance(layout, str):
+        raise FormatError(f"{where}: labels.layout must be a string")
+    fingerprints: tuple[str, ...] = ()
+    head_digest = None
+    if version >= 2:
+        prints = _get(doc, "pack_fingerprints", list, where)
+        if not all(isinstance(p, str) and _HEX128.fullmatch(p) for p in prints):
+            raise FormatError(f"{where}: pack_fingerprints must be a list of 32-hex-digit strings")
+        fingerprints = tuple(prints)
+        head_digest = _get(index_doc, "head_xxh3_64", str, f"{where}: index")
+    shards = _parse_shards(doc, where, version=version)
+    num_shards = doc.get("num_shards")
+    if num_shards is not None and num_shards != len(shards):
+        raise FormatError(
+            f"{where}: num_shards is {num_shards!r}, the shard list has {len(shards)}"
+        )
+    options, layout_doc = doc.get("options") or {}, doc.get("layout") or {}
+    if not isinstance(options, dict) or not isinstance(layout_doc, dict):
+        raise FormatError(f"{where}: options and layout must be objects")
+    created_by, staged_from = doc.get("created_by", ""), doc.get("staged_from")
+    if not isinstance(created_by, str) or not isinstance(staged_from, (str, type(None))):
+        raise FormatError(f"{where}: created_by and staged_from must be strings")
+    if staged_from is not None and ("\0" in staged_from or not staged_from):
+        raise FormatError(f"{where}: staged_from must be a path")
+    manifest = Manifest(
         shard_format=_get(doc, "shard_format", str, where),
         num_samples=_get(doc, "num_samples", int, where),
         num_members=_get(doc, "num_members", int, where),
@@ -188,19 +360,29 @@ def _parse_v1(doc: Mapping[str, Any], where: str) -> Manifest:
             path=_get(index_doc, "path", str, f"{where}: index"),
             size_bytes=_get(index_doc, "size_bytes", int, f"{where}: index"),
             xxh3_128=_get(index_doc, "xxh3_128", str, f"{where}: index"),
+            head_xxh3_64=head_digest,
         ),
         shards=tuple(shards),
         classes=tuple(classes) if classes is not None else None,
-        label_layout=str(labels.get("layout", "none")),
-        options=dict(doc.get("options") or {}),
-        layout=dict(doc.get("layout") or {}),
-        created_by=str(doc.get("created_by", "")),
-        format_version=1,
-        staged_from=doc["staged_from"] if isinstance(doc.get("staged_from"), str) else None,
+        label_layout=layout,
+        options=options,
+        layout=layout_doc,
+        created_by=created_by,
+        format_version=version,
+        staged_from=staged_from,
+        pack_fingerprints=fingerprints,
     )
+    total = doc.get("total_bytes")
+    if total is not None and total != manifest.total_bytes:
+        raise FormatError(f"{where}: total_bytes does not match the shard sizes")
+    return manifest
 
 
-_PARSERS = {1: _parse_v1}
+_VERSIONS = (1, 2)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def parse_manifest(data: bytes, *, where: str = "manifest") -> Manifest:
@@ -208,25 +390,28 @@ def parse_manifest(data: bytes, *, where: str = "manifest") -> Manifest:
 
     Raises:
         FormatError: the document is not JSON, not a shardio manifest, of an unknown version,
-            or misses or mistypes a field. The message names ``where``.
+            fails its own checksum (format 2), or misses or mistypes a field. The message
+            names ``where``.
     """
     try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{where}: not valid JSON ({exc})") from exc
+        doc = json.loads(data, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise FormatError(f"{where}: not valid JSON ({reason})") from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
         raise FormatError(f"{where}: not a shardio manifest")
     version = doc.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise FormatError(f"{where}: format_version must be an integer")
-    parser = _PARSERS.get(version)
-    if parser is None:
+    if version not in _VERSIONS:
         raise FormatError(
             f"{where}: unsupported format_version {version} (this shardio reads "
-            f"{', '.join(map(str, sorted(_PARSERS)))}); upgrade shardio"
+            f"{', '.join(map(str, _VERSIONS))}); upgrade shardio"
         )
+    if version >= 2:
+        _check_document_checksum(data, where)
     try:
-        return parser(doc, where)
+        return _parse(doc, where, version)
     except FormatError as exc:
         if str(exc).startswith(where):
             raise
@@ -234,15 +419,12 @@ def parse_manifest(data: bytes, *, where: str = "manifest") -> Manifest:
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """Read and validate a manifest file."""
+    """Read and validate a manifest file (a regular file of bounded size; a FIFO never
+    blocks)."""
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as fh:
-            data = fh.read()
-    except IsADirectoryError as exc:
-        raise FormatError(f"{name}: is a directory, not a manifest") from exc
-    except FileNotFoundError as exc:
+    if not os.path.lexists(name):
         raise FormatError(
             f"{name}: no manifest (not a shardio dataset, or its pack did not finish)"
-        ) from exc
+        )
+    data = read_regular(name, max_bytes=MAX_MANIFEST_BYTES, what="manifest")
     return parse_manifest(data, where=name)

@@ -5,6 +5,10 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "MAX_MANIFEST_BYTES",
+    "MANIFEST_CHECKSUM_FIELD",
+    "LABEL_LAYOUTS",
+    "HDF5_SHARD_VERSION",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "HDF5_BLOB",
@@ -24,7 +28,14 @@ __all__ = [
 ]
 
 FORMAT_NAME: Final = "shardio"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+# The HDF5 shard attribute ``shardio_format_version``: shard bytes did not change in format 2.
+HDF5_SHARD_VERSION: Final = 1
+# Format 2: the manifest's last field is the xxh3-128 of the document (this value zeroed).
+MANIFEST_CHECKSUM_FIELD: Final = "manifest_xxh3_128"
+# A manifest lists about 300 bytes per shard: 512 MiB is over a million shards.
+MAX_MANIFEST_BYTES: Final = 512 * 1024 * 1024
+LABEL_LAYOUTS: Final = ("none", "class-dirs", "split-class-dirs")
 
 MANIFEST_FILENAME: Final = "manifest.json"
 INDEX_FILENAME: Final = "index.bin"

@@ -16,7 +16,7 @@ from typing import Any
 from shardio._version import __version__
 from shardio.errors import FormatError, UsageError
 from shardio.format.checksum import file_xxh3_128
-from shardio.format.index import Index, merge_indexes
+from shardio.format.index import Index, merge_indexes, seal_manifest
 from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
 from shardio.format.spec import (
     INDEX_FILENAME,
@@ -144,6 +144,7 @@ def merge_parts(dst: str, *, durable: bool = True) -> MergeResult:
         layout=first["layout"],
         created_by=f"shardio {__version__}",
     )
+    manifest = seal_manifest(manifest, index_path)  # per-shard index checksums, checked
     with atomic_write(os.path.join(dst, MANIFEST_FILENAME), durable=durable) as fh:
         fh.write(manifest.dumps())
     shutil.rmtree(work, ignore_errors=True)

@@ -18,6 +18,7 @@ from shardio.format.index import Index
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
 from shardio.readers.mapcache import MapCache
+from shardio.storage.files import open_regular
 from shardio.storage.stamps import drop_staged, stamp_matches
 
 __all__ = ["FilePool", "PackedDataset"]
@@ -36,6 +37,7 @@ class FilePool:
     def __init__(self, max_open: int = 64) -> None:
         self.max_open = max_open
         self._fds: OrderedDict[str, int] = OrderedDict()
+        self._sizes: dict[str, int] = {}
         self._pid = os.getpid()
         self.opens = 0
 
@@ -54,27 +56,37 @@ class FilePool:
                 with contextlib.suppress(OSError):
                     os.close(inherited)
             self._fds.clear()
+            self._sizes.clear()
             self._pid = os.getpid()
         fd = self._fds.get(path)
         if fd is not None:
             self._fds.move_to_end(path)
             return fd
+        fd = open_regular(path, what="shard")
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            if shared_lock:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            size = os.fstat(fd).st_size
         except OSError as exc:
+            os.close(fd)
             raise StorageError(exc.errno, f"cannot open shard {path}: {exc.strerror}") from exc
-        if shared_lock:
-            fcntl.flock(fd, fcntl.LOCK_SH)
         self.opens += 1
         self._fds[path] = fd
+        self._sizes[path] = size
         if len(self._fds) > self.max_open:
-            _, old = self._fds.popitem(last=False)
+            old_path, old = self._fds.popitem(last=False)
+            self._sizes.pop(old_path, None)
             os.close(old)
         return fd
+
+    def size(self, path: str) -> int:
+        """Size of ``path`` when it was opened (call :meth:`fd` first)."""
+        return self._sizes[path]
 
     def discard(self, path: str) -> None:
         """Close the descriptor of ``path`` if open (after the file was replaced)."""
         fd = self._fds.pop(path, None)
+        self._sizes.pop(path, None)
         if fd is not None:
             os.close(fd)
 
@@ -84,6 +96,7 @@ class FilePool:
             for fd in self._fds.values():
                 os.close(fd)
         self._fds.clear()
+        self._sizes.clear()
 
 
 class PackedDataset:
@@ -115,17 +128,10 @@ class PackedDataset:
         if not os.path.isdir(self.root):
             raise FormatError(f"{self.root}: no such dataset directory")
         self.manifest: Manifest = load_manifest(os.path.join(self.root, MANIFEST_FILENAME))
-        self.index = Index.open(os.path.join(self.root, self.manifest.index.path))
-        if len(self.index) != self.manifest.num_samples:
-            raise FormatError(
-                f"{self.root}: index holds {len(self.index)} samples, manifest says "
-                f"{self.manifest.num_samples}"
-            )
-        if self.index.n_shards != len(self.manifest.shards):
-            raise FormatError(
-                f"{self.root}: index refers to {self.index.n_shards} shards, manifest lists "
-                f"{len(self.manifest.shards)}"
-            )
+        # Bound to the manifest: header checked now, each shard's records on first use.
+        self.index = Index.open(
+            os.path.join(self.root, self.manifest.index.path), manifest=self.manifest
+        )
         source = self.manifest.staged_from or self.root
         self.cache_root = (
             os.fspath(cache)
@@ -188,7 +194,7 @@ class PackedDataset:
         """
         if len(samples) == 0:
             return
-        recs = self.index.samples[np.asarray(samples, dtype=np.int64)]
+        recs = self.index.records(samples)
         counts = recs["n_members"].astype(np.int64)
         total = int(counts.sum())
         starts = np.cumsum(counts) - counts
@@ -234,14 +240,19 @@ class PackedDataset:
                 a bad cached copy is dropped and the source read instead).
             StorageError: the shard is missing or short.
         """
+        self.index.check_shard(shard)
         rec = self.index.members[member]
         path = self.shard_path(shard)
         cached = shard in self._cached_shards
         size = len(target)
         problem = None
+        offset = int(rec["offset"])
         try:
             fd = self.pool.fd(path, shared_lock=cached)
-            got = os.preadv(fd, [target], int(rec["offset"])) if size else 0
+            if offset + size > self.pool.size(path):
+                got = -1  # the file is shorter than the index says: never read past it
+            else:
+                got = os.preadv(fd, [target], offset) if size else 0
         except OSError as exc:
             if not cached:
                 raise StorageError(exc.errno, f"cannot read shard {path}: {exc.strerror}") from exc
@@ -298,6 +309,7 @@ class PackedDataset:
                 cached copy is dropped and the source mapped instead).
             StorageError: the shard is missing or short.
         """
+        self.index.check_shard(shard)
         rec = self.index.members[member]
         path = self.shard_path(shard)
         cached = shard in self._cached_shards
@@ -330,8 +342,20 @@ class PackedDataset:
     def read_member(
         self, member: int, *, shard: int, sample: int | None = None, verify: bool = True
     ) -> bytes:
-        """Return one member's bytes (see :meth:`read_member_into`)."""
-        buf = bytearray(int(self.index.members[member]["size"]))
+        """Return one member's bytes (see :meth:`read_member_into`).
+
+        The size the index claims is checked against the shard file before the buffer is
+        allocated.
+        """
+        self.index.check_shard(shard)
+        rec = self.index.members[member]
+        path = self.shard_path(shard)
+        self.pool.fd(path, shared_lock=shard in self._cached_shards)
+        if int(rec["offset"]) + int(rec["size"]) > self.pool.size(path):
+            if sample is None:
+                sample = self._sample_of(member)
+            raise StorageError(5, f"shard {path} is truncated (sample {self.key(sample)!r})")
+        buf = bytearray(int(rec["size"]))
         self.read_member_into(member, memoryview(buf), shard=shard, sample=sample, verify=verify)
         return bytes(buf)
 
@@ -343,7 +367,7 @@ class PackedDataset:
 
         The label member ``cls`` is returned as an int.
         """
-        rec = self.index.samples[sample]
+        rec = self.index.records([sample])[0]
         shard = int(rec["shard"])
         out: dict[str, Any] = {"__key__": self.index.key(sample)}
         exts = self.index.exts

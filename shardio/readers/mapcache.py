@@ -8,6 +8,7 @@ import os
 from collections import OrderedDict
 
 from shardio.errors import StorageError
+from shardio.storage.files import open_regular
 
 __all__ = ["MapCache"]
 
@@ -38,10 +39,7 @@ class MapCache:
             self._maps.move_to_end(path)
             mm = self._maps[path]
             return memoryview(mm) if mm is not None else memoryview(bytearray())
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise StorageError(exc.errno, f"cannot open shard {path}: {exc.strerror}") from exc
+        fd = open_regular(path, what="shard")
         try:
             size = os.fstat(fd).st_size
             mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY) if size else None

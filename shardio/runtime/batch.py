@@ -192,7 +192,7 @@ def read_batch(
     """
     index = ds.index
     ds.advise(indices)
-    samples = index.samples[np.asarray(indices, dtype=np.int64)]
+    samples = index.records(indices)  # their shards' records checked first
     members = index.members
     exts = index.exts
     labelled = ds.manifest.classes is not None
@@ -253,7 +253,7 @@ def read_batch_mapped(
     """
     index = ds.index
     ds.advise(indices)
-    samples = index.samples[np.asarray(indices, dtype=np.int64)]
+    samples = index.records(indices)  # their shards' records checked first
     members = index.members
     exts = index.exts
     labelled = ds.manifest.classes is not None

@@ -38,7 +38,13 @@ def create_temp(tmp: str, mode: int = 0o644, *, readable: bool = False) -> int:
     A file already at the temp name (left by a killed process that had the same pid) is
     removed first when it is a regular file; anything else there is refused.
     """
-    flags = (os.O_RDWR if readable else os.O_WRONLY) | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags = (
+        (os.O_RDWR if readable else os.O_WRONLY)
+        | os.O_CREAT
+        | os.O_EXCL
+        | os.O_NOFOLLOW
+        | os.O_CLOEXEC
+    )
     try:
         return os.open(tmp, flags, mode)
     except FileExistsError:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+
 from pathlib import Path
 
 import pytest
+
+from shardio.errors import StorageError
 import xxhash
 
 from shardio.format.checksum import file_xxh3_128, hex64, member_xxh3_64, new_file_hasher
@@ -42,5 +46,7 @@ def test_file_checksum_is_independent_of_chunking(tmp_path: Path, size: int, chu
 
 
 def test_file_checksum_of_missing_file_raises(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(StorageError) as info:
         file_xxh3_128(tmp_path / "nope")
+    assert info.value.errno == errno.ENOENT
+    assert "nope" in str(info.value)

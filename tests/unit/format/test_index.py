@@ -8,7 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from xxhash import xxh3_128_hexdigest
+
 from shardio.errors import FormatError
+from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
 from shardio.format.index import (
     MEMBER_DTYPE,
     SAMPLE_DTYPE,
@@ -212,11 +215,39 @@ def good_index(tmp_path: Path) -> bytes:
     return _write(_builder(SHARD_A + SHARD_B), tmp_path / "good.bin").read_bytes()
 
 
+def _manifest_for(data: bytes, n_samples: int) -> Manifest:
+    """A format-1 manifest of one 1 MiB shard holding every sample, whose index checksum is
+    that of ``data``: binding passes, so only the structural checks can refuse records."""
+    return Manifest(
+        shard_format="tar",
+        num_samples=n_samples,
+        num_members=0,
+        data_bytes=0,
+        index=IndexEntry(path="index.bin", size_bytes=len(data), xxh3_128=xxh3_128_hexdigest(data)),
+        shards=(
+            ShardEntry(
+                path="shards/shard-000000.tar",
+                size_bytes=1 << 20,
+                num_samples=n_samples,
+                first_sample=0,
+                xxh3_128="0" * 32,
+            ),
+        ),
+        classes=("cat", "dog"),
+        label_layout="class-dirs",
+        format_version=1,
+    )
+
+
 def _open_corrupt(tmp_path: Path, data: bytes) -> tuple[Path, pytest.ExceptionInfo[FormatError]]:
+    """The index is refused: on open (header, tables, extensions) or, bound to a manifest,
+    when its records are checked, before any record is used."""
     path = tmp_path / "bad index.bin"
     path.write_bytes(data)
     with pytest.raises(FormatError) as info:
-        Index.open(path)
+        index = Index.open(path)
+        index.bind(_manifest_for(data, len(index)))
+        index.check_all()
     assert str(path) in str(info.value)
     assert "\n" not in str(info.value)
     return path, info

@@ -14,6 +14,7 @@ from shardio.format.manifest import (
     IndexEntry,
     Manifest,
     ShardEntry,
+    encode_document,
     load_manifest,
     parse_manifest,
 )
@@ -28,7 +29,9 @@ def _manifest(**overrides: Any) -> Manifest:
         "num_samples": 5,
         "num_members": 10,
         "data_bytes": 12345,
-        "index": IndexEntry(path="index.bin", size_bytes=1024, xxh3_128=HASH),
+        "index": IndexEntry(
+            path="index.bin", size_bytes=1024, xxh3_128=HASH, head_xxh3_64=HASH[:16]
+        ),
         "shards": (
             ShardEntry(
                 path="shards/shard-000000.tar",
@@ -37,6 +40,7 @@ def _manifest(**overrides: Any) -> Manifest:
                 first_sample=0,
                 xxh3_128=HASH,
                 dali_index="shards/shard-000000.idx",
+                index_xxh3_64=HASH[:16],
             ),
             ShardEntry(
                 path="shards/shard-000001.tar",
@@ -45,6 +49,7 @@ def _manifest(**overrides: Any) -> Manifest:
                 first_sample=3,
                 xxh3_128=HASH[::-1],
                 dali_index="shards/shard-000001.idx",
+                index_xxh3_64=HASH[16:],
             ),
         ),
         "classes": ("cat", "dog \u00f1", "raw\udcff"),
@@ -52,9 +57,18 @@ def _manifest(**overrides: Any) -> Manifest:
         "options": {"shard_size_bytes": 8192, "labels": "auto"},
         "layout": {"fs_type": "ext4", "action": "skipped"},
         "created_by": "shardio 0.1.0",
+        "pack_fingerprints": (HASH,),
     }
     fields.update(overrides)
     return Manifest(**fields)
+
+
+def _seal(doc: Any) -> bytes:
+    if isinstance(doc, dict) and "manifest_xxh3_128" in doc:
+        doc = {k: v for k, v in doc.items() if k != "manifest_xxh3_128"}
+        doc["manifest_xxh3_128"] = "0" * 32
+        return encode_document(doc)
+    return json.dumps(doc).encode()
 
 
 def _doc() -> dict[str, Any]:
@@ -62,7 +76,8 @@ def _doc() -> dict[str, Any]:
 
 
 def _parse_fails(doc: Any) -> str:
-    data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    # A dict is sealed with a valid checksum, so the field checks (not the checksum) refuse it.
+    data = doc if isinstance(doc, bytes) else _seal(doc)
     with pytest.raises(FormatError) as info:
         parse_manifest(data, where=WHERE)
     message = str(info.value)
@@ -90,6 +105,7 @@ def test_round_trip_hdf5_unlabelled() -> None:
             num_samples=5,
             first_sample=0,
             xxh3_128=HASH,
+            index_xxh3_64=HASH[:16],
         ),
     )
     manifest = _manifest(shard_format="hdf5", shards=shards, classes=None, label_layout="none")
@@ -103,7 +119,10 @@ def test_json_form_fields() -> None:
     doc = _manifest().to_json()
     assert list(doc)[:2] == ["format", "format_version"]
     assert doc["format"] == "shardio"
-    assert doc["format_version"] == 1
+    assert doc["format_version"] == 2
+    assert list(doc)[-2:] == ["shards", "manifest_xxh3_128"]
+    assert doc["pack_fingerprints"] == [HASH]
+    assert doc["index"]["head_xxh3_64"] == HASH[:16]
     assert doc["num_shards"] == 2
     assert doc["total_bytes"] == 14336
     assert doc["labels"] == {"layout": "class-dirs", "classes": ["cat", "dog \u00f1", "raw\udcff"]}
@@ -114,6 +133,7 @@ def test_json_form_fields() -> None:
         "first_sample": 3,
         "xxh3_128": HASH[::-1],
         "dali_index": "shards/shard-000001.idx",
+        "index_xxh3_64": HASH[16:],
     }
 
 
@@ -138,7 +158,7 @@ def test_load_invalid_manifest_names_the_path(tmp_path: Path) -> None:
     assert str(info.value).startswith(f"{path}: ")
 
 
-@pytest.mark.parametrize("version", [2, 0, -1, 99])
+@pytest.mark.parametrize("version", [3, 0, -1, 99])
 def test_unsupported_integer_version(version: int) -> None:
     doc = _doc()
     doc["format_version"] = version

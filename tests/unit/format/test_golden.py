@@ -1,4 +1,4 @@
-"""Golden format-v1 datasets (tests/data/format_v1): every later shardio must read them.
+"""Golden datasets (tests/data/format_v1, format_v2): every later shardio must read them.
 
 The expectations below are literal on purpose: they describe files on disk that must stay
 readable forever, not whatever today's generator happens to write. If a test here fails after
@@ -23,7 +23,16 @@ from shardio.unpack import unpack_dataset
 from shardio.verify import verify_dataset
 
 DATA = Path(__file__).resolve().parents[2] / "data"
-GOLDEN = DATA / "format_v1"
+GOLDEN = DATA / "format_v2"  # what today's shardio writes
+VERSIONS = {"format_v1": 1, "format_v2": 2}
+
+
+@pytest.fixture(params=sorted(VERSIONS))
+def golden(request: pytest.FixtureRequest) -> Path:
+    """Each golden set: every later shardio must read every one of them."""
+    return DATA / str(request.param)
+
+
 FORMATS = ["tar", "hdf5"]
 
 KEYS = ["cat/0001", "cat/img%202%2Ev1", "dog/0003", "dog/no_ext"]
@@ -50,7 +59,7 @@ SHARD_SAMPLES = [2, 2]
 
 
 def _load_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_golden_v1", DATA / "make_golden_v1.py")
+    spec = importlib.util.spec_from_file_location("make_golden", DATA / "make_golden.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -66,9 +75,9 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("shard_format", FORMATS)
-def test_manifest(shard_format: str) -> None:
-    manifest = load_manifest(GOLDEN / shard_format / "manifest.json")
-    assert manifest.format_version == 1
+def test_manifest(golden: Path, shard_format: str) -> None:
+    manifest = load_manifest(golden / shard_format / "manifest.json")
+    assert manifest.format_version == VERSIONS[golden.name]
     assert manifest.shard_format == shard_format
     assert manifest.num_samples == 4
     assert manifest.num_members == 9
@@ -81,8 +90,8 @@ def test_manifest(shard_format: str) -> None:
 
 
 @pytest.mark.parametrize("shard_format", FORMATS)
-def test_samples_read_back_exactly(shard_format: str) -> None:
-    with PackedDataset(GOLDEN / shard_format) as ds:
+def test_samples_read_back_exactly(golden: Path, shard_format: str) -> None:
+    with PackedDataset(golden / shard_format) as ds:
         assert len(ds) == 4
         assert [ds.key(i) for i in range(4)] == KEYS
         assert ds.index.samples["label"].tolist() == LABELS
@@ -98,15 +107,15 @@ def test_samples_read_back_exactly(shard_format: str) -> None:
 
 
 @pytest.mark.parametrize("shard_format", FORMATS)
-def test_verify_passes(shard_format: str) -> None:
-    report = verify_dataset(GOLDEN / shard_format)
+def test_verify_passes(golden: Path, shard_format: str) -> None:
+    report = verify_dataset(golden / shard_format)
     assert report.ok, report.problems
     assert report.shards_checked == 2
 
 
 @pytest.mark.parametrize("shard_format", FORMATS)
-def test_unpack_restores_the_original_tree(shard_format: str, tmp_path: Path) -> None:
-    unpack_dataset(GOLDEN / shard_format, tmp_path / "out")
+def test_unpack_restores_the_original_tree(golden: Path, shard_format: str, tmp_path: Path) -> None:
+    unpack_dataset(golden / shard_format, tmp_path / "out")
     restored = {
         os.fsencode(p.relative_to(tmp_path / "out").as_posix()): p.read_bytes()
         for p in (tmp_path / "out").rglob("*")
@@ -115,10 +124,10 @@ def test_unpack_restores_the_original_tree(shard_format: str, tmp_path: Path) ->
     assert restored == TREE
 
 
-def test_tar_shards_hold_webdataset_members() -> None:
+def test_tar_shards_hold_webdataset_members(golden: Path) -> None:
     names = []
     for i in range(2):
-        with tarfile.open(GOLDEN / "tar" / "shards" / f"shard-00000{i}.tar") as tf:
+        with tarfile.open(golden / "tar" / "shards" / f"shard-00000{i}.tar") as tf:
             names.append(tf.getnames())
     assert names == [
         [
@@ -130,17 +139,17 @@ def test_tar_shards_hold_webdataset_members() -> None:
         ],
         ["dog/0003.bin", "dog/0003.cls", "dog/no_ext.noext", "dog/no_ext.cls"],
     ]
-    assert (GOLDEN / "tar" / "shards" / "shard-000001.idx").read_bytes() == (
+    assert (golden / "tar" / "shards" / "shard-000001.idx").read_bytes() == (
         b"v1.2 2\n"
         b"bin 512 450 dog/0003.bin cls 1536 1 dog/0003.cls\n"
         b"noext 2560 130 dog/no_ext.noext cls 3584 1 dog/no_ext.cls\n"
     )
 
 
-def test_hdf5_shards_read_with_plain_h5py() -> None:
+def test_hdf5_shards_read_with_plain_h5py(golden: Path) -> None:
     keys, members = [], {}
     for i in range(2):
-        with h5py.File(GOLDEN / "hdf5" / "shards" / f"shard-00000{i}.h5", "r") as f:
+        with h5py.File(golden / "hdf5" / "shards" / f"shard-00000{i}.h5", "r") as f:
             assert f.attrs["shardio_format_version"] == 1
             shard_keys = [k.decode() for k in f["sample_key"][:]]
             keys += shard_keys
@@ -177,6 +186,6 @@ def test_generator_reproduces_the_golden_files(tmp_path: Path) -> None:
         for name, data in golden.items():
             assert fresh[name] == data, (
                 f"{shard_format}/{name}: regenerating the golden dataset gave different bytes. "
-                "The v1 on-disk format changed: bump FORMAT_VERSION and add a format_v2 set "
-                "instead of regenerating format_v1."
+                "The on-disk format changed: bump FORMAT_VERSION and add a new format_vN set "
+                "instead of regenerating format_v2."
             )
