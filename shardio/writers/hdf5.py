@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardio.format.checksum import file_xxh3_128
-from shardio.format.spec import FORMAT_VERSION, HDF5_BLOB
+from shardio.format.spec import HDF5_BLOB, HDF5_SHARD_VERSION
 from shardio.storage.atomic import create_temp, publish, storage_error, temp_path_for
 
 __all__ = ["DEFAULT_HDF5_ALIGNMENT", "HDF5ShardWriter"]
@@ -149,7 +149,7 @@ class HDF5ShardWriter:
                 }
                 for name, (values, dtype) in tables.items():
                     f.create_dataset(name, data=values, dtype=dtype, track_times=False)
-                f.attrs["shardio_format_version"] = FORMAT_VERSION
+                f.attrs["shardio_format_version"] = HDF5_SHARD_VERSION
                 f.attrs["blob_bytes"] = self._used
             size = os.path.getsize(self._tmp)
             digest = file_xxh3_128(self._tmp)
