@@ -17,6 +17,7 @@ page faults, and ranks on one node share the pages through the page cache.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import mmap
@@ -227,7 +228,9 @@ class Index:
         self.exts = _parse_exts(bytes(sections["exts"]), path)
         self._shards: tuple[ShardEntry, ...] | None = None
         self._first = np.zeros(1, dtype=np.int64)
+        self._first_list: list[int] = [0]
         self._checked = bytearray()
+        self._unchecked = 0  # shards not checked yet: 0 makes every check a no-op
         self._num_classes: int | None = None
 
     @classmethod
@@ -307,7 +310,9 @@ class Index:
         self._first = np.array(
             [s.first_sample for s in manifest.shards] + [manifest.num_samples], dtype=np.int64
         )
+        self._first_list = self._first.tolist()
         self._checked = bytearray(len(manifest.shards))
+        self._unchecked = len(manifest.shards)
         self._num_classes = len(manifest.classes) if manifest.classes is not None else None
 
     # -- checksums ---------------------------------------------------------------------------
@@ -377,6 +382,14 @@ class Index:
         if problem is not None:
             raise FormatError(f"{where}: corrupt index: {problem}")
         self._checked[shard] = 1
+        self._unchecked -= 1
+
+    def check_sample(self, sample: int) -> None:
+        """Check the records of the shard holding ``sample`` (a no-op once checked)."""
+        if self._unchecked:
+            shard = bisect.bisect_right(self._first_list, sample) - 1
+            if not self._checked[shard]:
+                self.check_shard(shard)
 
     def check_all(self) -> None:
         """Check every shard's records (what ``verify`` and ``ls --paths`` need)."""
@@ -390,7 +403,7 @@ class Index:
     def records(self, samples: Sequence[int] | np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """The sample records of ``samples``, their shards checked first."""
         idx = np.asarray(samples, dtype=np.int64)
-        if self._shards is not None and len(idx):
+        if self._unchecked and len(idx):
             for shard in np.unique(self.shards_of(idx)).tolist():
                 self.check_shard(int(shard))
         return self.samples[idx]
@@ -400,7 +413,8 @@ class Index:
 
     def key(self, sample: int) -> str:
         """Return the key of a sample."""
-        rec = self.records([sample])[0]
+        self.check_sample(sample)
+        rec = self.samples[sample]
         off = int(rec["key_offset"])
         return bytes(self.keys_blob[off : off + int(rec["key_length"])]).decode("ascii")
 
@@ -416,7 +430,8 @@ class Index:
 
     def sample_member_range(self, sample: int) -> range:
         """Return the member indices of one sample (its shard checked first)."""
-        rec = self.records([sample])[0]
+        self.check_sample(sample)
+        rec = self.samples[sample]
         first = int(rec["first_member"])
         return range(first, first + int(rec["n_members"]))
 

@@ -27,7 +27,13 @@ from trees import read_tree, write_tree
 from shardio.format.checksum import file_xxh3_128
 from shardio.format.keys import decode_component, split_name
 from shardio.format.manifest import parse_manifest
-from shardio.format.spec import INDEX_FILENAME, MANIFEST_FILENAME, REPORT_FILENAME, SHARD_DIR
+from shardio.format.spec import (
+    FORMAT_VERSION,
+    INDEX_FILENAME,
+    MANIFEST_FILENAME,
+    REPORT_FILENAME,
+    SHARD_DIR,
+)
 from shardio.packing.run import PackOptions, PackResult, pack
 from shardio.readers.dataset import PackedDataset
 from shardio.unpack import unpack_dataset
@@ -250,7 +256,7 @@ class ReaderWriterSuite:
         data = (root / MANIFEST_FILENAME).read_bytes()
         manifest = parse_manifest(data)
         assert manifest.dumps() == data
-        assert manifest.format_version == 1
+        assert manifest.format_version == FORMAT_VERSION == 2
         assert manifest.shard_format == self.shard_format
         assert manifest.options["shard_size_bytes"] == SHARD_SIZE_BYTES
         index_path = root / manifest.index.path
