@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from shardio.errors import UsageError
 
@@ -24,7 +25,8 @@ _UNITS = {
     "gib": 1024**3,
     "tib": 1024**4,
 }
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_MAX_SIZE = 2**63 - 1  # sizes and offsets are signed 64-bit on disk and in numpy
+_SIZE_RE = re.compile(r"^\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([A-Za-z]*)\s*$")
 
 
 def parse_size(text: str) -> int:
@@ -36,9 +38,11 @@ def parse_size(text: str) -> int:
     match = _SIZE_RE.match(text)
     if match is None or match.group(2).lower() not in _UNITS:
         raise UsageError(f"invalid size {text!r}: use a number with a unit such as 512MiB or 1GiB")
-    value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    value = int(Fraction(match.group(1)) * _UNITS[match.group(2).lower()])
     if value <= 0:
         raise UsageError(f"invalid size {text!r}: must be positive")
+    if value > _MAX_SIZE:
+        raise UsageError(f"invalid size {text!r}: larger than {_MAX_SIZE:,} bytes")
     return value
 
 

@@ -143,9 +143,7 @@ class Manifest:
         if len(names) != 2:
             raise FormatError(f"index path {self.index.path!r} is the manifest's")
         for shard in self.shards:
-            for name in (shard.path, shard.dali_index):
-                if name is None:
-                    continue
+            for name in filter(None, (shard.path, shard.dali_index)):
                 if name in names:
                     raise FormatError(f"path {name!r} is listed twice in the manifest")
                 names.add(name)
