@@ -62,7 +62,8 @@ class FilePool:
         if fd is not None:
             self._fds.move_to_end(path)
             return fd
-        fd = open_regular(path, what="shard")
+        # A staged copy (shared_lock) is a file shardio wrote: never read one through a symlink.
+        fd = open_regular(path, what="shard", nofollow=shared_lock)
         try:
             if shared_lock:
                 fcntl.flock(fd, fcntl.LOCK_SH)

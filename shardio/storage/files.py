@@ -43,12 +43,13 @@ def describe_kind(mode: int) -> str:
     return "special file"
 
 
-def open_regular(path: str | bytes, *, what: str = "file") -> int:
+def open_regular(path: str | bytes, *, what: str = "file", nofollow: bool = False) -> int:
     """Open ``path`` read-only; refuse (without blocking) anything but a regular file.
 
     Args:
         path: the file.
         what: what the file is to the caller ("shard", "index", ...), for the message.
+        nofollow: refuse a symlink (``O_NOFOLLOW``): for files shardio wrote itself.
 
     Returns:
         A file descriptor (close-on-exec; ``O_NONBLOCK`` is harmless on regular files).
@@ -58,11 +59,13 @@ def open_regular(path: str | bytes, *, what: str = "file") -> int:
     """
     name = os.fsdecode(path)
     try:
-        fd = os.open(path, _READ_FLAGS)
+        fd = os.open(path, _READ_FLAGS | (os.O_NOFOLLOW if nofollow else 0))
     except OSError as exc:
         reason = exc.strerror or str(exc)
         if exc.errno == errno.EISDIR:
             reason = "is a directory, not a regular file"
+        elif exc.errno == errno.ELOOP and nofollow:
+            reason = "is a symlink, not a file shardio wrote"
         raise StorageError(exc.errno or errno.EIO, f"cannot open {what} {name}: {reason}") from exc
     try:
         mode = os.fstat(fd).st_mode

@@ -1,31 +1,129 @@
-"""Stamps of verified staged copies: a copy is trusted while its stat matches the stamp.
+"""A staging area's own records under DEST/.shardio-stage, and removal of what it staged.
 
-A stamp records the copy's size, inode, ctime and mtime beside its xxh3-128 once the copy is
-verified. Any write to the file changes its ctime, which no user can set back, so a copy
-whose stat still matches its stamp needs no re-hashing.
+The area marker (``area.json``) says that a directory is a shardio staging area, so that
+staging and cleaning never touch a directory that is not one. A stamp records a verified
+copy's size, inode, ctime and mtime beside its xxh3-128: any write to the file changes its
+ctime, which no user can set back, so a copy whose stat still matches its stamp needs no
+re-hashing. Staged files are removed through directory descriptors, never through a
+symlink, and only when they are regular files.
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import json
+import logging
 import os
+import stat
+from collections.abc import Collection
+from typing import Any
 
-from shardio.storage.atomic import atomic_write
+import xxhash
 
-__all__ = ["STAGE_DIR", "drop_staged", "stamp_matches", "write_stamp"]
+from shardio.errors import ShardioError, StorageError
+from shardio.storage.atomic import TEMP_MARK, atomic_write
+from shardio.storage.files import make_dirs_inside, read_regular, real_dir
+
+__all__ = [
+    "AREA_FILE",
+    "AREA_FORMAT",
+    "AREA_VERSION",
+    "STAGE_DIR",
+    "drop_staged",
+    "find_temps_inside",
+    "lock_path",
+    "read_area_marker",
+    "remove_temps_inside",
+    "rmdir_inside",
+    "stamp_matches",
+    "stamp_path",
+    "stamp_rel",
+    "unlink_inside",
+    "write_area_marker",
+    "write_stamp",
+]
+
+logger = logging.getLogger(__name__)
 
 STAGE_DIR = ".shardio-stage"
+AREA_FILE = "area.json"
+AREA_FORMAT = "shardio-stage"
+AREA_VERSION = 1
+
+_MAX_RECORD_BYTES = 64 * 1024  # a marker or a stamp is a few hundred bytes
+_MAX_NAME = 200  # below NAME_MAX (255) with room for a temp suffix
 
 
-def _stamp_path(dest: str, rel: str) -> str:
-    return os.path.join(dest, STAGE_DIR, "ok", rel.replace("/", "__") + ".json")
+def _record_name(rel: str, suffix: str) -> str:
+    name = rel.replace("/", "__") + suffix
+    if len(name) > _MAX_NAME:  # a deep shard path: a fixed-length name that fits NAME_MAX
+        name = xxhash.xxh3_128_hexdigest(rel.encode("utf-8", "surrogateescape")) + suffix
+    return name
+
+
+def stamp_rel(rel: str) -> str:
+    """The stamp of staged ``rel``, relative to its staging area."""
+    return f"{STAGE_DIR}/ok/{_record_name(rel, '.json')}"
+
+
+def stamp_path(dest: str, rel: str) -> str:
+    """Path of the stamp of staged ``rel`` in ``dest``."""
+    return os.path.join(dest, stamp_rel(rel))
+
+
+def lock_path(dest: str, rel: str) -> str:
+    """Path of the lock file of staged ``rel`` in ``dest``."""
+    return os.path.join(dest, STAGE_DIR, "locks", _record_name(rel, ".lock"))
+
+
+# --------------------------------------------------------------------------- area marker
+
+
+def read_area_marker(dest: str) -> dict[str, Any] | None:
+    """The marker of the staging area ``dest``, or None when it has no valid one.
+
+    Valid: ``DEST/.shardio-stage`` is a real directory (not a symlink) holding a regular
+    ``area.json`` whose JSON names the ``shardio-stage`` format. Never blocks (a FIFO there
+    is no marker).
+    """
+    folder = os.path.join(dest, STAGE_DIR)
+    if not real_dir(folder):
+        return None
+    path = os.path.join(folder, AREA_FILE)
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        doc = json.loads(read_regular(path, max_bytes=_MAX_RECORD_BYTES, what="area marker"))
+    except (OSError, ValueError):  # StorageError, FormatError, bad JSON: no marker
+        return None
+    if isinstance(doc, dict) and doc.get("format") == AREA_FORMAT:
+        return doc
+    return None
+
+
+def write_area_marker(dest: str, staged_from: str, *, durable: bool) -> None:
+    """Make ``dest`` a staging area: create ``.shardio-stage`` and publish its marker.
+
+    Raises:
+        UsageError: ``.shardio-stage`` is a symlink or not a directory.
+        StorageError: the marker cannot be written.
+    """
+    folder = make_dirs_inside(dest, STAGE_DIR)
+    doc = {"format": AREA_FORMAT, "version": AREA_VERSION, "staged_from": staged_from}
+    with atomic_write(os.path.join(folder, AREA_FILE), durable=durable) as fh:
+        fh.write(json.dumps(doc).encode("utf-8", "surrogateescape") + b"\n")
+
+
+# --------------------------------------------------------------------------- stamps
 
 
 def _stat_key(path: str) -> dict[str, int] | None:
+    """The stat that a stamp records; None unless ``path`` is a regular file (no symlink)."""
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
         return None
     return {
         "size": st.st_size,
@@ -37,30 +135,161 @@ def _stat_key(path: str) -> dict[str, int] | None:
 
 def stamp_matches(dest: str, rel: str, xxh3_128: str) -> bool:
     """Whether DEST holds a verified copy of ``rel`` that has not changed since (a write
-    changes ctime, which no user can set back)."""
+    changes ctime, which no user can set back). A symlink or special file never matches."""
+    key = _stat_key(os.path.join(dest, rel))
+    if key is None:
+        return False
     try:
-        with open(_stamp_path(dest, rel), "rb") as fh:
-            stamp = json.loads(fh.read())
+        stamp = json.loads(read_regular(stamp_path(dest, rel), max_bytes=_MAX_RECORD_BYTES))
     except (OSError, ValueError):
         return False
     return bool(
-        stamp.get("xxh3_128") == xxh3_128
-        and stamp.get("stat") == _stat_key(os.path.join(dest, rel))
+        isinstance(stamp, dict) and stamp.get("xxh3_128") == xxh3_128 and stamp.get("stat") == key
     )
 
 
 def write_stamp(dest: str, rel: str, xxh3_128: str, durable: bool) -> None:
-    """Record that the copy of ``rel`` in ``dest`` was verified against ``xxh3_128``."""
-    with atomic_write(_stamp_path(dest, rel), durable=durable) as fh:
-        fh.write(
-            json.dumps({"xxh3_128": xxh3_128, "stat": _stat_key(os.path.join(dest, rel))}).encode(
-                "ascii"
-            )
+    """Record that the copy of ``rel`` in ``dest`` was verified against ``xxh3_128``.
+
+    Raises:
+        StorageError: the copy is gone or not a regular file, or the stamp cannot be written.
+    """
+    key = _stat_key(os.path.join(dest, rel))
+    if key is None:
+        raise StorageError(
+            errno.ENOENT, f"staged copy {os.path.join(dest, rel)} vanished before its stamp"
         )
+    with atomic_write(stamp_path(dest, rel), durable=durable) as fh:
+        fh.write(json.dumps({"xxh3_128": xxh3_128, "stat": key}).encode("ascii"))
 
 
-def drop_staged(dest: str, rel: str) -> None:
-    """Remove a staged copy and its stamp (it failed its checksum, or is evicted)."""
-    for path in (_stamp_path(dest, rel), os.path.join(dest, rel)):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+def drop_staged(dest: str, rel: str) -> bool:
+    """Remove a staged copy and its stamp (it failed its checksum, or is evicted); return
+    whether the copy was removed.
+
+    Only a regular file is removed, and never through a symlinked directory: anything else at
+    that path was not made by staging and stays (it never matches a stamp either).
+    """
+    unlink_inside(dest, stamp_rel(rel))
+    return unlink_inside(dest, rel)
+
+
+# --------------------------------------------------------------------------- removal
+
+
+def _open_dir_inside(root: str, parts: list[str]) -> int | None:
+    """A descriptor of ``root/parts...``, following no symlink below root; None if absent,
+    a symlink or not a directory."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    for part in parts:
+        try:
+            sub = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return None
+            raise
+        os.close(fd)
+        fd = sub
+    return fd
+
+
+def _unlink_regular_at(dir_fd: int, name: str, shown: str) -> bool:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        logger.warning(
+            "left %s in place: a %s, not a file shardio staged",
+            shown,
+            "symlink" if stat.S_ISLNK(st.st_mode) else "non-regular file",
+        )
+        return False
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def unlink_inside(root: str, rel: str) -> bool:
+    """Remove the regular file ``root/rel``; return whether one was removed.
+
+    No symlink below ``root`` is followed (a symlinked directory on the way means the file
+    is not shardio's), and a symlink or special file at ``rel`` is left in place.
+    """
+    parts = rel.split("/")
+    try:
+        fd = _open_dir_inside(root, parts[:-1])
+        if fd is None:
+            return False
+        try:
+            return _unlink_regular_at(fd, parts[-1], os.path.join(root, rel))
+        finally:
+            os.close(fd)
+    except ShardioError:
+        raise
+    except OSError as exc:
+        raise StorageError(
+            exc.errno or errno.EIO, f"cannot remove {os.path.join(root, rel)}: {exc.strerror}"
+        ) from exc
+
+
+def rmdir_inside(root: str, rel: str) -> bool:
+    """Remove the empty directory ``root/rel`` (no symlink followed); whether it was."""
+    parts = rel.split("/")
+    try:
+        fd = _open_dir_inside(root, parts[:-1])
+    except OSError:
+        return False
+    if fd is None:
+        return False
+    try:
+        os.rmdir(parts[-1], dir_fd=fd)  # a symlink there fails with ENOTDIR
+        return True
+    except OSError:  # not empty, a symlink or not a directory, or gone
+        return False
+    finally:
+        os.close(fd)
+
+
+def find_temps_inside(root: str, folder: str) -> dict[str, list[str]]:
+    """shardio temp files in ``root/folder``: final name -> the temp names of it.
+
+    Left by killed runs (or being written by live ones). Lists nothing through a symlink.
+    """
+    found: dict[str, list[str]] = {}
+    try:
+        fd = _open_dir_inside(root, [p for p in folder.split("/") if p])
+        if fd is None:
+            return found
+        try:
+            entries = os.listdir(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StorageError(
+            exc.errno or errno.EIO, f"cannot list {os.path.join(root, folder)}: {exc.strerror}"
+        ) from exc
+    for entry in entries:
+        head, mark, _ = entry.partition(TEMP_MARK)
+        if mark and head.startswith(".") and len(head) > 1:
+            found.setdefault(head[1:], []).append(entry)
+    return found
+
+
+def remove_temps_inside(root: str, folder: str, finals: Collection[str] | None = None) -> None:
+    """Remove the shardio temp files in ``root/folder`` (of the files named ``finals`` only,
+    if given): leftovers of killed runs, when no run can be writing them. Regular files
+    only; no symlink is followed."""
+    for final, temps in find_temps_inside(root, folder).items():
+        if finals is not None and final not in finals:
+            continue
+        for name in temps:
+            unlink_inside(root, f"{folder}/{name}" if folder else name)

@@ -25,13 +25,13 @@ def _listing(root: pathlib.Path) -> list[str]:
 
 
 def test_clean_removes_only_what_staging_wrote(big_src, tmp_path, run_cli):
+    """Files a user put into the staging area after staging survive --clean."""
     dest = tmp_path / "scratch"
-    (dest / "shards").mkdir(parents=True)
-    (dest / "notes.txt").write_text("the user's")
-    (dest / "shards" / "mine.bin").write_bytes(b"also the user's")
     rc, _, err = run_cli("stage", big_src.path, dest, "--no-progress")
     assert rc == 0, err
     assert (dest / ".shardio-stage").is_dir()
+    (dest / "notes.txt").write_text("the user's")
+    (dest / "shards" / "mine.bin").write_bytes(b"also the user's")
 
     rc, out, err = run_cli("stage", "--clean", dest)
     assert rc == 0, err

@@ -138,11 +138,11 @@ def test_clean_after_a_killed_stage_removes_everything(
     """The job epilogue (`stage --clean`) after a killed prologue leaves nothing of shardio's."""
     dest = tmp_path / "stage"
     dest.mkdir()
-    (dest / "notes.txt").write_text("not shardio's")
     argv = stage_wrapper("stage", big_src.path, dest, "--streams", "1", "--no-progress")
     proc = _start(argv, child_env({"STAGE_TEST_HOLD_AT": "3"}))
     try:
         assert poll(lambda: _holding(big_src, dest, helpers), proc, 60)
+        (dest / "notes.txt").write_text("not shardio's")  # a user's file in the area
     finally:
         _kill(proc)
     rc, out, err = run_cli("stage", "--clean", dest)

@@ -6,11 +6,14 @@ import os
 import pathlib
 import re
 import shutil
+import stat
 import subprocess
 
 import pytest
 
-from shardio.cli.main import default_stage_dir
+from shardio.cli.main import default_stage_dir as cli_default_stage_dir
+from shardio.errors import UsageError
+from shardio.staging import default_stage_dir
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300  # the install step is a no-op once the venv's stamp exists, else slow
@@ -59,17 +62,100 @@ def test_stage_nvme_defaults_to_tmpdir(big_src, tmp_path, child_env):
         env={"TMPDIR": str(scratch)},
     )
     assert proc.returncode == 0, proc.stderr
-    dest = scratch / f"shardio-{big_src.path.name}"
+    private = scratch / f"shardio-{os.getuid()}-nojob"
+    dest = private / big_src.path.name
     assert str(dest) in proc.stdout, proc.stdout
     big_src.assert_staged_ok(dest, set(big_src.rels))
-    assert sorted(os.listdir(scratch)) == [dest.name]
+    assert sorted(os.listdir(scratch)) == [private.name]
+    assert stat.S_IMODE(os.lstat(private).st_mode) == 0o700
 
 
-def test_default_stage_dir_order():
-    """$SLURM_TMPDIR, then $TMPDIR, then /mnt/nvme/$USER/$SLURM_JOB_ID, + /shardio-<name>."""
-    env = {"SLURM_TMPDIR": "/a", "TMPDIR": "/b", "USER": "u", "SLURM_JOB_ID": "9"}
-    assert default_stage_dir("/data/imagenet/", env) == "/a/shardio-imagenet"
+def test_default_stage_dir_order(tmp_path):
+    """$SLURM_TMPDIR, then $TMPDIR, then /mnt/nvme; + /shardio-<uid>-<job or nojob>/<name>,
+    the private directory made with mode 0700."""
+    uid = os.getuid()
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    env = {"SLURM_TMPDIR": str(first), "TMPDIR": str(second), "USER": "u", "SLURM_JOB_ID": "9"}
+    got = default_stage_dir("/data/imagenet/", env)
+    assert got == f"{first}/shardio-{uid}-9/imagenet"
+    assert stat.S_IMODE(os.lstat(first / f"shardio-{uid}-9").st_mode) == 0o700
+    assert not os.path.exists(got), "only the private directory is made"
+    assert cli_default_stage_dir("/data/imagenet/", env) == got  # the CLI's is the same
     del env["SLURM_TMPDIR"]
-    assert default_stage_dir("/data/imagenet", env) == "/b/shardio-imagenet"
+    assert default_stage_dir("/data/imagenet", env) == f"{second}/shardio-{uid}-9/imagenet"
+    del env["SLURM_JOB_ID"]
+    assert default_stage_dir("/data/imagenet", env) == f"{second}/shardio-{uid}-nojob/imagenet"
     del env["TMPDIR"]
-    assert default_stage_dir("/data/imagenet", env) == "/mnt/nvme/u/9/shardio-imagenet"
+    env["SLURM_JOB_ID"] = "9"
+    if os.path.isdir("/mnt/nvme"):
+        assert default_stage_dir("/data/imagenet", env).startswith(f"/mnt/nvme/shardio-{uid}-9/")
+    else:
+        with pytest.raises(UsageError, match=f"/mnt/nvme/shardio-{uid}-9"):
+            default_stage_dir("/data/imagenet", env)
+
+
+def test_default_stage_dir_names_no_escape(tmp_path):
+    """The name comes from the source's absolute path: `..` or a bad job id cannot lead
+    the staging area out of the private directory."""
+    env = {"TMPDIR": str(tmp_path)}
+    private = f"{tmp_path}/shardio-{os.getuid()}-nojob"
+    got = default_stage_dir(os.path.join(str(tmp_path), "x", "data", ".."), env)
+    assert got == f"{private}/x"
+    with pytest.raises(UsageError, match="SLURM_JOB_ID"):
+        default_stage_dir("/data/imagenet", {**env, "SLURM_JOB_ID": "../../etc"})
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(private)]
+
+
+def _hostile_private_dir(base: pathlib.Path, kind: str) -> tuple[pathlib.Path, pathlib.Path]:
+    """Pre-create ``base/shardio-<uid>-nojob`` the way another user could; return it and
+    the directory whose content must not change."""
+    private = base / f"shardio-{os.getuid()}-nojob"
+    elsewhere = base / "attacker"
+    elsewhere.mkdir()
+    if kind == "symlink":
+        private.symlink_to(elsewhere, target_is_directory=True)
+        return private, elsewhere
+    private.mkdir()
+    if kind == "world-writable":
+        os.chmod(private, 0o777)
+    elif kind == "group-writable":
+        os.chmod(private, 0o770)
+    elif kind == "other-owner":
+        os.chown(private, os.getuid() + 4242, -1)
+    else:
+        raise AssertionError(kind)
+    return private, private
+
+
+HOSTILE = ["symlink", "world-writable", "group-writable", "other-owner"]
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_default_stage_dir_refuses_a_pre_created_hostile_dir(tmp_path, kind):
+    if kind == "other-owner" and os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    private, watched = _hostile_private_dir(tmp_path, kind)
+    reason = {
+        "symlink": "symlink",
+        "world-writable": "writable by other users",
+        "group-writable": "writable by other users",
+        "other-owner": "owned by uid",
+    }[kind]
+    with pytest.raises(UsageError, match=reason) as info:
+        default_stage_dir("/data/imagenet", {"TMPDIR": str(tmp_path)})
+    assert str(private) in str(info.value)
+    assert os.listdir(watched) == []
+
+
+@pytest.mark.parametrize("kind", ["symlink", "world-writable"])
+def test_stage_without_dest_refuses_a_hostile_dir(
+    big_src, tmp_path, run_cli, assert_cli_error, kind
+):
+    """`shardio stage SRC` with a planted directory at the default place: one error line,
+    nothing written there."""
+    private, watched = _hostile_private_dir(tmp_path, kind)
+    result = run_cli("stage", big_src.path, "--no-progress", env={"TMPDIR": str(tmp_path)})
+    assert_cli_error(result, str(private))
+    assert os.listdir(watched) == []
