@@ -1,8 +1,9 @@
 """The ``shardio`` command: parse arguments, call the library, print results.
 
-The only module that reads environment variables or prints. A ShardioError (a user's
-mistake or a damaged dataset) becomes one line on stderr and a non-zero exit, never a
-traceback.
+A ShardioError (a user's mistake or a damaged dataset) becomes one line on stderr and a
+non-zero exit, never a traceback; any other exception (a bug) becomes one "internal error"
+line (the traceback with -v). A reader that closes the pipe (``shardio ls DS | head``) ends
+the command quietly. Output never fails on a file name that the locale cannot encode.
 """
 
 from __future__ import annotations
@@ -12,42 +13,30 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
 from shardio._version import __version__
+from shardio.cli.common import (
+    EXIT_DAMAGED,
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_USAGE,
+    default_workers,
+    make_streams_safe,
+    parse_part,
+    print_error,
+    silence_stdout,
+    stdout_is_closed,
+)
+from shardio.cli.pack import cmd_merge, cmd_pack
+from shardio.cli.stage import cmd_stage, default_stage_dir
 from shardio.errors import ShardioError, UsageError
 from shardio.runtime.order import ORDERS
-from shardio.units import format_duration, format_size, parse_size
+from shardio.units import format_duration, format_size
 
-__all__ = ["main"]
-
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_DAMAGED = 0, 1, 2, 3
-
-
-def default_workers(environ: os._Environ[str] | dict[str, str] | None = None) -> int:
-    """CPUs this job may use: SLURM's allocation first, then the affinity mask."""
-    env = os.environ if environ is None else environ
-    for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
-        value = env.get(var, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return max(1, len(os.sched_getaffinity(0)))
-
-
-def parse_part(
-    text: str, environ: dict[str, str] | None = None, *, option: str = "--part"
-) -> tuple[int, int]:
-    """Parse ``--part I/N`` (0-based I) or ``auto`` (SLURM_PROCID/SLURM_NTASKS)."""
-    env = dict(os.environ) if environ is None else environ
-    if text == "auto":
-        if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
-            raise UsageError("--part auto needs SLURM_PROCID and SLURM_NTASKS (run under srun)")
-        text = f"{env['SLURM_PROCID']}/{env['SLURM_NTASKS']}"
-    head, sep, tail = text.partition("/")
-    if not sep or not head.isdigit() or not tail.isdigit() or not 0 <= int(head) < int(tail):
-        raise UsageError(f"invalid {option} {text!r}: use I/N with 0 <= I < N, e.g. 0/4, or auto")
-    return int(head), int(tail)
+__all__ = ["default_stage_dir", "default_workers", "main", "parse_part"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -154,63 +143,6 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cmd_pack(args: argparse.Namespace) -> int:
-    from shardio.cli.progress import ProgressBar
-    from shardio.packing.run import PackOptions, pack
-
-    part, num_parts = parse_part(args.part) if args.part else (0, 1)
-    options = PackOptions(
-        shard_format=args.shard_format,
-        shard_size_bytes=parse_size(args.shard_size),
-        workers=args.workers if args.workers is not None else default_workers(),
-        labels=args.labels,
-        stripe=args.stripe,
-        fs_type=args.fs_type,
-        strict=args.strict,
-        resume=args.resume,
-        force=args.force,
-        part=part,
-        num_parts=num_parts,
-    )
-    bar = None if args.no_progress else ProgressBar("packing")
-    result = pack(args.src, args.dst, options, progress=bar)
-    rate = result.data_bytes / result.seconds if result.seconds > 0 else 0.0
-    where = f"part {part}/{num_parts} of " if num_parts > 1 else ""
-    print(
-        f"packed {result.num_files:,} files ({format_size(result.data_bytes)}) into "
-        f"{result.num_samples:,} samples in {result.num_shards:,} {options.shard_format} shards "
-        f"({format_size(result.total_bytes)}) at {where}{args.dst} in "
-        f"{format_duration(result.seconds)}: {format_size(rate)}/s, "
-        f"{result.num_files / max(result.seconds, 1e-9):,.0f} files/s"
-    )
-    for warning in result.warnings:
-        print(warning)
-    if result.reused_shards:
-        print(f"reused {result.reused_shards} verified shard(s) from the interrupted pack")
-    print(f"layout: {result.layout.message}")
-    if result.skipped:
-        print(f"skipped {len(result.skipped):,} file(s), listed in {args.dst}/pack-report.json:")
-        for s in result.skipped[:5]:
-            print(f"  {os.fsdecode(s.path)}: {s.reason}")
-    if result.oversized:
-        print(f"{len(result.oversized)} sample(s) larger than --shard-size got a shard each")
-    if num_parts > 1:
-        print(f"when all {num_parts} parts are done, run: shardio merge {args.dst}")
-    return EXIT_OK
-
-
-def _cmd_merge(args: argparse.Namespace) -> int:
-    from shardio.packing.merge import merge_parts
-
-    result = merge_parts(args.dst)
-    man = result.manifest
-    print(
-        f"merged {result.num_parts} parts into {args.dst}: {man.num_samples:,} samples, "
-        f"{len(man.shards):,} shards, {format_size(man.total_bytes)}"
-    )
-    return EXIT_OK
-
-
 def _cmd_verify(args: argparse.Namespace) -> int:
     from shardio.cli.progress import ProgressBar
     from shardio.verify import verify_dataset
@@ -218,6 +150,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers is not None else default_workers()
     bar = None if args.no_progress or args.json else ProgressBar("verifying", unit="shards")
     report = verify_dataset(args.dst, quick=args.quick, workers=workers, progress=bar)
+    args.exit_code = EXIT_OK if report.ok else EXIT_DAMAGED  # kept if stdout is closed
     if args.json:
         print(
             json.dumps(
@@ -247,7 +180,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                 indent=1,
             )
         )
-        return EXIT_OK if report.ok else EXIT_DAMAGED
+        return int(args.exit_code)
     mode = "quick check of" if report.quick else "verified"
     rate = report.bytes_checked / report.seconds if report.seconds > 0 else 0
     if report.ok:
@@ -257,16 +190,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     for p in report.problems:
-        print(f"DAMAGED {p.path}: {p.reason}", file=sys.stderr)
+        print_error(f"DAMAGED {p.path}: {p.reason}")
         for b in p.bad_members:
-            print(
-                f"  sample {b.key} member {b.ext}: xxh3 expected {b.expected}, got {b.actual}",
-                file=sys.stderr,
+            print_error(
+                f"  sample {b.key} member {b.ext}: xxh3 expected {b.expected}, got {b.actual}"
             )
-    print(
+    print_error(
         f"FAILED: {len(report.problems)} of {report.shards_checked:,} shards damaged, "
-        f"{len(report.damaged_samples):,} samples affected",
-        file=sys.stderr,
+        f"{len(report.damaged_samples):,} samples affected"
     )
     return EXIT_DAMAGED
 
@@ -324,10 +255,13 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_ls(args: argparse.Namespace) -> int:
     from shardio.readers.dataset import PackedDataset
 
-    out = sys.stdout.buffer
     with PackedDataset(args.dst) as ds:
+        if sys.stdout is None:  # started with fd 1 closed: nobody to list to
+            return EXIT_OK
+        out = sys.stdout.buffer
         index = ds.index
         if args.paths:
+            index.check_all()  # member records are read below without a per-sample check
             for m in range(len(index.members)):
                 path = index.member_path(m)
                 if path:
@@ -336,82 +270,6 @@ def _cmd_ls(args: argparse.Namespace) -> int:
             for s in range(len(index)):
                 out.write(index.key(s).encode("ascii") + b"\n")
     out.flush()
-    return EXIT_OK
-
-
-def default_stage_dir(src: str, environ: dict[str, str] | None = None) -> str:
-    """The job's node-local scratch: $SLURM_TMPDIR, $TMPDIR, then /mnt/nvme/$USER/$JOB."""
-    env = dict(os.environ) if environ is None else environ
-    base = env.get("SLURM_TMPDIR") or env.get("TMPDIR")
-    if not base:
-        base = os.path.join("/mnt/nvme", env.get("USER", "shardio"), env.get("SLURM_JOB_ID", "0"))
-    name = os.path.basename(os.path.normpath(src)) or "dataset"
-    return os.path.join(base, f"shardio-{name}")
-
-
-def _leading_int(text: str) -> int | None:
-    digits = ""
-    for ch in text:
-        if not ch.isdigit():
-            break
-        digits += ch
-    return int(digits) if digits else None
-
-
-def _cmd_stage(args: argparse.Namespace) -> int:
-    from shardio.cli.progress import ProgressBar
-    from shardio.staging import StageOptions, clean_stage, stage_dataset
-
-    if args.clean:
-        if len(args.paths) != 1:
-            raise UsageError("stage --clean takes one path: the staging area (DEST)")
-        removed = clean_stage(args.paths[0])
-        print(f"removed {removed} staged shard(s) from {args.paths[0]}")
-        return EXIT_OK
-    if len(args.paths) > 2:
-        raise UsageError("stage takes SRC and an optional DEST")
-    src = args.paths[0]
-    dest = args.paths[1] if len(args.paths) == 2 else default_stage_dir(src)
-    env = dict(os.environ)
-    if args.node == "auto":
-        node = _leading_int(env.get("SLURM_NODEID", "")) or 0
-        nodes = _leading_int(env.get("SLURM_NNODES", "")) or 1
-    else:
-        node, nodes = parse_part(args.node, option="--node")
-    ranks = args.ranks_per_node
-    if ranks is None:
-        ranks = _leading_int(env.get("SLURM_NTASKS_PER_NODE", "")) or 1
-    options = StageOptions(
-        node=node,
-        num_nodes=nodes,
-        ranks_per_node=ranks,
-        seed=args.seed,
-        epoch=args.epoch,
-        order=args.order,
-        window_shards=args.window_shards,
-        streams=args.streams,
-        capacity_bytes=parse_size(args.capacity) if args.capacity else None,
-        durable=args.fsync,
-    )
-    bar = None if args.no_progress else ProgressBar("staging", unit="shards")
-    result = stage_dataset(src, dest, options, progress=bar)
-    rate = result.bytes_copied / result.seconds if result.seconds > 0 else 0.0
-    print(
-        f"staged node {node}/{nodes}: {result.shards_needed - len(result.from_source):,} of "
-        f"{result.shards_needed:,} shards ({format_size(result.bytes_staged)}) at {dest} in "
-        f"{format_duration(result.seconds)}: copied {result.copied} "
-        f"({format_size(result.bytes_copied)}, {format_size(rate)}/s), already staged and "
-        f"verified {result.present}, replaced {result.replaced}, every copy verified (xxh3-128)"
-    )
-    if result.from_source:
-        shown = ", ".join(result.from_source[:3]) + (", ..." if len(result.from_source) > 3 else "")
-        print(
-            f"{len(result.from_source)} shard(s) do not fit --capacity and will be read from "
-            f"{src}: {shown}"
-        )
-    if result.evicted:
-        print(f"evicted {len(result.evicted)} shard(s) not needed now to make room")
-    print(f"read it with ShardDataset({src!r}, cache={dest!r}) or ShardDataset({dest!r})")
     return EXIT_OK
 
 
@@ -427,41 +285,61 @@ def _cmd_unpack(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {
-    "pack": _cmd_pack,
-    "merge": _cmd_merge,
+    "pack": cmd_pack,
+    "merge": cmd_merge,
     "verify": _cmd_verify,
     "inspect": _cmd_inspect,
     "ls": _cmd_ls,
     "unpack": _cmd_unpack,
-    "stage": _cmd_stage,
+    "stage": cmd_stage,
 }
+
+
+def _os_error_line(exc: OSError) -> str:
+    where = f": {os.fsdecode(exc.filename)}" if isinstance(exc.filename, str | bytes) else ""
+    return f"shardio: error: {exc.strerror or exc}{where}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit code."""
-    parser = _build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="shardio: %(levelname)s: %(message)s",
-    )
+    make_streams_safe()
+    args = argparse.Namespace(verbose=False)
     try:
-        return _COMMANDS[args.command](args)
+        args = _build_parser().parse_args(argv)
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.WARNING,
+            format="shardio: %(levelname)s: %(message)s",
+        )
+        code = _COMMANDS[args.command](args)
+        if sys.stdout is not None:  # None when started with fd 1 closed
+            sys.stdout.flush()  # a closed pipe must fail here, not at interpreter exit
+        return code
+    except BrokenPipeError as exc:
+        if stdout_is_closed():  # `shardio ls DS | head`: the reader has all it wants
+            silence_stdout()
+            # A command that knew its outcome before printing (a damaged verify) keeps it.
+            return int(getattr(args, "exit_code", EXIT_OK))
+        print_error(_os_error_line(exc))
+        return EXIT_FAIL
     except UsageError as exc:
-        print(f"shardio: error: {exc}", file=sys.stderr)
+        print_error(f"shardio: error: {exc}")
         return EXIT_USAGE
     except ShardioError as exc:
-        print(f"shardio: error: {exc}", file=sys.stderr)
+        print_error(f"shardio: error: {exc}")
         return EXIT_FAIL
     except OSError as exc:
-        where = f": {exc.filename}" if exc.filename else ""
-        print(f"shardio: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        print_error(_os_error_line(exc))
         return EXIT_FAIL
     except KeyboardInterrupt:
-        print("shardio: interrupted", file=sys.stderr)
+        print_error("shardio: interrupted")
         return 130
-    except BrokenPipeError:
-        return EXIT_OK
+    except Exception as exc:  # the last resort: a bug must not end in a bare traceback
+        if args.verbose:
+            traceback.print_exception(exc, file=sys.stderr)
+        hint = "" if args.verbose else "rerun with -v for the traceback; "
+        what = f"{type(exc).__name__}: {exc}"
+        print_error(f"shardio: internal error: {what} ({hint}please report it)")
+        return EXIT_FAIL
 
 
 if __name__ == "__main__":

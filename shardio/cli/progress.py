@@ -33,6 +33,7 @@ class ProgressBar:
         self.tty = self.stream.isatty()
         self.log_interval_s = log_interval_s
         self._last_log = time.monotonic()
+        self._stopped = False  # the stream failed: nothing more is drawn
 
     def __call__(self, snap: ProgressSnapshot) -> None:
         rate = snap.bytes_done / snap.elapsed_s if snap.elapsed_s > 0 else 0.0
@@ -52,9 +53,18 @@ class ProgressBar:
             f"{format_size(rate)}/s  ETA {eta}"
         )
         if self.tty:
-            self.stream.write("\r" + line + ("\n" if snap.final else ""))
-            self.stream.flush()
+            self._write("\r" + line + ("\n" if snap.final else ""))
         elif not snap.final and time.monotonic() - self._last_log >= self.log_interval_s:
             self._last_log = time.monotonic()
-            self.stream.write(line + "\n")
+            self._write(line + "\n")
+
+    def _write(self, text: str) -> None:
+        # A progress line is never worth failing the work for: if the stream is gone (a
+        # closed pipe, a hung-up terminal), stop drawing and let the pack or copy finish.
+        if self._stopped:
+            return
+        try:
+            self.stream.write(text)
             self.stream.flush()
+        except (OSError, ValueError):
+            self._stopped = True

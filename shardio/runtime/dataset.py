@@ -7,9 +7,10 @@ the index offsets, verifying each member's xxh3-64.
 
 from __future__ import annotations
 
+import operator
 import os
 import resource
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,47 @@ __all__ = ["ShardDataset", "ShardStreamDataset", "collate_samples"]
 MODES = ("map", "stream")
 TRANSPORTS = ("mmap", "shm")
 STATE_VERSION = 1
+SEED_LIMIT = 2**64  # the order generator takes the seed as two 32-bit words
+# The integers a state holds (every key :meth:`ShardDataset._state` writes but ``order``), with
+# the least value each may take.
+_STATE_INTS = {
+    "version": 0,
+    "epoch": 0,
+    "seed": 0,
+    "window_shards": 1,
+    "num_samples": 0,
+    "consumed": 0,
+    "world_size": 1,
+}
+
+
+def require_int(value: object, what: str, *, minimum: int | None = None) -> int:
+    """Return ``value`` as an int, refusing floats, strings and bools.
+
+    Python and numpy integers (and anything with ``__index__``, e.g. a 0-d integer tensor)
+    pass: ``1.5`` or ``np.float64(2.0)`` would otherwise be truncated into another sample.
+
+    Raises:
+        UsageError: not an integer, or below ``minimum``; the message names ``what``.
+    """
+    if isinstance(value, bool | np.bool_):
+        raise UsageError(f"{what} must be an integer, not a bool ({value!r})")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise UsageError(
+            f"{what} must be an integer, got {type(value).__name__} {value!r}"
+        ) from exc
+    if minimum is not None and number < minimum:
+        raise UsageError(f"{what} must be at least {minimum}, got {number}")
+    return number
+
+
+def _check_seed(seed: object) -> int:
+    number = require_int(seed, "seed", minimum=0)
+    if number >= SEED_LIMIT:
+        raise UsageError(f"seed must be below 2**64, got {number}")
+    return number
 
 
 def _default_max_open() -> int:
@@ -85,10 +127,10 @@ class ShardDataset(Dataset[dict[str, Any]]):
         path: the dataset directory (holding manifest.json).
         mode: "map" or "stream".
         shuffle: shuffle each epoch; False reads in dataset order.
-        seed: the order is a pure function of (seed, epoch).
+        seed: the order is a pure function of (seed, epoch); an integer in [0, 2**64).
         order: "random", "shard-local" or "sequential" (default: random for map, shard-local
             for stream); see :mod:`shardio.runtime.order`.
-        window_shards: shards per shuffle window in shard-local order.
+        window_shards: shards per shuffle window in shard-local order (at least 1).
         decode: None (raw bytes), "pil", "torch" or a callable on the sample dict.
         transform: a callable applied to each (decoded) sample.
         verify: check every member's xxh3-64 on read (cheap); a mismatch raises
@@ -150,9 +192,11 @@ class ShardDataset(Dataset[dict[str, Any]]):
         check_order(order)
         self.path = os.fspath(path)
         self.mode = mode
-        self.seed = seed
+        self.seed = _check_seed(seed)
         self.order = order
-        self.window_shards = window_shards
+        self.window_shards = require_int(window_shards, "window_shards", minimum=1)
+        if max_open is not None:
+            max_open = require_int(max_open, "max_open", minimum=1)
         self.decode = decode
         self.transform = transform
         self.verify = verify
@@ -205,7 +249,12 @@ class ShardDataset(Dataset[dict[str, Any]]):
 
     # -- order -------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch; a new epoch reshuffles and starts from its beginning."""
+        """Select the epoch; a new epoch reshuffles and starts from its beginning.
+
+        Raises:
+            UsageError: ``epoch`` is not an integer >= 0.
+        """
+        epoch = require_int(epoch, "epoch", minimum=0)
         if epoch != self.epoch:
             self.epoch = epoch
             self._consumed = 0
@@ -226,6 +275,8 @@ class ShardDataset(Dataset[dict[str, Any]]):
 
     def rank_indices(self, *, consumed: int | None = None) -> np.ndarray[Any, Any]:
         """Sample indices this rank reads in the rest of the epoch."""
+        if consumed is not None:
+            consumed = require_int(consumed, "consumed", minimum=0)
         ranks = self.ranks()
         return rank_positions(
             self.epoch_order(),
@@ -257,18 +308,22 @@ class ShardDataset(Dataset[dict[str, Any]]):
             "world_size": self.ranks().world_size,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict` (also from a run with another number of ranks)."""
-        if state.get("version") != STATE_VERSION:
-            raise UsageError(f"unsupported ShardDataset state version {state.get('version')!r}")
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (also from a run with another number of ranks).
+
+        Raises:
+            UsageError: the state is malformed (a key missing, of the wrong type or out of
+                range), of another version, or from a dataset with another order.
+        """
+        values = _parse_state(state)
         for key in ("seed", "order", "window_shards", "num_samples"):
-            if state[key] != getattr(self, key):
+            if values[key] != getattr(self, key):
                 raise UsageError(
-                    f"state was saved with {key}={state[key]!r}, this dataset has "
+                    f"state was saved with {key}={values[key]!r}, this dataset has "
                     f"{getattr(self, key)!r}: cannot resume"
                 )
-        self.epoch = int(state["epoch"])
-        self._consumed = int(state["consumed"])
+        self.epoch = values["epoch"]
+        self._consumed = values["consumed"]
         self._delivered = 0
 
     # -- reading -------------------------------------------------------------------------------
@@ -282,12 +337,22 @@ class ShardDataset(Dataset[dict[str, Any]]):
             sample = self.transform(sample)
         return sample
 
+    def _sample_index(self, index: object) -> int:
+        """``index`` checked and made non-negative.
+
+        Raises:
+            UsageError: not an integer (a float, a bool, a string).
+            IndexError: out of range (what ``for x in ds`` relies on to stop).
+        """
+        number = require_int(index, "sample index")
+        if not -self.num_samples <= number < self.num_samples:
+            raise IndexError(f"sample {number} out of range for {self.num_samples} samples")
+        return number % self.num_samples
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Sample ``index`` as a dict: ``__key__``, bytes per extension, ``cls`` as int."""
-        if not -self.num_samples <= index < self.num_samples:
-            raise IndexError(f"sample {index} out of range for {self.num_samples} samples")
         batch = read_batch(
-            self.packed, [index % self.num_samples], verify=self.verify, shared=False
+            self.packed, [self._sample_index(index)], verify=self.verify, shared=False
         )
         sample = {
             k: (
@@ -311,16 +376,17 @@ class ShardDataset(Dataset[dict[str, Any]]):
         return self._read_items(indices)
 
     def _read_items(self, indices: Sequence[int]) -> Any:
+        checked = [self._sample_index(i) for i in indices]
         if self._decoder is None and self.transform is None:
             if self.transport == "mmap":
-                batch = read_batch_mapped(self.packed, list(indices), verify=self.verify)
+                batch = read_batch_mapped(self.packed, checked, verify=self.verify)
                 if get_worker_info() is None:
                     labels_to_tensor(batch)
                 return batch
             return read_batch(
-                self.packed, list(indices), verify=self.verify, shared=get_worker_info() is not None
+                self.packed, checked, verify=self.verify, shared=get_worker_info() is not None
             )
-        return collate_samples([self[int(i)] for i in indices])
+        return collate_samples([self[i] for i in checked])
 
     def loader(self, batch_size: int, num_workers: int = 0, **kwargs: Any) -> Any:
         """The DataLoader shardio recommends: batches built in the workers and moved through
@@ -334,6 +400,36 @@ class ShardDataset(Dataset[dict[str, Any]]):
         if self._ds is not None:
             self._ds.close()
             self._ds = None
+
+
+def _parse_state(state: object) -> dict[str, Any]:
+    """The fields of a saved state, each checked for presence, type and range.
+
+    Raises:
+        UsageError: naming the first field that is wrong.
+    """
+    if not isinstance(state, Mapping):
+        raise UsageError(f"ShardDataset state must be a dict, got {type(state).__name__}")
+    missing = [k for k in (*_STATE_INTS, "order") if k not in state]
+    if missing:
+        raise UsageError(f"ShardDataset state lacks {', '.join(map(repr, missing))}: cannot resume")
+    version = state["version"]
+    if type(version) is not int or version != STATE_VERSION:
+        raise UsageError(f"unsupported ShardDataset state version {version!r}")
+    values: dict[str, Any] = {
+        key: require_int(state[key], f"state {key!r}", minimum=least)
+        for key, least in _STATE_INTS.items()
+    }
+    if values["consumed"] > values["num_samples"]:
+        raise UsageError(
+            f"state 'consumed' is {values['consumed']}, more than its {values['num_samples']} "
+            "samples"
+        )
+    _check_seed(values["seed"])
+    if not isinstance(state["order"], str):
+        raise UsageError(f"state 'order' must be a str, got {type(state['order']).__name__}")
+    values["order"] = state["order"]
+    return values
 
 
 class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):

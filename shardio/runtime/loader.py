@@ -15,7 +15,7 @@ import numpy as np
 from torch.utils.data import DataLoader, Sampler
 
 from shardio.errors import UsageError
-from shardio.runtime.dataset import ShardDataset, WorkerFailure, labels_to_tensor
+from shardio.runtime.dataset import ShardDataset, WorkerFailure, labels_to_tensor, require_int
 
 __all__ = ["ShardLoader"]
 
@@ -40,8 +40,8 @@ class ShardLoader:
 
     Args:
         dataset: the ShardDataset (map or stream mode).
-        batch_size: samples per batch.
-        num_workers: DataLoader worker processes.
+        batch_size: samples per batch (an int >= 1).
+        num_workers: DataLoader worker processes (an int >= 0).
         drop_last: drop this rank's last incomplete batch.
         **kwargs: passed to ``torch.utils.data.DataLoader`` (pin_memory, prefetch_factor,
             multiprocessing_context, ...). ``persistent_workers`` is refused: workers must
@@ -57,8 +57,8 @@ class ShardLoader:
         drop_last: bool = False,
         **kwargs: Any,
     ) -> None:
-        if batch_size < 1:
-            raise UsageError(f"batch_size must be at least 1, got {batch_size}")
+        batch_size = require_int(batch_size, "batch_size", minimum=1)
+        num_workers = require_int(num_workers, "num_workers", minimum=0)
         if kwargs.get("persistent_workers"):
             raise UsageError("ShardLoader does not support persistent_workers")
         if kwargs.get("in_order") is False:

@@ -36,7 +36,7 @@ def test_stage_start_up_defers_numpy() -> None:
     cold start) to the thread that computes the order beside the index copy."""
     script = """
 import sys
-import shardio.cli.main, shardio.staging
+import shardio.cli.main, shardio.cache
 print("NUMPY", "numpy" in sys.modules)
 """
     out = subprocess.run(
