@@ -64,9 +64,15 @@ def make_streams_safe() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+# Control characters (line breaks, terminal escape sequences) in a file name must not reach
+# the terminal: they are shown escaped, as Python writes them in a repr.
+_CONTROL = {c: repr(chr(c))[1:-1] for c in [*range(32), *range(127, 160)]}
+
+
 def one_line(text: str) -> str:
-    """``text`` with line breaks escaped, so an error stays one line whatever it names."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+    """``text`` with control characters escaped, so an error stays one visible line whatever
+    file name it holds."""
+    return text.translate(_CONTROL)
 
 
 def print_error(line: str) -> None:

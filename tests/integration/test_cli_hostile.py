@@ -232,6 +232,17 @@ def test_errors_naming_a_path_with_a_newline_stay_one_line(
     assert_cli_error(result, "two\\nlines")
 
 
+def test_a_terminal_escape_in_a_path_is_shown_escaped(
+    tmp_path: pathlib.Path, run_cli, assert_cli_error
+) -> None:
+    # A file name may hold an escape sequence; printed raw it would recolour or rewrite the
+    # user's terminal.
+    result = run_cli("verify", tmp_path / "x\x1b[2Jy", *W1)
+    assert result.rc == 1
+    assert "\x1b" not in result.stderr
+    assert_cli_error(result, "x\\x1b[2Jy")
+
+
 def test_unpack_below_a_file_is_one_line(
     tiny: pathlib.Path, tmp_path: pathlib.Path, run_cli, assert_cli_error
 ) -> None:
