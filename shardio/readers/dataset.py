@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from shardio.cache.stamps import drop_staged, stamp_matches
 from shardio.errors import ChecksumMismatchError, FormatError, StorageError
 from shardio.format.checksum import hex64, member_xxh3_64
 from shardio.format.index import Index
@@ -19,7 +20,6 @@ from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
 from shardio.readers.mapcache import MapCache
 from shardio.storage.files import open_regular
-from shardio.storage.stamps import drop_staged, stamp_matches
 
 __all__ = ["FilePool", "PackedDataset"]
 
@@ -127,7 +127,8 @@ class PackedDataset:
     ) -> None:
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
-            raise FormatError(f"{self.root}: no such dataset directory")
+            what = "is not a directory" if os.path.lexists(self.root) else "no such directory"
+            raise FormatError(f"{self.root}: {what} (a dataset is a directory with a manifest)")
         self.manifest: Manifest = load_manifest(os.path.join(self.root, MANIFEST_FILENAME))
         # Bound to the manifest: header checked now, each shard's records on first use.
         self.index = Index.open(
