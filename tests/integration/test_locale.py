@@ -157,7 +157,8 @@ def test_errors_and_usage_mistakes_naming_non_utf8_paths(
     rc, _, err = run_en_us(en_us_env, "verify", missing, *W1)
     assert rc == 1
     assert err.splitlines() == [
-        f"shardio: error: {tmp_path}/gone-\\udce9: no such directory (a dataset is a directory with a manifest)"
+        f"shardio: error: {tmp_path}/gone-\\udce9: no such directory "
+        "(a dataset is a directory with a manifest)"
     ]
 
     rc, _, err = run_en_us(en_us_env, "pack", missing, b"x", "--shard-size", b"1\xe9B")
