@@ -3,7 +3,8 @@
 #
 #   beeond_stage.sh start          # BeeOND over every node of the job (NVMe of each node)
 #   beeond_stage.sh stage SRC      # copy all of SRC into it, verified; prints the staged path
-#   beeond_stage.sh path SRC       # print where `stage` puts SRC
+#   beeond_stage.sh path SRC       # print where `stage` puts SRC:
+#                                  #   $BEEOND_MOUNT/shardio-<uid>-<job>/<name of SRC>
 #   beeond_stage.sh stop           # unmount, stop the services, delete the data and logs
 #
 # Run it from the batch script (on the job's first node), not under srun: `beeond` itself
@@ -11,6 +12,10 @@
 # the whole job. BeeOND usually needs root or a site sudo rule: set BEEOND_BIN="sudo beeond".
 # Sites that start BeeOND in the Slurm prolog (e.g. `--constraint=BEEOND`) only need `stage`,
 # with BEEOND_MOUNT set to their mount point.
+#
+# `shardio stage` itself picks the staged path (its default, with the BeeOND mount as base):
+# it creates shardio-<uid>-<job> with mode 0700 and refuses one that is a symlink, another
+# user's or writable by others, so a user sharing the nodes cannot plant or read the copy.
 #
 # Why a shared BeeOND copy rather than per-node staging (`shardio stage --node auto`): every
 # node sees every shard, so any rank may read any shard and a node's shards need not fit on
@@ -69,10 +74,15 @@ nodefile="${BEEOND_NODEFILE:-${TMPDIR:-/tmp}/beeond-nodefile-${SLURM_JOB_ID:-noj
 pdsh=()
 [[ "${BEEOND_PDSH:-1}" == 1 ]] && pdsh=(-P)
 
+# Where `shardio stage SRC` puts SRC when $SLURM_TMPDIR is the mount point: the rule of
+# shardio.cache.default_stage_dir (name as Python's os.path.basename(os.path.abspath(SRC))).
 staged_path() {
-    local src="${1%/}"
+    local src="$1" job="${SLURM_JOB_ID:-nojob}" name
     [[ -n "$src" ]] || die "stage: SRC is empty"
-    printf '%s/shardio-%s\n' "${mount_dir%/}" "$(basename "$src")"
+    [[ "$job" =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$ ]] || die "SLURM_JOB_ID '$job' is not a job id"
+    name="$(basename -- "$(realpath -ms -- "$src")")"
+    [[ "$name" == / ]] && name=dataset
+    printf '%s/shardio-%s-%s/%s\n' "${mount_dir%/}" "$(id -u)" "$job" "$name"
 }
 
 cmd_start() {
@@ -104,7 +114,12 @@ cmd_stage() {
     read -r -a extra <<<"${SHARDIO_STAGE_ARGS:-}"
     log "staging all of $src into $dest"
     # --node 0/1: one "node" that reads everything, so every shard is copied and verified.
-    "${shardio[@]}" stage "$src" "$dest" --node 0/1 --no-progress "${extra[@]}" >&2
+    # No DEST: shardio makes and checks the private directory on the mount (see above).
+    SLURM_TMPDIR="$mount_dir" "${shardio[@]}" stage "$src" --node 0/1 --no-progress \
+        "${extra[@]}" >&2
+    [[ -f "$dest/.shardio-stage/area.json" ]] ||
+        die "stage: no staging area at $dest after staging (SHARDIO_BIN=${shardio[*]} must" \
+            "pass SLURM_TMPDIR on to shardio)"
     printf '%s\n' "$dest"
 }
 

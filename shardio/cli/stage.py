@@ -15,8 +15,8 @@ __all__ = ["cmd_stage", "default_stage_dir"]
 
 def default_stage_dir(src: str, environ: Mapping[str, str] | None = None) -> str:
     """The job's private node-local staging area for ``src`` (see
-    shardio.staging.default_stage_dir), from this process's environment by default."""
-    from shardio.staging import default_stage_dir as private_stage_dir
+    shardio.cache.default_stage_dir), from this process's environment by default."""
+    from shardio.cache import default_stage_dir as private_stage_dir
 
     return private_stage_dir(src, os.environ if environ is None else environ)
 
@@ -33,8 +33,8 @@ def _leading_int(text: str) -> int | None:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
+    from shardio.cache import StageOptions, clean_stage, stage_dataset
     from shardio.cli.progress import ProgressBar
-    from shardio.staging import StageOptions, clean_stage, stage_dataset
 
     if args.clean:
         if len(args.paths) != 1:

@@ -4,24 +4,35 @@ directories created inside a root without following a symlink out of it.
 Every file shardio reads goes through :func:`open_regular`: it opens with ``O_NONBLOCK`` (so
 opening a FIFO returns at once instead of waiting for a writer) and refuses anything that is
 not a regular file before a byte is read. Every directory shardio writes into is made with
-:func:`make_dirs_inside`, which refuses a symlink or a non-directory on the way.
+:func:`make_dirs_inside`, which refuses a symlink or a non-directory on the way. Files are
+removed through directory descriptors (:func:`unlink_inside`, :func:`rmdir_inside`), never
+through a symlink, and only when they are regular files.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
+from collections.abc import Collection
 
-from shardio.errors import FormatError, StorageError, UsageError
+from shardio.errors import FormatError, ShardioError, StorageError, UsageError
+from shardio.storage.atomic import TEMP_MARK
 
 __all__ = [
     "describe_kind",
+    "find_temps_inside",
     "make_dirs_inside",
     "open_regular",
     "read_regular",
     "real_dir",
+    "remove_temps_inside",
+    "rmdir_inside",
+    "unlink_inside",
 ]
+
+logger = logging.getLogger(__name__)
 
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
@@ -157,3 +168,130 @@ def make_dirs_inside(root: str, rel: str, *, mode: int = 0o777) -> str:
         if not stat.S_ISDIR(st.st_mode):
             raise UsageError(f"{path} is a {describe_kind(st.st_mode)}, not a directory")
     return path
+
+
+# --------------------------------------------------------------------------- removal
+
+
+def _open_dir_inside(root: str, parts: list[str]) -> int | None:
+    """A descriptor of ``root/parts...``, following no symlink below root; None if absent,
+    a symlink or not a directory."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    for part in parts:
+        try:
+            sub = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return None
+            raise
+        os.close(fd)
+        fd = sub
+    return fd
+
+
+def _unlink_regular_at(dir_fd: int, name: str, shown: str) -> bool:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        logger.warning(
+            "left %s in place: a %s, not a file shardio wrote",
+            shown,
+            "symlink" if stat.S_ISLNK(st.st_mode) else "non-regular file",
+        )
+        return False
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def unlink_inside(root: str, rel: str) -> bool:
+    """Remove the regular file ``root/rel``; return whether one was removed.
+
+    No symlink below ``root`` is followed (a symlinked directory on the way means the file
+    is not shardio's), and a symlink or special file at ``rel`` is left in place.
+
+    Raises:
+        StorageError: a directory on the way cannot be opened, or the file cannot be removed.
+    """
+    parts = rel.split("/")
+    try:
+        fd = _open_dir_inside(root, parts[:-1])
+        if fd is None:
+            return False
+        try:
+            return _unlink_regular_at(fd, parts[-1], os.path.join(root, rel))
+        finally:
+            os.close(fd)
+    except ShardioError:
+        raise
+    except OSError as exc:
+        raise StorageError(
+            exc.errno or errno.EIO, f"cannot remove {os.path.join(root, rel)}: {exc.strerror}"
+        ) from exc
+
+
+def rmdir_inside(root: str, rel: str) -> bool:
+    """Remove the empty directory ``root/rel`` (no symlink followed); whether it was."""
+    parts = rel.split("/")
+    try:
+        fd = _open_dir_inside(root, parts[:-1])
+    except OSError:
+        return False
+    if fd is None:
+        return False
+    try:
+        os.rmdir(parts[-1], dir_fd=fd)  # a symlink there fails with ENOTDIR
+        return True
+    except OSError:  # not empty, a symlink or not a directory, or gone
+        return False
+    finally:
+        os.close(fd)
+
+
+def find_temps_inside(root: str, folder: str) -> dict[str, list[str]]:
+    """shardio temp files in ``root/folder``: final name -> the temp names of it.
+
+    Left by killed runs (or being written by live ones). Lists nothing through a symlink.
+
+    Raises:
+        StorageError: the folder cannot be listed.
+    """
+    found: dict[str, list[str]] = {}
+    try:
+        fd = _open_dir_inside(root, [p for p in folder.split("/") if p])
+        if fd is None:
+            return found
+        try:
+            entries = os.listdir(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StorageError(
+            exc.errno or errno.EIO, f"cannot list {os.path.join(root, folder)}: {exc.strerror}"
+        ) from exc
+    for entry in entries:
+        head, mark, _ = entry.partition(TEMP_MARK)
+        if mark and head.startswith(".") and len(head) > 1:
+            found.setdefault(head[1:], []).append(entry)
+    return found
+
+
+def remove_temps_inside(root: str, folder: str, finals: Collection[str] | None = None) -> None:
+    """Remove the shardio temp files in ``root/folder`` (of the files named ``finals`` only,
+    if given): leftovers of killed runs, when no run can be writing them. Regular files
+    only; no symlink is followed."""
+    for final, temps in find_temps_inside(root, folder).items():
+        if finals is not None and final not in finals:
+            continue
+        for name in temps:
+            unlink_inside(root, f"{folder}/{name}" if folder else name)

@@ -7,7 +7,9 @@ writes a real, verifiable copy into it.
 
 from __future__ import annotations
 
+import os
 import pathlib
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -17,13 +19,19 @@ from shardio import RankInfo, ShardDataset, verify_dataset
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "beeond" / "beeond_stage.sh"
 NODES = ["node01", "node02", "node03", "node04"]
+JOB_ID = "4242"
+
+
+def private_dir(mount: str | pathlib.Path) -> pathlib.Path:
+    """The job's private directory on the BeeOND mount, where shardio stages."""
+    return pathlib.Path(mount) / f"shardio-{os.getuid()}-{JOB_ID}"
 
 
 @pytest.fixture
 def beeond_env(tmp_path: pathlib.Path) -> dict[str, str]:
     """A job of 4 nodes with BeeOND's data dir and mount point under tmp_path."""
     return {
-        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_ID": JOB_ID,
         "SLURM_JOB_NODELIST": "node[01-04]",
         "BEEOND_DATA_DIR": str(tmp_path / "nvme" / "beeond"),
         "BEEOND_MOUNT": str(tmp_path / "mnt" / "beeond"),
@@ -53,8 +61,9 @@ def test_start_stage_stop(
 
     staged = run_script([SCRIPT, "stage", tiny_dataset], env=beeond_env)
     assert staged.rc == 0, staged.stderr
-    dest = mount / "shardio-tiny-ds"
+    dest = private_dir(mount) / "tiny-ds"
     assert staged.stdout.strip() == str(dest)  # only the path: DATA=$(... stage SRC)
+    assert (private_dir(mount).stat().st_mode & 0o777) == 0o700  # shardio made it private
     assert "staged node 0/1" in staged.stderr
     assert len(staged.calls) == 2  # shardio is the real one, not a fake
     # Every shard is there, byte for byte, and checks against the manifest's xxh3.
@@ -79,8 +88,85 @@ def test_start_stage_stop(
 def test_path_matches_stage(run_script: Callable[..., Any], beeond_env: dict[str, str]) -> None:
     result = run_script([SCRIPT, "path", "/lustre/proj/imagenet-shards/"], env=beeond_env)
     assert result.rc == 0, result.stderr
-    assert result.stdout == f"{beeond_env['BEEOND_MOUNT']}/shardio-imagenet-shards\n"
+    assert result.stdout == f"{private_dir(beeond_env['BEEOND_MOUNT'])}/imagenet-shards\n"
     assert result.calls == []
+
+
+@pytest.mark.parametrize("spelling", ["plain", "trailing-slash", "dot-dot", "symlink"])
+def test_stage_prints_where_shardio_staged(
+    run_script: Callable[..., Any],
+    beeond_env: dict[str, str],
+    tiny_dataset: pathlib.Path,
+    tmp_path: pathlib.Path,
+    spelling: str,
+) -> None:
+    """`path SRC` and `stage SRC` name the area shardio picked, however SRC is spelled."""
+    name = "tiny-ds"
+    src = str(tiny_dataset)
+    if spelling == "trailing-slash":
+        src += "/"
+    elif spelling == "dot-dot":
+        src += "/./shards/.."
+    elif spelling == "symlink":
+        name = "linked-ds"
+        (tmp_path / name).symlink_to(tiny_dataset)  # abspath, not realpath: the link's name
+        src = str(tmp_path / name)
+    assert run_script([SCRIPT, "start"], env=beeond_env).rc == 0
+    path = run_script([SCRIPT, "path", src], env=beeond_env)
+    staged = run_script([SCRIPT, "stage", src], env=beeond_env)
+    assert staged.rc == 0, staged.stderr
+    dest = private_dir(beeond_env["BEEOND_MOUNT"]) / name
+    assert path.stdout == staged.stdout == f"{dest}\n"
+    assert (dest / "manifest.json").is_file()
+
+
+@pytest.mark.parametrize("trap", ["symlink", "writable-by-others"])
+def test_stage_refuses_a_planted_private_directory(
+    run_script: Callable[..., Any],
+    beeond_env: dict[str, str],
+    tiny_dataset: pathlib.Path,
+    tmp_path: pathlib.Path,
+    trap: str,
+) -> None:
+    """Another user on the job's nodes made shardio-<uid>-<job> on the mount first: nothing
+    is staged into it and no path is printed."""
+    assert run_script([SCRIPT, "start"], env=beeond_env).rc == 0
+    private = private_dir(beeond_env["BEEOND_MOUNT"])
+    planted = tmp_path / "planted"
+    (planted / "tiny-ds").mkdir(parents=True)
+    (planted / "tiny-ds" / "theirs.txt").write_bytes(b"not yours")
+    if trap == "symlink":
+        private.symlink_to(planted)
+    else:
+        shutil.copytree(planted, private)
+        private.chmod(0o777)
+    result = run_script([SCRIPT, "stage", tiny_dataset], env=beeond_env)
+    assert result.rc != 0
+    assert f"shardio: error: staging directory {private}" in result.stderr
+    assert "another user could control it" in result.stderr
+    assert result.stdout == ""
+    for root in (planted, private):
+        assert sorted(p.name for p in root.rglob("*")) == ["theirs.txt", "tiny-ds"]
+        assert (root / "tiny-ds" / "theirs.txt").read_bytes() == b"not yours"
+
+
+def test_stage_fails_when_shardio_stages_elsewhere(
+    run_script: Callable[..., Any],
+    beeond_env: dict[str, str],
+    tiny_dataset: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    """A SHARDIO_BIN that drops SLURM_TMPDIR (env -u) stages somewhere else: the script
+    prints no path rather than a wrong one."""
+    assert run_script([SCRIPT, "start"], env=beeond_env).rc == 0
+    (tmp_path / "elsewhere").mkdir()
+    env = beeond_env | {
+        "SHARDIO_BIN": f"env -u SLURM_TMPDIR TMPDIR={tmp_path / 'elsewhere'} shardio"
+    }
+    result = run_script([SCRIPT, "stage", tiny_dataset], env=env)
+    assert result.rc == 2
+    assert "no staging area at" in result.stderr
+    assert result.stdout == ""
 
 
 def test_without_pdsh_and_with_extra_args(

@@ -197,11 +197,25 @@ def test_bind_rejects_bad_settings(
 # --- the job script, run with bash --------------------------------------------------------------
 
 
+JOB_ID = "777"
+
+
+def private_dir(tmp_path: pathlib.Path) -> pathlib.Path:
+    """The job's private staging directory under the fake node-local scratch (SLURM_TMPDIR)."""
+    return tmp_path / "nvme" / f"shardio-{os.getuid()}-{JOB_ID}"
+
+
+def default_area(tmp_path: pathlib.Path) -> pathlib.Path:
+    """Where `shardio stage` stages the tiny dataset by default."""
+    return private_dir(tmp_path) / "tiny-ds"
+
+
 @pytest.fixture
 def job_env(tmp_path: pathlib.Path, tiny_dataset: pathlib.Path) -> dict[str, str]:
     """What sbatch would set for a 1-node job of 8 tasks, plus shardio's settings."""
+    (tmp_path / "nvme").mkdir()  # the node-local scratch that SLURM_TMPDIR names
     return {
-        "SLURM_JOB_ID": "777",
+        "SLURM_JOB_ID": JOB_ID,
         "SLURM_NNODES": "1",
         "SLURM_NTASKS_PER_NODE": "8",
         "SLURM_CPUS_PER_TASK": "8",
@@ -239,7 +253,7 @@ def test_dry_run_stages_trains_and_cleans(
     tiny_dataset: pathlib.Path,
     tmp_path: pathlib.Path,
 ) -> None:
-    stage_dir = tmp_path / "nvme" / "shardio-tiny-ds"
+    stage_dir = default_area(tmp_path)
     seen = tmp_path / "seen.txt"
     train = (
         'test -e "$SHARDIO_STAGE_DIR/manifest.json" && echo "$CUDA_VISIBLE_DEVICES $OMP_NUM_THREADS'
@@ -250,9 +264,10 @@ def test_dry_run_stages_trains_and_cleans(
     assert result.rc == 0, result.stderr
     assert steps(result.calls) == ["stage", "train", "clean"]
     stage, train_call, clean = (c for c in result.calls if c[0] == "srun")
+    # No DEST: shardio picks (and checks) the job's private area on each node.
     assert stage == [
         "srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--cpus-per-task=8",
-        "--kill-on-bad-exit=1", str(SHARDIO), "stage", str(tiny_dataset), str(stage_dir),
+        "--kill-on-bad-exit=1", str(SHARDIO), "stage", str(tiny_dataset),
         "--node", "auto", "--ranks-per-node", "8", "--no-progress",
     ]  # fmt: skip
     assert train_call[:8] == [
@@ -261,7 +276,7 @@ def test_dry_run_stages_trains_and_cleans(
     ]  # fmt: skip
     assert train_call[8:] == [str(BIND), "bash", "-c", train]
     assert clean[:6] == stage[:6]
-    assert clean[-2:] == [str(stage_dir), str(SHARDIO)]
+    assert clean[-3:] == [str(stage_dir), str(private_dir(tmp_path)), str(SHARDIO)]
     assert ["numactl", "--cpunodebind=0", "--membind=0", "--", "bash", "-c", train] in (
         result.calls
     )
@@ -269,7 +284,10 @@ def test_dry_run_stages_trains_and_cleans(
     gpu, omp, master, cache, numa, world = seen.read_text().split()
     assert (gpu, omp, master, cache, numa, world) == ("0", "8", "gpu07", str(stage_dir), "0", "8")
     assert not stage_dir.exists()  # the epilogue removed it
+    assert not private_dir(tmp_path).exists()  # and the job's private directory
+    assert sorted(os.listdir(tmp_path / "nvme")) == []
     assert "training finished with exit 0" in result.stderr
+    assert "warning" not in result.stderr
 
 
 def test_failed_training_is_retried_and_still_cleaned(
@@ -285,7 +303,7 @@ def test_failed_training_is_retried_and_still_cleaned(
     assert "checking " in result.stderr and "verify --no-progress --quick" in result.stderr
     assert "giving up after 2 tries; exit 4" in result.stderr
     assert "job ends with exit 4" in result.stderr
-    assert not (tmp_path / "nvme" / "shardio-tiny-ds").exists()
+    assert not private_dir(tmp_path).exists()
 
 
 def test_failed_staging_stops_before_training_and_cleans(
@@ -320,12 +338,20 @@ def test_stage_with_make(
     result = run_script(["bash", SBATCH], env=env)
     assert result.rc == 0, result.stderr
     make = next(c for c in result.calls if c[0] == "make")
-    stage_dir = tmp_path / "nvme" / "shardio-tiny-ds"
     assert make == [
         "make", "-s", "-C", str(REPO), "stage-nvme", f"SHARDIO_DATA={job_env['SHARDIO_DATA']}",
-        f"SHARDIO_STAGE_DIR={stage_dir}",
+        "SHARDIO_STAGE_DIR=",  # empty: the target gives shardio no DEST, shardio picks
         "SHARDIO_STAGE_ARGS=--ranks-per-node 8 --no-progress --capacity 1GiB",
     ]  # fmt: skip
+    # The stand-in staged nothing: the job says that training will not find the area.
+    assert f"warning: no staging area at {default_area(tmp_path)}" in result.stderr
+
+    mine = tmp_path / "my-area"
+    result = run_script(["bash", SBATCH], env=env | {"SHARDIO_STAGE_DIR": str(mine)})
+    assert result.rc == 0, result.stderr
+    make = [c for c in result.calls if c[0] == "make"][-1]
+    assert make[6] == f"SHARDIO_STAGE_DIR={mine}"
+    assert "warning" not in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -351,7 +377,7 @@ def test_usr1_before_the_time_limit_stops_training_and_cleans(
         "SHARDIO_FAKE_LOG": str(fake_log),
         "PATH": f"{REPO / 'tests' / 'fakebin_beeond'}{os.pathsep}{os.environ['PATH']}",
     }
-    stage_dir = tmp_path / "nvme" / "shardio-tiny-ds"
+    stage_dir = default_area(tmp_path)
     with subprocess.Popen(
         ["bash", SBATCH],
         env=env,
@@ -370,4 +396,122 @@ def test_usr1_before_the_time_limit_stops_training_and_cleans(
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert "got SIGUSR1: stopping training" in stderr
     assert "try 2/" not in stderr
-    assert not stage_dir.exists()
+    assert not private_dir(tmp_path).exists()
+
+
+# --- the staging area: private to the user and the job ------------------------------------------
+
+
+def snapshot(root: pathlib.Path) -> dict[str, tuple[int, bytes | str]]:
+    """Everything under root (root included) without following a symlink: rel -> (mode, data)."""
+    out: dict[str, tuple[int, bytes | str]] = {}
+    paths = [root] if root.is_symlink() else [root, *root.rglob("*")]
+    for path in paths:
+        st = path.lstat()
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = (st.st_mode, os.readlink(path))
+        elif path.is_file():
+            out[rel] = (st.st_mode, path.read_bytes())
+        else:
+            out[rel] = (st.st_mode, "")
+    return out
+
+
+def test_default_area_is_private_to_the_user_and_job(
+    run_script: Callable[..., Any], job_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    seen = tmp_path / "seen.txt"
+    train = f'stat -c "%a %u" "$(dirname "$SHARDIO_STAGE_DIR")" > {seen}'
+    result = run_script(["bash", SBATCH], env=job_env | {"TRAIN_CMD": train})
+    assert result.rc == 0, result.stderr
+    assert seen.read_text().split() == ["700", str(os.getuid())]
+    assert f"staging {job_env['SHARDIO_DATA']} to {default_area(tmp_path)}" in result.stderr
+    assert not private_dir(tmp_path).exists()
+
+
+@pytest.mark.parametrize("spelling", ["trailing-slash", "dot-dot", "symlink"])
+def test_default_area_is_where_shardio_stages(
+    run_script: Callable[..., Any],
+    job_env: dict[str, str],
+    tiny_dataset: pathlib.Path,
+    tmp_path: pathlib.Path,
+    spelling: str,
+) -> None:
+    """However SHARDIO_DATA is spelled, training is told the area shardio picked."""
+    name = "tiny-ds"
+    if spelling == "trailing-slash":
+        data = f"{tiny_dataset}/"
+    elif spelling == "dot-dot":
+        data = f"{tiny_dataset}/./shards/../"
+    else:
+        name = "linked-ds"
+        (tmp_path / name).symlink_to(tiny_dataset)  # abspath, not realpath: the link's name
+        data = str(tmp_path / name)
+    seen = tmp_path / "seen.txt"
+    train = f'test -f "$SHARDIO_STAGE_DIR/manifest.json" && echo "$SHARDIO_STAGE_DIR" > {seen}'
+    result = run_script(["bash", SBATCH], env=job_env | {"SHARDIO_DATA": data, "TRAIN_CMD": train})
+    assert result.rc == 0, result.stderr
+    assert seen.read_text().strip() == str(private_dir(tmp_path) / name)
+    assert "warning" not in result.stderr
+
+
+@pytest.mark.parametrize("trap", ["symlink", "writable-by-others", "another-users"])
+def test_a_planted_private_directory_is_refused_and_left_alone(
+    run_script: Callable[..., Any], job_env: dict[str, str], tmp_path: pathlib.Path, trap: str
+) -> None:
+    """Another user of a shared $TMPDIR made shardio-<uid>-<job> first: nothing is staged
+    into it, training does not start, and the epilogue does not touch it."""
+    private = private_dir(tmp_path)
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "tiny-ds").mkdir()
+    (planted / "tiny-ds" / "theirs.txt").write_bytes(b"not yours")
+    if trap == "symlink":
+        private.symlink_to(planted)
+    else:
+        shutil.copytree(planted, private, symlinks=True)
+        private.chmod(0o777)
+        if trap == "another-users":
+            if os.getuid() != 0:
+                pytest.skip("making a directory of another user needs root")
+            private.chmod(0o755)
+            for path in [private, *private.rglob("*")]:
+                os.lchown(path, 4242, 4242)
+    before, planted_before = snapshot(private), snapshot(planted)
+    result = run_script(["bash", SBATCH], env=job_env | {"TRAIN_CMD": "true"})
+    assert result.rc != 0
+    assert steps(result.calls) == ["stage", "clean"]
+    assert "shardio: error:" in result.stderr
+    assert f"staging directory {private}" in result.stderr
+    assert "another user could control it" in result.stderr
+    assert f"{private} is not private to you: left alone" in result.stderr
+    assert snapshot(private) == before
+    assert snapshot(planted) == planted_before
+
+
+def test_a_given_stage_dir_is_used_as_given(
+    run_script: Callable[..., Any],
+    job_env: dict[str, str],
+    tiny_dataset: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    mine = tmp_path / "scratch" / "area"
+    env = job_env | {"SHARDIO_STAGE_DIR": str(mine), "TRAIN_CMD": "true"}
+    result = run_script(["bash", SBATCH], env=env)
+    assert result.rc == 0, result.stderr
+    assert steps(result.calls) == ["stage", "train", "clean"]
+    stage, _, clean = (c for c in result.calls if c[0] == "srun")
+    assert stage[6:10] == [str(SHARDIO), "stage", str(tiny_dataset), str(mine)]
+    assert clean[-3:] == [str(mine), "", str(SHARDIO)]
+    assert not mine.exists() and (tmp_path / "scratch").is_dir()  # only the area is removed
+    assert not private_dir(tmp_path).exists()
+
+
+def test_a_job_id_that_is_no_file_name_is_refused(
+    run_script: Callable[..., Any], job_env: dict[str, str]
+) -> None:
+    result = run_script(["bash", SBATCH], env=job_env | {"SLURM_JOB_ID": "../777"})
+    assert result.rc == 2
+    assert "SLURM_JOB_ID '../777' is not a job id: set SHARDIO_STAGE_DIR" in result.stderr
+    assert result.calls == []

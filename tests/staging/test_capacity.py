@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 
+from shardio.cache import StageOptions, node_shard_order
 from shardio.readers.dataset import PackedDataset
 from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.ranks import RankInfo
-from shardio.staging import StageOptions, node_shard_order
 
 SINGLE = RankInfo(rank=0, world_size=1)
 FROM_SOURCE = re.compile(

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
+from shardio.cache import StageOptions, stage_dataset
 from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.ranks import RankInfo
-from shardio.staging import StageOptions, stage_dataset
 
 SINGLE = RankInfo(rank=0, world_size=1)
 

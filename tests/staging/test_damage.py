@@ -12,11 +12,11 @@ import re
 
 import pytest
 
+from shardio.cache import StageOptions, stage_dataset
+from shardio.cache.stamps import write_stamp
 from shardio.readers.dataset import PackedDataset
 from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.ranks import RankInfo
-from shardio.staging import StageOptions, stage_dataset
-from shardio.storage.stamps import write_stamp
 
 SUMMARY = re.compile(r"copied (\d+) .*already staged and verified (\d+), replaced (\d+)")
 SINGLE = RankInfo(rank=0, world_size=1)

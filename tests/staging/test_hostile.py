@@ -19,11 +19,18 @@ import stat
 
 import pytest
 
-import shardio.staging as staging
+import shardio.cache.copy as cache_copy
+import shardio.cache.stage as cache_stage
+from shardio.cache import (
+    MAX_RANKS_PER_NODE,
+    StageOptions,
+    clean_stage,
+    node_shard_order,
+    stage_dataset,
+)
+from shardio.cache.stamps import lock_path, stamp_matches, stamp_path
 from shardio.errors import FormatError, IntegrityError, StorageError, UsageError
 from shardio.format.manifest import load_manifest
-from shardio.staging import StageOptions, clean_stage, stage_dataset
-from shardio.storage.stamps import lock_path, stamp_matches, stamp_path
 
 CLI_TIMEOUT_S = 60  # a blocked open would hang far longer: the run is killed, the test fails
 OPTIONS = StageOptions(durable=False)
@@ -169,13 +176,13 @@ def test_a_new_area_gets_its_marker_before_anything_else(tiny_src, tmp_path, mon
         dest.mkdir()
     marker = dest / ".shardio-stage" / "area.json"
     seen = []
-    original = staging._write_local_metadata
+    original = cache_stage.write_local_metadata
 
     def checking(*args, **kwargs):
         seen.append(marker.is_file() and sorted(os.listdir(dest)) == [".shardio-stage"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(staging, "_write_local_metadata", checking)
+    monkeypatch.setattr(cache_stage, "write_local_metadata", checking)
     _stage_ok(tiny_src.path, dest)
     assert seen == [True], "the marker was not the first thing written"
     doc = json.loads(marker.read_text())
@@ -311,7 +318,7 @@ def test_eviction_never_removes_through_a_symlink(tiny_src, tmp_path):
     _stage_ok(tiny_src.path, dest)
     capacity = tiny_src.manifest.total_bytes // 3
     options = StageOptions(durable=False, epoch=1, capacity_bytes=capacity)
-    order = [tiny_src.rels[i] for i in staging.node_shard_order(tiny_src.manifest, options)]
+    order = [tiny_src.rels[i] for i in node_shard_order(tiny_src.manifest, options)]
     victim = order[-1]  # needed last: never within the capacity, so eviction picks it
     outside = _user_files(tmp_path / "outside")
     (dest / victim).unlink()
@@ -427,7 +434,7 @@ def test_an_oversized_dali_index_is_refused(src_copy, tmp_path, run_cli, assert_
     entry = manifest.shards[0]
     assert entry.dali_index is not None
     idx = src_copy / entry.dali_index
-    bound = staging._IDX_BASE_BYTES + staging._IDX_BYTES_PER_SAMPLE * entry.num_samples
+    bound = cache_copy._IDX_BASE_BYTES + cache_copy._IDX_BYTES_PER_SAMPLE * entry.num_samples
     with open(idx, "r+b") as fh:
         fh.truncate(bound + 1)  # sparse: nothing is written to disk
     result = run_cli("stage", src_copy, tmp_path / "dest", "--no-progress")
@@ -491,7 +498,7 @@ def test_bad_options_are_one_line(tiny_src, tmp_path, run_cli, assert_cli_error,
         {"window_shards": -1},
         {"streams": 0},
         {"ranks_per_node": 0},
-        {"ranks_per_node": staging.MAX_RANKS_PER_NODE + 1},
+        {"ranks_per_node": MAX_RANKS_PER_NODE + 1},
         {"seed": -1},
         {"epoch": -1},
         {"num_nodes": 0},

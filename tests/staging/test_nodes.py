@@ -10,11 +10,11 @@ import os
 
 import pytest
 
-import shardio.staging as staging
+import shardio.cache.copy as cache_copy
+from shardio.cache import StageOptions, node_shard_order, stage_dataset
 from shardio.errors import UsageError
 from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.ranks import RankInfo
-from shardio.staging import StageOptions, node_shard_order, stage_dataset
 
 NODES = 4
 RANKS_PER_NODE = 2
@@ -88,14 +88,14 @@ def test_later_epoch_and_other_seed(tiny_src):
 def test_copies_happen_in_the_order_of_first_need(tiny_src, tmp_path, monkeypatch):
     """With one copy stream, the stager copies shards in node_shard_order."""
     copied: list[str] = []
-    original = staging._copy_verified
+    original = cache_copy._copy_verified
 
     def recording(src: str, dst: str, *args, **kwargs):
         if os.sep + "shards" + os.sep in dst:
             copied.append(os.path.relpath(dst, tmp_path / "stage").replace(os.sep, "/"))
         return original(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(staging, "_copy_verified", recording)
+    monkeypatch.setattr(cache_copy, "_copy_verified", recording)
     options = StageOptions(
         node=2, num_nodes=NODES, ranks_per_node=RANKS_PER_NODE, seed=SEED, streams=1,
         durable=False,

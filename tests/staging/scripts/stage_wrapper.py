@@ -1,7 +1,7 @@
 """Run ``python -m shardio ARGS`` with test hooks set by environment variables.
 
 STAGE_TEST_BARRIER=PATH   wait (after imports) until PATH exists, so processes start together.
-STAGE_TEST_DELAY_S=SEC    sleep this long before each verified copy (shardio.staging's
+STAGE_TEST_DELAY_S=SEC    sleep this long before each verified copy (shardio.cache.copy's
                           _copy_verified), so a kill lands in the middle of staging.
 STAGE_TEST_HOLD_AT=K      before publishing the K-th shard copy (1-based), write its temp
                           file completely and then block, so a kill leaves a temp file behind.
@@ -15,23 +15,23 @@ import sys
 import threading
 import time
 
-import shardio.staging as staging
+import shardio.cache.copy as cache_copy
 
 barrier = os.environ.get("STAGE_TEST_BARRIER")
 delay_s = float(os.environ.get("STAGE_TEST_DELAY_S", "0"))
 hold_at = int(os.environ.get("STAGE_TEST_HOLD_AT", "0"))
 
 if delay_s > 0:
-    original_copy = staging._copy_verified
+    original_copy = cache_copy._copy_verified
 
     def slow_copy(*args: object, **kwargs: object) -> int:
         time.sleep(delay_s)
         return original_copy(*args, **kwargs)  # type: ignore[arg-type]
 
-    staging._copy_verified = slow_copy  # type: ignore[assignment]
+    cache_copy._copy_verified = slow_copy  # type: ignore[assignment]
 
 if hold_at > 0:
-    original_publish = staging.publish
+    original_publish = cache_copy.publish
     lock = threading.Lock()
     published = [0]
 
@@ -44,7 +44,7 @@ if hold_at > 0:
                 time.sleep(3600)  # killed here, with the complete temp file on disk
         original_publish(tmp, final, durable=durable)
 
-    staging.publish = holding_publish  # type: ignore[assignment]
+    cache_copy.publish = holding_publish  # type: ignore[assignment]
 
 if barrier:
     deadline = time.monotonic() + 60

@@ -1,28 +1,26 @@
-"""A staging area's own records under DEST/.shardio-stage, and removal of what it staged.
+"""A staging area's own records under DEST/.shardio-stage: marker, stamps and lock paths.
 
 The area marker (``area.json``) says that a directory is a shardio staging area, so that
 staging and cleaning never touch a directory that is not one. A stamp records a verified
 copy's size, inode, ctime and mtime beside its xxh3-128: any write to the file changes its
 ctime, which no user can set back, so a copy whose stat still matches its stamp needs no
 re-hashing. Staged files are removed through directory descriptors, never through a
-symlink, and only when they are regular files.
+symlink, and only when they are regular files (:func:`drop_staged`).
 """
 
 from __future__ import annotations
 
 import errno
 import json
-import logging
 import os
 import stat
-from collections.abc import Collection
 from typing import Any
 
 import xxhash
 
-from shardio.errors import ShardioError, StorageError
-from shardio.storage.atomic import TEMP_MARK, atomic_write
-from shardio.storage.files import make_dirs_inside, read_regular, real_dir
+from shardio.errors import StorageError
+from shardio.storage.atomic import atomic_write
+from shardio.storage.files import make_dirs_inside, read_regular, real_dir, unlink_inside
 
 __all__ = [
     "AREA_FILE",
@@ -30,20 +28,14 @@ __all__ = [
     "AREA_VERSION",
     "STAGE_DIR",
     "drop_staged",
-    "find_temps_inside",
     "lock_path",
     "read_area_marker",
-    "remove_temps_inside",
-    "rmdir_inside",
     "stamp_matches",
     "stamp_path",
     "stamp_rel",
-    "unlink_inside",
     "write_area_marker",
     "write_stamp",
 ]
-
-logger = logging.getLogger(__name__)
 
 STAGE_DIR = ".shardio-stage"
 AREA_FILE = "area.json"
@@ -172,124 +164,3 @@ def drop_staged(dest: str, rel: str) -> bool:
     """
     unlink_inside(dest, stamp_rel(rel))
     return unlink_inside(dest, rel)
-
-
-# --------------------------------------------------------------------------- removal
-
-
-def _open_dir_inside(root: str, parts: list[str]) -> int | None:
-    """A descriptor of ``root/parts...``, following no symlink below root; None if absent,
-    a symlink or not a directory."""
-    try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    for part in parts:
-        try:
-            sub = os.open(
-                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-            )
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                return None
-            raise
-        os.close(fd)
-        fd = sub
-    return fd
-
-
-def _unlink_regular_at(dir_fd: int, name: str, shown: str) -> bool:
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISREG(st.st_mode):
-        logger.warning(
-            "left %s in place: a %s, not a file shardio staged",
-            shown,
-            "symlink" if stat.S_ISLNK(st.st_mode) else "non-regular file",
-        )
-        return False
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def unlink_inside(root: str, rel: str) -> bool:
-    """Remove the regular file ``root/rel``; return whether one was removed.
-
-    No symlink below ``root`` is followed (a symlinked directory on the way means the file
-    is not shardio's), and a symlink or special file at ``rel`` is left in place.
-    """
-    parts = rel.split("/")
-    try:
-        fd = _open_dir_inside(root, parts[:-1])
-        if fd is None:
-            return False
-        try:
-            return _unlink_regular_at(fd, parts[-1], os.path.join(root, rel))
-        finally:
-            os.close(fd)
-    except ShardioError:
-        raise
-    except OSError as exc:
-        raise StorageError(
-            exc.errno or errno.EIO, f"cannot remove {os.path.join(root, rel)}: {exc.strerror}"
-        ) from exc
-
-
-def rmdir_inside(root: str, rel: str) -> bool:
-    """Remove the empty directory ``root/rel`` (no symlink followed); whether it was."""
-    parts = rel.split("/")
-    try:
-        fd = _open_dir_inside(root, parts[:-1])
-    except OSError:
-        return False
-    if fd is None:
-        return False
-    try:
-        os.rmdir(parts[-1], dir_fd=fd)  # a symlink there fails with ENOTDIR
-        return True
-    except OSError:  # not empty, a symlink or not a directory, or gone
-        return False
-    finally:
-        os.close(fd)
-
-
-def find_temps_inside(root: str, folder: str) -> dict[str, list[str]]:
-    """shardio temp files in ``root/folder``: final name -> the temp names of it.
-
-    Left by killed runs (or being written by live ones). Lists nothing through a symlink.
-    """
-    found: dict[str, list[str]] = {}
-    try:
-        fd = _open_dir_inside(root, [p for p in folder.split("/") if p])
-        if fd is None:
-            return found
-        try:
-            entries = os.listdir(fd)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise StorageError(
-            exc.errno or errno.EIO, f"cannot list {os.path.join(root, folder)}: {exc.strerror}"
-        ) from exc
-    for entry in entries:
-        head, mark, _ = entry.partition(TEMP_MARK)
-        if mark and head.startswith(".") and len(head) > 1:
-            found.setdefault(head[1:], []).append(entry)
-    return found
-
-
-def remove_temps_inside(root: str, folder: str, finals: Collection[str] | None = None) -> None:
-    """Remove the shardio temp files in ``root/folder`` (of the files named ``finals`` only,
-    if given): leftovers of killed runs, when no run can be writing them. Regular files
-    only; no symlink is followed."""
-    for final, temps in find_temps_inside(root, folder).items():
-        if finals is not None and final not in finals:
-            continue
-        for name in temps:
-            unlink_inside(root, f"{folder}/{name}" if folder else name)

@@ -1,0 +1,53 @@
+"""The staging cache: stage shards from the parallel filesystem to node-local storage, verified.
+
+``stage_dataset`` copies the shards a node will read, in the order training first needs
+them, with parallel copy streams; each copy is published under its final name only when its
+xxh3-128 matches the manifest, and a per-shard ``flock`` lets every rank of a node run it at
+once. A rerun copies only what is missing or bad. Readers (``ShardDataset(src, cache=DEST)``)
+trust a copy whose stamp still matches and drop one that fails its checksum.
+
+Staging writes only into a new or empty directory, or into a staging area it made before
+(recognised by its marker, never by a file name alone); it follows no symlink inside DEST,
+opens every file so that a FIFO or device cannot block it, and ``clean_stage`` removes only
+the regular files the staged manifest lists. Layout of the destination::
+
+    DEST/.shardio-stage/area.json  the marker: {"format": "shardio-stage", "version": 1, ...}
+    DEST/manifest.json             the source's manifest plus "staged_from" (the source path)
+    DEST/index.bin                 copy of the source index
+    DEST/shards/...                staged shards, same relative names as in the source
+    DEST/.shardio-stage/locks/     one lock file per shard
+    DEST/.shardio-stage/ok/        one stamp per verified shard (size, inode, ctime, xxh3)
+
+The default DEST (``default_stage_dir``) is ``<base>/shardio-<uid>-<job>/<name>``, in a
+directory private to the user and job.
+
+Modules: ``area`` (recognise, create, clean an area; the default DEST), ``stamps`` (the
+area's records: marker, stamps, lock paths), ``copy`` (per-shard locks, the verified copy),
+``evict`` (capacity eviction), ``plan`` (which shards, in which order), ``stage`` (options
+and the run).
+"""
+
+from __future__ import annotations
+
+from shardio.cache.area import clean_stage, default_stage_dir
+from shardio.cache.plan import node_shard_order
+from shardio.cache.stage import (
+    MAX_NODES,
+    MAX_RANKS_PER_NODE,
+    MAX_STREAMS,
+    StageOptions,
+    StageResult,
+    stage_dataset,
+)
+
+__all__ = [
+    "MAX_NODES",
+    "MAX_RANKS_PER_NODE",
+    "MAX_STREAMS",
+    "StageOptions",
+    "StageResult",
+    "clean_stage",
+    "default_stage_dir",
+    "node_shard_order",
+    "stage_dataset",
+]

@@ -1,0 +1,289 @@
+"""Staging areas: recognise one (its marker), create one, choose the default one, clean one.
+
+A directory is staged into only when it is missing, empty, or a staging area shardio made
+before (recognised by its marker ``.shardio-stage/area.json``, or by the staged manifest of
+a release that wrote no marker), never by a file name alone. ``clean_stage`` removes only the
+regular files the staged manifest lists and shardio's own records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+import stat
+from collections.abc import Iterator, Mapping
+
+from shardio.cache.stamps import STAGE_DIR, read_area_marker, write_area_marker
+from shardio.errors import FormatError, ShardioError, StorageError, UsageError
+from shardio.format.manifest import Manifest, load_manifest
+from shardio.format.spec import MANIFEST_FILENAME
+from shardio.storage.atomic import is_temp_name, storage_error
+from shardio.storage.files import (
+    describe_kind,
+    make_dirs_inside,
+    real_dir,
+    remove_temps_inside,
+    rmdir_inside,
+    unlink_inside,
+)
+
+__all__ = [
+    "check_paths",
+    "clean_stage",
+    "default_stage_dir",
+    "open_area",
+    "storage_errors",
+]
+
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+@contextlib.contextmanager
+def storage_errors(path: str, action: str) -> Iterator[None]:
+    """Turn a stray OSError into a StorageError naming ``path`` (one line for the CLI)."""
+    try:
+        yield
+    except ShardioError:
+        raise
+    except OSError as exc:
+        raise storage_error(exc, path, action) from exc
+
+
+# --------------------------------------------------------------------------- default DEST
+
+
+def default_stage_dir(src: str | os.PathLike[str], environ: Mapping[str, str]) -> str:
+    """The default staging area of ``src``, private to this user and job.
+
+    ``<base>/shardio-<uid>-<job>/<name>``: base is ``$SLURM_TMPDIR``, else ``$TMPDIR``,
+    else ``/mnt/nvme``; job is ``$SLURM_JOB_ID`` or ``nojob``; name is the source
+    directory's name. The ``shardio-<uid>-<job>`` directory is created with mode 0700 and
+    then checked: a directory another user made in a shared ``$TMPDIR`` (or a symlink
+    there) is refused, never written into.
+
+    Args:
+        src: the source dataset.
+        environ: the environment to read (the CLI passes ``os.environ``).
+
+    Raises:
+        UsageError: the private directory cannot be made, or is not a real directory owned
+            by this user and writable by no one else.
+    """
+    base = environ.get("SLURM_TMPDIR") or environ.get("TMPDIR") or "/mnt/nvme"
+    job = environ.get("SLURM_JOB_ID") or "nojob"
+    if not _JOB_ID.fullmatch(job):
+        raise UsageError(f"SLURM_JOB_ID {job!r} is not a job id: give the destination (DEST)")
+    uid = os.getuid()
+    private = os.path.join(base, f"shardio-{uid}-{job}")
+    _make_private_dir(private, uid)
+    name = os.path.basename(os.path.abspath(os.fspath(src))) or "dataset"
+    return os.path.join(private, name)
+
+
+def _make_private_dir(path: str, uid: int) -> None:
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UsageError(
+            f"cannot create the staging directory {path} ({exc.strerror}): give DEST"
+        ) from exc
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise UsageError(f"cannot check the staging directory {path} ({exc.strerror})") from exc
+    problem = None
+    if not stat.S_ISDIR(st.st_mode):
+        problem = f"is a {describe_kind(st.st_mode)}, not a directory"
+    elif st.st_uid != uid:
+        problem = f"is owned by uid {st.st_uid}, not by you (uid {uid})"
+    elif st.st_mode & 0o022:
+        problem = f"is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+    if problem is not None:
+        raise UsageError(
+            f"staging directory {path} {problem}: another user could control it; "
+            "remove it or give DEST"
+        )
+
+
+# --------------------------------------------------------------------------- recognise
+
+
+def _is_legacy_area(dest: str, *, cleaning: bool) -> bool:
+    """Whether ``dest`` holds the staged manifest of a previous release (no marker)."""
+    path = os.path.join(dest, MANIFEST_FILENAME)
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        manifest = load_manifest(path)
+    except (OSError, FormatError):
+        return False
+    if manifest.staged_from is None:
+        action = "clean" if cleaning else "stage into"
+        raise UsageError(f"{dest} is a packed dataset, not a staging area: refusing to {action} it")
+    return True
+
+
+def _classify_dest(dest: str, *, cleaning: bool) -> str:
+    """The state of DEST: missing, empty, unfinished (an area whose marker is not yet
+    written) or area.
+
+    Raises:
+        UsageError: ``dest`` is not a directory, or neither empty nor a staging area.
+    """
+    try:
+        st = os.stat(dest)
+    except FileNotFoundError:
+        if os.path.lexists(dest):
+            raise UsageError(f"{dest} is a dangling symlink: give a directory") from None
+        return "missing"
+    except OSError as exc:
+        raise StorageError(exc.errno or errno.EIO, f"cannot access {dest}: {exc.strerror}") from exc
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{dest} is a {describe_kind(st.st_mode)}, not a directory")
+    if read_area_marker(dest) is not None or _is_legacy_area(dest, cleaning=cleaning):
+        return "area"
+    try:
+        entries = os.listdir(dest)
+        if not entries:
+            return "empty"
+        folder = os.path.join(dest, STAGE_DIR)
+        if (
+            entries == [STAGE_DIR]
+            and stat.S_ISDIR(os.lstat(folder).st_mode)
+            and all(is_temp_name(e) for e in os.listdir(folder))
+        ):
+            return "unfinished"  # an area whose creator was killed before its marker
+    except OSError as exc:
+        raise StorageError(exc.errno or errno.EIO, f"cannot list {dest}: {exc.strerror}") from exc
+    if cleaning:
+        raise UsageError(
+            f"{dest} holds no staged dataset (it is not a shardio staging area): "
+            "refusing to clean it"
+        )
+    raise UsageError(
+        f"{dest} is not empty and is not a shardio staging area: refusing to stage into it "
+        "(give a new or empty directory)"
+    )
+
+
+# --------------------------------------------------------------------------- create
+
+
+def open_area(src_root: str, dest: str, *, durable: bool) -> None:
+    """Check DEST and make it a staging area (marker first), or refuse with nothing written.
+
+    Raises:
+        UsageError: DEST is inside the source (or holds it), is not a directory, or is
+            neither missing, empty nor a staging area.
+        StorageError: DEST or its records cannot be created.
+    """
+    real_src, real_dest = os.path.realpath(src_root), os.path.realpath(dest)
+    if real_src == real_dest or real_dest.startswith(real_src.rstrip(os.sep) + os.sep):
+        raise UsageError(f"stage destination {dest} must be outside the source {src_root}")
+    if real_src.startswith(real_dest.rstrip(os.sep) + os.sep):
+        raise UsageError(f"stage destination {dest} must not contain the source {src_root}")
+    state = _classify_dest(dest, cleaning=False)
+    if state == "missing":
+        try:
+            os.makedirs(dest, exist_ok=True)
+        except OSError as exc:
+            raise storage_error(exc, dest, "creating") from exc
+    if state != "area" or read_area_marker(dest) is None:
+        write_area_marker(dest, os.path.abspath(src_root), durable=durable)
+    for sub in ("locks", "ok"):
+        make_dirs_inside(dest, f"{STAGE_DIR}/{sub}")
+
+
+def check_paths(manifest: Manifest, src_root: str) -> None:
+    """Refuse a manifest whose paths would land in staging's own records.
+
+    Raises:
+        FormatError: a path is under ``.shardio-stage`` or has a shardio temp name.
+    """
+    paths = [manifest.index.path]
+    for s in manifest.shards:
+        paths.append(s.path)
+        if s.dali_index is not None:
+            paths.append(s.dali_index)
+    for path in paths:
+        if path.split("/", 1)[0] == STAGE_DIR or is_temp_name(path):
+            raise FormatError(
+                f"{os.path.join(src_root, MANIFEST_FILENAME)}: path {path!r} is reserved for "
+                "shardio's staging records"
+            )
+
+
+# --------------------------------------------------------------------------- clean
+
+
+def clean_stage(dest: str | os.PathLike[str]) -> int:
+    """Remove what staging put in ``dest`` (epilogue); return the number of shards removed.
+
+    Only regular files named by DEST's staged manifest and shardio's own records are
+    removed; no symlink is followed, and anything else in ``dest`` stays.
+
+    Raises:
+        UsageError: ``dest`` is not a staging area, or its manifest is not the one staging
+            wrote (a symlink).
+        FormatError: the staged manifest is damaged (what was staged is unknown).
+    """
+    dest_root = os.fspath(dest)
+    state = _classify_dest(dest_root, cleaning=True)
+    if state in ("missing", "empty"):
+        raise UsageError(f"{dest_root} holds no staged dataset")
+    with storage_errors(dest_root, "cleaning"):
+        manifest = _staged_manifest(dest_root)
+        removed = 0
+        if manifest is not None:
+            unlink_inside(dest_root, MANIFEST_FILENAME)  # first: no reader sees a half cache
+            files = [manifest.index.path] + [
+                p for s in manifest.shards for p in (s.path, s.dali_index) if p is not None
+            ]
+            by_folder: dict[str, set[str]] = {}
+            for path in [MANIFEST_FILENAME, *files]:
+                folder, name = os.path.split(path)
+                by_folder.setdefault(folder, set()).add(name)
+            for folder, names in by_folder.items():
+                remove_temps_inside(dest_root, folder, names)
+            shards = {s.path for s in manifest.shards}
+            for path in files:
+                if unlink_inside(dest_root, path) and path in shards:
+                    removed += 1
+            _remove_empty_folders(dest_root, set(by_folder))
+        stage_dir = os.path.join(dest_root, STAGE_DIR)
+        if real_dir(stage_dir):  # shardio's own records; a symlink there is not
+            shutil.rmtree(stage_dir)
+    return removed
+
+
+def _staged_manifest(dest: str) -> Manifest | None:
+    """The manifest staging wrote in ``dest`` (None if it never got that far)."""
+    path = os.path.join(dest, MANIFEST_FILENAME)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(mode):
+        raise UsageError(
+            f"{path} is a {describe_kind(mode)}, not the manifest staging wrote: refusing to clean"
+        )
+    manifest = load_manifest(path)
+    if manifest.staged_from is None:
+        raise UsageError(f"{dest} is a packed dataset, not a staging area: refusing to clean it")
+    return manifest
+
+
+def _remove_empty_folders(root: str, folders: set[str]) -> None:
+    """rmdir the folders (and their parents below root) that staging left empty."""
+    todo: set[str] = set()
+    for folder in folders:
+        while folder:
+            todo.add(folder)
+            folder = os.path.dirname(folder)  # noqa: PLW2901 - walk up to root
+    for folder in sorted(todo, key=lambda f: (-f.count("/"), f)):
+        rmdir_inside(root, folder)  # kept when not empty, or a symlink

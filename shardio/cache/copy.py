@@ -1,0 +1,372 @@
+"""Copy into a staging area: per-shard locks and the verified copy of one shard.
+
+Each copy is hashed while its pages are still in the page cache and published under its
+final name only when its xxh3-128 matches the manifest. A per-shard ``flock`` on the local
+filesystem makes it safe for every rank of a node to stage at once (each shard is copied
+once; the others wait, then find it done); the kernel drops the lock of a killed process,
+so stale locks recover by themselves. Files staging wrote are opened without following a
+symlink and so that a FIFO or device cannot block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import stat
+from collections.abc import Iterator
+
+import xxhash
+
+from shardio.cache.area import storage_errors
+from shardio.cache.stamps import drop_staged, lock_path, stamp_matches, stamp_rel, write_stamp
+from shardio.errors import IntegrityError, ShardioError, StorageError, UsageError
+from shardio.format.manifest import Manifest, ShardEntry
+from shardio.format.spec import MANIFEST_FILENAME
+from shardio.progress import Counters
+from shardio.storage.atomic import (
+    atomic_write,
+    create_temp,
+    publish,
+    storage_error,
+    temp_path_for,
+)
+from shardio.storage.files import (
+    describe_kind,
+    find_temps_inside,
+    make_dirs_inside,
+    open_regular,
+    read_regular,
+    unlink_inside,
+)
+
+__all__ = [
+    "READ_NOFOLLOW",
+    "leftover_temps",
+    "stage_one",
+    "temps_of",
+    "write_local_metadata",
+]
+
+logger = logging.getLogger(__name__)
+
+READ_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_CHUNK = 16 * 1024 * 1024
+# A DALI .idx holds one short text line per sample: bound what is read of one.
+_IDX_BASE_BYTES = 64 * 1024 * 1024
+_IDX_BYTES_PER_SAMPLE = 64
+
+
+# --------------------------------------------------------------------------- staged files
+
+
+def _refuse_staged(path: str, kind: str) -> UsageError:
+    return UsageError(
+        f"{path} is a {kind}, not a copy staged by shardio: it is not read, replaced or "
+        "removed; remove it yourself and stage again"
+    )
+
+
+def _open_staged(path: str, what: str) -> int | None:
+    """Open a file staging wrote, without following a symlink or blocking on a FIFO; None
+    when absent. Anything but a regular file is refused (UsageError)."""
+    try:
+        fd = os.open(path, READ_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refuse_staged(path, "symlink") from exc
+        raise StorageError(
+            exc.errno or errno.EIO, f"cannot read {what} {path}: {exc.strerror}"
+        ) from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _refuse_staged(path, describe_kind(mode))
+    return fd
+
+
+def _staged_digest(path: str, what: str) -> str | None:
+    """xxh3-128 of a staged file (None when absent), read, not mapped: a file truncated
+    meanwhile ends the hash early instead of killing the process with SIGBUS."""
+    fd = _open_staged(path, what)
+    if fd is None:
+        return None
+    try:
+        hasher = xxhash.xxh3_128()
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while n := os.readv(fd, [buf]):
+            hasher.update(view[:n])
+        return hasher.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _staged_equals(path: str, data: bytes, what: str) -> bool:
+    """Whether the staged file at ``path`` holds exactly ``data`` (False when absent)."""
+    fd = _open_staged(path, what)
+    if fd is None:
+        return False
+    try:
+        if os.fstat(fd).st_size != len(data):
+            return False
+        got = bytearray()
+        while len(got) <= len(data) and (chunk := os.read(fd, len(data) + 1 - len(got))):
+            got += chunk
+        return got == data
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- copies
+
+
+@contextlib.contextmanager
+def _shard_lock(dest: str, rel: str) -> Iterator[None]:
+    path = lock_path(dest, rel)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(
+                f"lock file {path} is a symlink: shardio does not write through symlinks; remove it"
+            ) from exc
+        raise storage_error(exc, path, "locking") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UsageError(
+                f"lock file {path} is a {describe_kind(mode)}, not a regular file; remove it"
+            )
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another rank copies this shard
+        yield
+    finally:
+        os.close(fd)  # releases the lock; a killed holder's lock goes with its process
+
+
+def _copy_range(fin: int, fout: int, limit: int, counters: Counters) -> int:
+    """Copy at most ``limit`` bytes inside the kernel (copy_file_range, else sendfile, else
+    read/write); return the bytes copied."""
+    total = 0
+    for copy in (os.copy_file_range, _sendfile):
+        try:
+            while total < limit:
+                n = copy(fin, fout, min(_CHUNK, limit - total))
+                if n == 0:
+                    break
+                total += n
+                counters.add(0, n)
+            return total
+        except OSError as exc:
+            if total or exc.errno not in (
+                errno.EXDEV,
+                errno.ENOSYS,
+                errno.EINVAL,
+                errno.EOPNOTSUPP,
+            ):
+                raise
+    buf = bytearray(min(_CHUNK, max(limit, 1)))
+    view = memoryview(buf)
+    while total < limit:
+        n = os.readv(fin, [view[: min(len(buf), limit - total)]])
+        if n == 0:
+            break
+        written = 0
+        while written < n:
+            written += os.write(fout, view[written:n])
+        total += n
+        counters.add(0, n)
+    return total
+
+
+def _sendfile(fin: int, fout: int, count: int) -> int:
+    return os.sendfile(fout, fin, None, count)
+
+
+def _hash_file(fd: int) -> str:
+    """xxh3-128 of a temp file of ours through a mapping (its pages are hashed where they
+    lie)."""
+    hasher = xxhash.xxh3_128()
+    if os.fstat(fd).st_size:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                for pos in range(0, len(view), _CHUNK):
+                    hasher.update(view[pos : pos + _CHUNK])
+            finally:
+                view.release()
+    return hasher.hexdigest()
+
+
+def _copy_verified(
+    src: str,
+    dst: str,
+    expected: str,
+    *,
+    size_bytes: int,
+    durable: bool,
+    counters: Counters,
+    what: str = "source shard",
+) -> int:
+    """Copy src to a temp file in the kernel, hash the copy's own bytes, publish if it matches.
+
+    The copy is hashed after it is written (its pages are still in the page cache), so what is
+    checked is what will be read, not the source. A source whose size is not ``size_bytes``
+    is refused before a byte is copied, and no more than ``size_bytes + 1`` are ever copied.
+    """
+    fin = open_regular(src, what=what)
+    try:
+        size = os.fstat(fin).st_size
+        if size != size_bytes:
+            raise IntegrityError(
+                errno.EIO,
+                f"{what} {src} is {size:,} bytes, its manifest says {size_bytes:,}: it changed "
+                "after it was packed; run shardio verify on the source",
+            )
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        tmp = temp_path_for(dst)
+        try:
+            fout = create_temp(tmp, readable=True)
+        except OSError as exc:
+            raise storage_error(exc, dst, "staging") from exc
+        try:
+            try:
+                total = _copy_range(fin, fout, size_bytes + 1, counters)
+                actual = _hash_file(fout) if total == size_bytes else ""
+            finally:
+                os.close(fout)
+            if total != size_bytes:
+                raise IntegrityError(
+                    errno.EIO,
+                    f"{what} {src} changed while it was copied ({total:,} bytes read, its "
+                    f"manifest says {size_bytes:,}): run shardio verify on the source",
+                )
+            if actual != expected:
+                raise IntegrityError(
+                    errno.EIO,
+                    f"{what} {src} does not match its manifest checksum "
+                    f"(expected {expected}, got {actual}): run shardio verify on the source",
+                )
+            publish(tmp, dst, durable=durable)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if isinstance(exc, OSError) and not isinstance(exc, ShardioError):
+                raise storage_error(exc, dst, "staging") from exc
+            raise
+    finally:
+        os.close(fin)
+    return total
+
+
+def _sync_small_file(src: str, dst: str, durable: bool, *, max_bytes: int) -> None:
+    """Make dst a copy of a small file (no checksum in the manifest: compare the bytes)."""
+    data = read_regular(src, max_bytes=max_bytes, what="DALI index")
+    if _staged_equals(dst, data, "staged DALI index"):
+        return
+    with atomic_write(dst, durable=durable) as out:
+        out.write(data)
+
+
+# --------------------------------------------------------------------------- one shard
+
+
+def leftover_temps(dest: str, folders: set[str]) -> dict[str, list[str]]:
+    """Temp files in ``folders`` of DEST: final relative path -> the temps' relative paths.
+
+    Listed once per folder; each is removed under its shard's lock, which every writer of
+    that final name holds, so a live copy's temp is never removed.
+    """
+    found: dict[str, list[str]] = {}
+    for folder in folders:
+        prefix = f"{folder}/" if folder else ""
+        for final, names in find_temps_inside(dest, folder).items():
+            found[prefix + final] = [prefix + n for n in names]
+    return found
+
+
+def temps_of(entry: ShardEntry, temps: dict[str, list[str]]) -> list[str]:
+    """Leftover temps of a shard's copy, its DALI index and its stamp."""
+    finals = [entry.path, stamp_rel(entry.path)]
+    if entry.dali_index is not None:
+        finals.append(entry.dali_index)
+    return [t for f in finals for t in temps.get(f, ())]
+
+
+def stage_one(
+    src_root: str,
+    dest: str,
+    entry: ShardEntry,
+    temps: list[str],
+    *,
+    durable: bool,
+    counters: Counters,
+) -> tuple[str, str, int]:
+    """Stage one shard (and its DALI index) under its lock; return (rel, outcome, bytes).
+
+    The outcome is "present" (a verified copy was there), "copied" or "replaced" (a damaged
+    copy was removed and copied again).
+    """
+    rel, expected = entry.path, entry.xxh3_128
+    final = os.path.join(dest, rel)
+    with storage_errors(final, "staging"), _shard_lock(dest, rel):
+        for temp in temps:  # a killed run's partial copy; the lock excludes live ones
+            unlink_inside(dest, temp)
+        outcome, copied = "present", 0
+        if not stamp_matches(dest, rel, expected):
+            digest = _staged_digest(final, "staged copy")
+            if digest == expected:
+                write_stamp(dest, rel, expected, durable)  # a verified copy, no stamp
+            else:
+                outcome = "copied"
+                if digest is not None:
+                    logger.warning("staged copy %s is damaged: copying it again", final)
+                    drop_staged(dest, rel)
+                    outcome = "replaced"
+                copied = _copy_verified(
+                    os.path.join(src_root, rel),
+                    final,
+                    expected,
+                    size_bytes=entry.size_bytes,
+                    durable=durable,
+                    counters=counters,
+                )
+                write_stamp(dest, rel, expected, durable)
+        if entry.dali_index is not None:  # DALI wants the .idx beside the staged tar
+            _sync_small_file(
+                os.path.join(src_root, entry.dali_index),
+                os.path.join(dest, entry.dali_index),
+                durable,
+                max_bytes=_IDX_BASE_BYTES + _IDX_BYTES_PER_SAMPLE * entry.num_samples,
+            )
+    counters.add(1, 0)
+    return rel, outcome, copied
+
+
+def write_local_metadata(src_root: str, dest: str, manifest: Manifest, durable: bool) -> None:
+    """Copy the index (verified) and write DEST's manifest, which names the source."""
+    index_rel = manifest.index.path
+    make_dirs_inside(dest, os.path.dirname(index_rel))
+    index_dst = os.path.join(dest, index_rel)
+    if _staged_digest(index_dst, "staged index") != manifest.index.xxh3_128:
+        _copy_verified(
+            os.path.join(src_root, index_rel),
+            index_dst,
+            manifest.index.xxh3_128,
+            size_bytes=manifest.index.size_bytes,
+            durable=durable,
+            counters=Counters(shared=False),
+            what="index",
+        )
+    data = dataclasses.replace(manifest, staged_from=os.path.abspath(src_root)).dumps()
+    target = os.path.join(dest, MANIFEST_FILENAME)
+    if not _staged_equals(target, data, "staged manifest"):
+        with atomic_write(target, durable=durable) as fh:
+            fh.write(data)

@@ -1,0 +1,208 @@
+"""Stage a node's shards into a staging area: options, the run, and what it did.
+
+``stage_dataset`` copies the shards a node will read, in the order training first needs
+them, with parallel copy streams, each copy verified against the manifest (see
+:mod:`shardio.cache.copy`). A rerun copies only what is missing or bad.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from shardio.cache.area import check_paths, open_area, storage_errors
+from shardio.cache.copy import leftover_temps, stage_one, temps_of, write_local_metadata
+from shardio.cache.evict import evict_for
+from shardio.cache.plan import choose_shards, node_shard_order
+from shardio.cache.stamps import STAGE_DIR
+from shardio.errors import UsageError
+from shardio.format.manifest import load_manifest
+from shardio.format.spec import MANIFEST_FILENAME
+from shardio.progress import Counters, ProgressCallback, ProgressThread
+from shardio.runtime.order import check_order
+from shardio.storage.files import make_dirs_inside
+
+__all__ = [
+    "MAX_NODES",
+    "MAX_RANKS_PER_NODE",
+    "MAX_STREAMS",
+    "StageOptions",
+    "StageResult",
+    "stage_dataset",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_RANKS_PER_NODE = 4096
+MAX_NODES = 1 << 20
+MAX_STREAMS = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageOptions:
+    """What to stage and how.
+
+    Attributes:
+        node: this node's number (0-based), of ``num_nodes``.
+        num_nodes: nodes of the job; 1 stages every shard.
+        ranks_per_node: training ranks per node (the rank layout decides which shards a
+            node reads first), at most MAX_RANKS_PER_NODE.
+        seed, epoch, order, window_shards, drop_last: as given to ShardDataset, so the
+            stager computes the same order as training.
+        streams: parallel copy streams, at most MAX_STREAMS.
+        capacity_bytes: stage at most this many bytes (the shards needed first); None: all.
+        durable: fsync each copy before publishing it. Off by default: a staging area is a
+            job-scoped cache, a kill -9 cannot expose a half-written copy (temp name, then
+            rename), and every read verifies each member and falls back to the source, which
+            also covers a copy damaged by a node crash.
+    """
+
+    node: int = 0
+    num_nodes: int = 1
+    ranks_per_node: int = 1
+    seed: int = 0
+    epoch: int = 0
+    order: str = "shard-local"
+    window_shards: int = 4
+    drop_last: bool = False
+    streams: int = 4
+    capacity_bytes: int | None = None
+    durable: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_nodes <= MAX_NODES or not 0 <= self.node < self.num_nodes:
+            raise UsageError(
+                f"invalid node {self.node}/{self.num_nodes}: need 0 <= I < N <= {MAX_NODES:,}"
+            )
+        if not 1 <= self.ranks_per_node <= MAX_RANKS_PER_NODE:
+            raise UsageError(
+                f"invalid ranks per node {self.ranks_per_node}: need 1 to {MAX_RANKS_PER_NODE}"
+            )
+        if not 1 <= self.streams <= MAX_STREAMS:
+            raise UsageError(f"invalid copy streams {self.streams}: need 1 to {MAX_STREAMS}")
+        if self.window_shards < 1:
+            raise UsageError(f"invalid window shards {self.window_shards}: need at least 1")
+        if self.seed < 0 or self.epoch < 0:
+            raise UsageError(f"seed ({self.seed}) and epoch ({self.epoch}) must be >= 0")
+        if self.capacity_bytes is not None and self.capacity_bytes < 0:
+            raise UsageError("capacity must be positive")
+        check_order(self.order)
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage run did."""
+
+    dest: str
+    shards_needed: int
+    copied: int
+    present: int
+    replaced: int
+    from_source: tuple[str, ...]
+    bytes_copied: int
+    bytes_staged: int
+    seconds: float
+    evicted: tuple[str, ...] = field(default_factory=tuple)
+
+
+def stage_dataset(
+    src: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    options: StageOptions,
+    *,
+    progress: ProgressCallback | None = None,
+) -> StageResult:
+    """Stage this node's shards of the dataset at ``src`` into ``dest``.
+
+    ``dest`` must be missing, an empty directory, or a staging area made by shardio; a new
+    area gets its marker (``.shardio-stage/area.json``) before anything else is written.
+
+    Raises:
+        FormatError: src holds no valid manifest.
+        UsageError: dest is inside src (or holds it), is not a directory, is neither empty
+            nor a staging area, or has a symlink or special file where staging writes.
+        IntegrityError: a source shard does not match its size or checksum.
+        StorageError: copying failed (ENOSPC included); published copies stay valid.
+    """
+    start = time.monotonic()
+    src_root, dest_root = os.fspath(src), os.fspath(dest)
+    manifest = load_manifest(os.path.join(src_root, MANIFEST_FILENAME))
+    check_paths(manifest, src_root)
+    open_area(src_root, dest_root, durable=options.durable)
+    with (
+        storage_errors(dest_root, "staging into"),
+        concurrent.futures.ThreadPoolExecutor(
+            max_workers=options.streams, thread_name_prefix="shardio-stage"
+        ) as pool,
+    ):
+        # The order needs numpy, whose import is a good part of a cold start: it is
+        # computed beside the copy of the index.
+        order = pool.submit(node_shard_order, manifest, options)
+        write_local_metadata(src_root, dest_root, manifest, options.durable)
+        needed = order.result()
+        chosen, from_source = choose_shards(manifest, needed, options.capacity_bytes)
+        folders = {os.path.dirname(e.path) for e in chosen} | {
+            os.path.dirname(e.dali_index) for e in chosen if e.dali_index is not None
+        }
+        for folder in sorted(folders):
+            make_dirs_inside(dest_root, folder)  # refuses a symlink on the way
+        temps = leftover_temps(dest_root, folders | {f"{STAGE_DIR}/ok"})
+        evicted: list[str] = []
+        if options.capacity_bytes is not None:
+            evicted = evict_for(
+                dest_root,
+                manifest,
+                {e.path for e in chosen},
+                sum(e.size_bytes for e in chosen),
+                options.capacity_bytes,
+            )
+        counters = Counters(shared=False)
+        tracker = (
+            ProgressThread(
+                counters,
+                progress,
+                files_total=len(chosen),
+                bytes_total=sum(e.size_bytes for e in chosen),
+            )
+            if progress is not None
+            else contextlib.nullcontext()
+        )
+        with tracker:
+            futures = [
+                pool.submit(
+                    stage_one,
+                    src_root,
+                    dest_root,
+                    e,
+                    temps_of(e, temps),
+                    durable=options.durable,
+                    counters=counters,
+                )
+                for e in chosen
+            ]
+            try:
+                outcomes = [f.result() for f in futures]
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+    if from_source:
+        logger.warning(
+            "%d shard(s) exceed --capacity and will be read from %s", len(from_source), src_root
+        )
+    return StageResult(
+        dest=dest_root,
+        shards_needed=len(needed),
+        copied=sum(1 for _, o, _ in outcomes if o == "copied"),
+        present=sum(1 for _, o, _ in outcomes if o == "present"),
+        replaced=sum(1 for _, o, _ in outcomes if o == "replaced"),
+        from_source=tuple(from_source),
+        bytes_copied=sum(n for _, _, n in outcomes),
+        bytes_staged=sum(e.size_bytes for e in chosen),
+        seconds=time.monotonic() - start,
+        evicted=tuple(evicted),
+    )
