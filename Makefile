@@ -46,7 +46,8 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/bench_stage.py
 
 # Job prologue: stage this node's shards of $(SHARDIO_DATA) to node-local storage, verified.
-# SHARDIO_STAGE_DIR defaults (in the CLI) to $SLURM_TMPDIR, $TMPDIR, then /mnt/nvme/$USER/$JOB.
+# SHARDIO_STAGE_DIR defaults (in the CLI) to <base>/shardio-<uid>-<job>/<name>, private (0700),
+# with <base> = $SLURM_TMPDIR, $TMPDIR, then /mnt/nvme.
 SHARDIO_STAGE_ARGS ?=
 stage-nvme: install
 	@test -n "$(SHARDIO_DATA)" || { echo "make stage-nvme: set SHARDIO_DATA=/path/to/dataset" >&2; exit 2; }
