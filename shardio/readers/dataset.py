@@ -19,7 +19,7 @@ from shardio.format.index import Index
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
 from shardio.readers.mapcache import MapCache
-from shardio.storage.files import open_regular
+from shardio.storage.files import open_for_pread
 
 __all__ = ["FilePool", "PackedDataset"]
 
@@ -37,7 +37,6 @@ class FilePool:
     def __init__(self, max_open: int = 64) -> None:
         self.max_open = max_open
         self._fds: OrderedDict[str, int] = OrderedDict()
-        self._sizes: dict[str, int] = {}
         self._pid = os.getpid()
         self.opens = 0
 
@@ -56,38 +55,30 @@ class FilePool:
                 with contextlib.suppress(OSError):
                     os.close(inherited)
             self._fds.clear()
-            self._sizes.clear()
             self._pid = os.getpid()
         fd = self._fds.get(path)
         if fd is not None:
             self._fds.move_to_end(path)
             return fd
         # A staged copy (shared_lock) is a file shardio wrote: never read one through a symlink.
-        fd = open_regular(path, what="shard", nofollow=shared_lock)
-        try:
-            if shared_lock:
+        # No fstat: a FIFO or directory fails its pread instead (storage.files.open_for_pread).
+        fd = open_for_pread(path, what="shard", nofollow=shared_lock)
+        if shared_lock:
+            try:
                 fcntl.flock(fd, fcntl.LOCK_SH)
-            size = os.fstat(fd).st_size
-        except OSError as exc:
-            os.close(fd)
-            raise StorageError(exc.errno, f"cannot open shard {path}: {exc.strerror}") from exc
+            except OSError as exc:
+                os.close(fd)
+                raise StorageError(exc.errno, f"cannot lock shard {path}: {exc.strerror}") from exc
         self.opens += 1
         self._fds[path] = fd
-        self._sizes[path] = size
         if len(self._fds) > self.max_open:
-            old_path, old = self._fds.popitem(last=False)
-            self._sizes.pop(old_path, None)
+            _, old = self._fds.popitem(last=False)
             os.close(old)
         return fd
-
-    def size(self, path: str) -> int:
-        """Size of ``path`` when it was opened (call :meth:`fd` first)."""
-        return self._sizes[path]
 
     def discard(self, path: str) -> None:
         """Close the descriptor of ``path`` if open (after the file was replaced)."""
         fd = self._fds.pop(path, None)
-        self._sizes.pop(path, None)
         if fd is not None:
             os.close(fd)
 
@@ -97,7 +88,6 @@ class FilePool:
             for fd in self._fds.values():
                 os.close(fd)
         self._fds.clear()
-        self._sizes.clear()
 
 
 class PackedDataset:
@@ -248,13 +238,9 @@ class PackedDataset:
         cached = shard in self._cached_shards
         size = len(target)
         problem = None
-        offset = int(rec["offset"])
         try:
             fd = self.pool.fd(path, shared_lock=cached)
-            if offset + size > self.pool.size(path):
-                got = -1  # the file is shorter than the index says: never read past it
-            else:
-                got = os.preadv(fd, [target], offset) if size else 0
+            got = os.preadv(fd, [target], int(rec["offset"])) if size else 0
         except OSError as exc:
             if not cached:
                 raise StorageError(exc.errno, f"cannot read shard {path}: {exc.strerror}") from exc
@@ -346,18 +332,10 @@ class PackedDataset:
     ) -> bytes:
         """Return one member's bytes (see :meth:`read_member_into`).
 
-        The size the index claims is checked against the shard file before the buffer is
-        allocated.
+        The size comes from checked records: it lies inside the shard's size in the manifest.
         """
         self.index.check_shard(shard)
-        rec = self.index.members[member]
-        path = self.shard_path(shard)
-        self.pool.fd(path, shared_lock=shard in self._cached_shards)
-        if int(rec["offset"]) + int(rec["size"]) > self.pool.size(path):
-            if sample is None:
-                sample = self._sample_of(member)
-            raise StorageError(5, f"shard {path} is truncated (sample {self.key(sample)!r})")
-        buf = bytearray(int(rec["size"]))
+        buf = bytearray(int(self.index.members[member]["size"]))
         self.read_member_into(member, memoryview(buf), shard=shard, sample=sample, verify=verify)
         return bytes(buf)
 
