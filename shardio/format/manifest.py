@@ -341,7 +341,9 @@ def _parse(doc: Mapping[str, Any], where: str, version: int) -> Manifest:
         raise FormatError(
             f"{where}: num_shards is {num_shards!r}, the shard list has {len(shards)}"
         )
-    options, layout_doc = doc.get("options") or {}, doc.get("layout") or {}
+    options, layout_doc = doc.get("options", {}), doc.get("layout", {})
+    options = {} if options is None else options
+    layout_doc = {} if layout_doc is None else layout_doc
     if not isinstance(options, dict) or not isinstance(layout_doc, dict):
         raise FormatError(f"{where}: options and layout must be objects")
     created_by, staged_from = doc.get("created_by", ""), doc.get("staged_from")

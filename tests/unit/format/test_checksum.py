@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import errno
-
 from pathlib import Path
 
 import pytest
-
-from shardio.errors import StorageError
 import xxhash
 
+from shardio.errors import StorageError
 from shardio.format.checksum import file_xxh3_128, hex64, member_xxh3_64, new_file_hasher
 
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
-
 from xxhash import xxh3_128_hexdigest
 
-from shardio.errors import FormatError
-from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
+from shardio.errors import FormatError, StorageError
 from shardio.format.index import (
     MEMBER_DTYPE,
     SAMPLE_DTYPE,
@@ -20,6 +19,7 @@ from shardio.format.index import (
     MemberEntry,
     merge_indexes,
 )
+from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
 from shardio.format.spec import INDEX_HEADER_SIZE, INDEX_MAGIC, NO_LABEL, SECTION_ALIGN
 
 # Header layout from docs/format.md: magic, version u32, flags u32, n_samples, n_members,
@@ -352,3 +352,68 @@ def test_records_pointing_outside_their_tables(
     records[field][-1] = 10_000
     data[off : off + length] = records.tobytes()
     _open_corrupt(tmp_path, bytes(data))
+
+
+def _edit_record(good: bytes, table: str, row: int, **fields: int) -> bytes:
+    data = bytearray(good)
+    off, length = _section(good, table)
+    dtype = SAMPLE_DTYPE if table == "samples" else MEMBER_DTYPE
+    records = np.frombuffer(bytes(data[off : off + length]), dtype=dtype).copy()
+    for name, value in fields.items():
+        records[name][row] = value
+    data[off : off + length] = records.tobytes()
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("table", "fields"),
+    [
+        # Values at or above 2**63, and pairs whose uint64 sum wraps around below the limit.
+        ("members", {"offset": 2**63}),
+        ("members", {"size": 2**64 - 1}),
+        ("members", {"offset": 2**64 - 8, "size": 16}),
+        ("samples", {"first_member": 2**63}),
+        ("samples", {"first_member": 2**64 - 1, "n_members": 2}),
+        ("samples", {"key_offset": 2**64 - 1, "key_length": 2}),
+        ("members", {"path_offset": 2**64 - 2, "path_length": 4}),
+        ("samples", {"label": 7}),
+        ("samples", {"label": -5}),
+        ("samples", {"shard": 3}),
+        ("samples", {"n_members": 0}),
+        ("samples", {"key_length": 0}),
+        ("members", {"ext_id": 2**32 - 1}),
+    ],
+)
+def test_huge_or_wrapping_values_are_refused(
+    tmp_path: Path, good_index: bytes, table: str, fields: dict[str, int]
+) -> None:
+    _open_corrupt(tmp_path, _edit_record(good_index, table, 1, **fields))
+
+
+def test_non_ascii_key_bytes_are_refused(tmp_path: Path, good_index: bytes) -> None:
+    data = bytearray(good_index)
+    off, _ = _section(good_index, "keys")
+    data[off] = 0xE9
+    _, info = _open_corrupt(tmp_path, bytes(data))
+    assert "key" in str(info.value)
+
+
+@pytest.mark.parametrize("ext", [b"__key__", b"__url__", b"a b", b"x.y", b""])
+def test_reserved_or_invalid_extension_names_are_refused(
+    tmp_path: Path, good_index: bytes, ext: bytes
+) -> None:
+    data = bytearray(good_index)
+    off, length = _section(good_index, "exts")
+    table = bytes(data[off : off + length]).split(b"\n")
+    table[0] = ext
+    new = b"\n".join(table)
+    data[off : off + len(new)] = new
+    _SECTION.pack_into(data, _HEAD.size + SECTIONS.index("exts") * _SECTION.size, off, len(new))
+    _open_corrupt(tmp_path, bytes(data))
+
+
+def test_a_fifo_index_is_refused_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "index.bin"
+    os.mkfifo(path)
+    with pytest.raises(StorageError, match="FIFO"):
+        Index.open(path)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shardio.errors import FormatError
+from shardio.errors import FormatError, StorageError
 from shardio.format.manifest import (
     IndexEntry,
     Manifest,
@@ -18,6 +19,7 @@ from shardio.format.manifest import (
     load_manifest,
     parse_manifest,
 )
+from shardio.format.spec import MAX_MANIFEST_BYTES
 
 WHERE = "/data/set one/manifest.json"
 HASH = "0123456789abcdef0123456789abcdef"
@@ -325,3 +327,93 @@ def test_model_rejects_bad_values_directly() -> None:
         _manifest(num_samples=4)
     with pytest.raises(FormatError, match="inside the dataset"):
         IndexEntry(path="/index.bin", size_bytes=1, xxh3_128=HASH)
+
+
+def test_an_edited_manifest_fails_its_checksum() -> None:
+    data = _manifest().dumps()
+    edited = data.replace(b'"cat"', b'"cow"')
+    message = _parse_fails(edited)
+    assert "checksum mismatch" in message
+
+
+@pytest.mark.parametrize("cut", [1, 40, 120])
+def test_a_truncated_manifest_is_refused(cut: int) -> None:
+    _parse_fails(_manifest().dumps()[:-cut])
+
+
+def test_a_format_2_manifest_without_its_checksum_is_refused() -> None:
+    doc = _doc()
+    del doc["manifest_xxh3_128"]
+    assert "checksum" in _parse_fails(json.dumps(doc, indent=1).encode())
+
+
+def test_deeply_nested_json_is_one_format_error() -> None:
+    assert "nested too deeply" in _parse_fails(b"[" * 100_000 + b"]" * 100_000)
+
+
+@pytest.mark.parametrize("text", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_finite_numbers_are_refused(text: bytes) -> None:
+    doc = _doc()
+    doc["data_bytes"] = "PLACEHOLDER"
+    data = _seal(doc).replace(b'"PLACEHOLDER"', text)
+    _parse_fails(data)
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("num_samples",), 2**63),
+        (("data_bytes",), 10**30),
+        (("shards", 0, "size_bytes"), 2**64),
+        (("index", "size_bytes"), -1),
+        (("shards", 0, "path"), "shards/x\x00.tar"),
+        (("shards", 0, "path"), "shards/\u00e9.tar"),
+        (("shards", 0, "path"), "shards/./x.tar"),
+        (("shards", 0, "dali_index"), "shards/shard-000001.tar"),
+        (("index", "path"), "manifest.json"),
+        (("index", "path"), "shards/shard-000000.tar"),
+        (("num_shards",), 3),
+        (("total_bytes",), 1),
+        (("labels", "classes"), ["cat", "cat"]),
+        (("labels", "layout"), "nested-dirs"),
+        (("labels", "layout"), "none"),
+        (("pack_fingerprints",), ["xyz"]),
+        (("shards", 0, "index_xxh3_64"), "ABCDEF0123456789"),
+        (("index", "head_xxh3_64"), None),
+        (("staged_from",), "\x00"),
+        (("options",), []),
+    ],
+)
+def test_out_of_range_or_inconsistent_fields(path: tuple[Any, ...], value: Any) -> None:
+    doc = _doc()
+    target = doc
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = value
+    _parse_fails(doc)
+
+
+def test_load_refuses_a_fifo_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "manifest.json"
+    os.mkfifo(path)
+    with pytest.raises(StorageError, match="FIFO"):
+        load_manifest(path)
+
+
+def test_load_refuses_a_huge_manifest_before_reading_it(tmp_path: Path) -> None:
+    path = tmp_path / "manifest.json"
+    with open(path, "wb") as fh:
+        fh.truncate(MAX_MANIFEST_BYTES + 1)
+    with pytest.raises(FormatError, match="more than"):
+        load_manifest(path)
+
+
+def test_format_1_manifests_still_parse_without_checksums() -> None:
+    manifest = _manifest(
+        format_version=1,
+        index=IndexEntry(path="index.bin", size_bytes=1024, xxh3_128=HASH),
+        pack_fingerprints=(),
+    )
+    data = manifest.dumps()
+    assert b"manifest_xxh3_128" not in data
+    assert parse_manifest(data).format_version == 1
