@@ -232,9 +232,13 @@ def encode_document(doc: Mapping[str, Any]) -> bytes:
     The checksum is the xxh3-128 of the serialised document with the checksum's own value
     as 32 zeros; it is the document's last field, so a reader finds it at a fixed place.
     """
-    data = (json.dumps(doc, indent=1) + "\n").encode("ascii")
     if MANIFEST_CHECKSUM_FIELD not in doc:
-        return data
+        return (json.dumps(doc, indent=1) + "\n").encode("ascii")
+    # The field is zeroed and moved last whatever the caller passed (a loaded document
+    # carries its old checksum).
+    doc = {k: v for k, v in doc.items() if k != MANIFEST_CHECKSUM_FIELD}
+    doc[MANIFEST_CHECKSUM_FIELD] = "0" * 32
+    data = (json.dumps(doc, indent=1) + "\n").encode("ascii")
     match = _CHECKSUM_RE.search(data)
     if match is None:
         raise FormatError(f"{MANIFEST_CHECKSUM_FIELD} must be the last field of the manifest")

@@ -1,39 +1,34 @@
 """Join the parts of a pack (one per SLURM task, or the single part) into one dataset.
 
-Reads each part's record and per-shard index fragments from the work directory, writes the
-global index, the pack report and, last and atomically, the manifest.
+Reads each part's record and per-shard index fragments from the work directory (each
+fragment checked against the xxh3-128 its done-record holds), writes the global index, the
+pack report and, last and atomically, the manifest, which records every part's plan
+fingerprint for a later ``--resume`` to compare against.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 from dataclasses import dataclass
-from typing import Any
 
 from shardio._version import __version__
-from shardio.errors import FormatError, UsageError
-from shardio.format.checksum import file_xxh3_128
+from shardio.errors import FormatError, ShardioError, StorageError, UsageError
 from shardio.format.index import Index, merge_indexes, seal_manifest
 from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
-from shardio.format.spec import (
-    INDEX_FILENAME,
-    MANIFEST_FILENAME,
-    REPORT_FILENAME,
-    WORK_DIR,
+from shardio.format.spec import INDEX_FILENAME, MANIFEST_FILENAME, REPORT_FILENAME, WORK_DIR
+from shardio.packing.dest import hash_regular, locked, real_dir, remove_temps, remove_work_dir
+from shardio.packing.workfiles import (
+    PartRecord,
+    ShardRecord,
+    fragment_path,
+    load_record,
+    parse_record_name,
+    part_record_name,
 )
-from shardio.storage.atomic import atomic_write, is_temp_name
+from shardio.storage.atomic import atomic_write
 
-__all__ = ["MergeResult", "merge_parts", "part_record_name"]
-
-_PART_RE = re.compile(r"^part-(\d{4})-of-(\d{4})\.json$")
-
-
-def part_record_name(part: int, num_parts: int) -> str:
-    """File name of a part's record in the work directory."""
-    return f"part-{part:04d}-of-{num_parts:04d}.json"
+__all__ = ["MergeResult", "merge_locked", "merge_parts", "part_record_name"]
 
 
 @dataclass(frozen=True)
@@ -44,19 +39,19 @@ class MergeResult:
     num_parts: int
 
 
-def _load_parts(dst: str) -> list[dict[str, Any]]:
+def _load_parts(dst: str) -> list[PartRecord]:
     work = os.path.join(dst, WORK_DIR)
-    if not os.path.isdir(work):
-        if os.path.exists(os.path.join(dst, MANIFEST_FILENAME)):
+    if not real_dir(work):
+        if os.path.lexists(os.path.join(dst, MANIFEST_FILENAME)):
             raise UsageError(f"{dst} is already merged")
         raise UsageError(
             f"{dst} holds no packed parts to merge (run shardio pack --part I/N first)"
         )
     found: dict[int, int] = {}
     for name in os.listdir(work):
-        m = _PART_RE.match(name)
-        if m:
-            found[int(m.group(1))] = int(m.group(2))
+        split = parse_record_name(name, "part")
+        if split is not None:
+            found[split[0]] = split[1]
     if not found:
         raise UsageError(f"{dst} holds no finished parts to merge")
     totals = set(found.values())
@@ -70,50 +65,81 @@ def _load_parts(dst: str) -> list[dict[str, Any]]:
     parts = []
     for i in range(num_parts):
         path = os.path.join(work, part_record_name(i, num_parts))
-        with open(path, "rb") as fh:
-            parts.append(json.loads(fh.read()))
+        record = load_record(path, PartRecord)
+        if (record.part, record.num_parts) != (i, num_parts):
+            raise FormatError(f"part record {path} is damaged: it says part {record.part}")
+        parts.append(record)
     first = parts[0]
     for p in parts[1:]:
         for key in ("shard_format", "classes", "label_layout", "options"):
-            if p[key] != first[key]:
-                raise UsageError(f"{dst}: part {p['part']} was packed with a different {key}")
+            if getattr(p, key) != getattr(first, key):
+                raise UsageError(f"{dst}: part {p.part} was packed with a different {key}")
     return parts
+
+
+def _open_fragment(dst: str, part: PartRecord, rec: ShardRecord) -> Index:
+    """Open a shard's index fragment after checking it against its done-record."""
+    stem = os.path.basename(rec.path).rsplit(".", 1)[0]
+    path = fragment_path(dst, stem)
+    again = f"rerun `shardio pack --resume` for part {part.part}/{part.num_parts} to rewrite it"
+    try:
+        digest = hash_regular(path, "index fragment")
+    except StorageError as exc:
+        raise FormatError(
+            f"index fragment {path} is missing or unreadable ({exc}): {again}"
+        ) from exc
+    if digest != rec.index_xxh3_128:
+        raise FormatError(f"index fragment {path} is damaged (checksum mismatch): {again}")
+    try:
+        frag = Index.open(path)
+    except (ShardioError, ValueError, OSError) as exc:
+        raise FormatError(f"index fragment {path} is damaged ({exc}): {again}") from exc
+    if len(frag) != rec.num_samples or frag.n_shards != 1:
+        frag.close()
+        raise FormatError(f"index fragment {path} does not match {rec.path}: {again}")
+    return frag
 
 
 def merge_parts(dst: str, *, durable: bool = True) -> MergeResult:
     """Merge the finished parts in ``dst`` into one dataset and remove the work files.
 
+    Holds an exclusive lock on DST, so no part can still be writing.
+
     Raises:
-        UsageError: no parts, parts missing, or parts packed with different options.
+        UsageError: no parts, parts missing, parts packed with different options, or a
+            pack is still writing to DST.
+        FormatError: a part record or index fragment is damaged (naming the file).
     """
+    if not os.path.isdir(dst):
+        raise UsageError(f"{dst} is not a directory holding packed parts")
+    with locked(dst, shared=False):
+        return merge_locked(dst, durable=durable)
+
+
+def merge_locked(dst: str, *, durable: bool = True) -> MergeResult:
+    """:func:`merge_parts` for a caller that already holds DST's lock."""
     parts = _load_parts(dst)
-    for name in os.listdir(dst):
-        if is_temp_name(name):  # left by a merge killed mid-write
-            os.unlink(os.path.join(dst, name))
-    work = os.path.join(dst, WORK_DIR)
+    remove_temps(dst)  # left by a merge killed mid-write
     shards: list[ShardEntry] = []
     fragments: list[tuple[Index, int]] = []
-    num_members = data_bytes = 0
+    num_members = data_bytes = first_sample = 0
     try:
         for part in parts:
-            for rec in part["shards"]:
-                stem = os.path.basename(rec["path"]).rsplit(".", 1)[0]
-                frag = Index.open(os.path.join(work, "frag", stem + ".index"))
-                if len(frag) != rec["num_samples"]:
-                    raise FormatError(f"{dst}: index fragment of {rec['path']} is inconsistent")
-                fragments.append((frag, len(shards)))
+            for rec in part.shards:
+                fragments.append((_open_fragment(dst, part, rec), len(shards)))
                 shards.append(
                     ShardEntry(
-                        path=rec["path"],
-                        size_bytes=rec["size_bytes"],
-                        num_samples=rec["num_samples"],
-                        first_sample=sum(s.num_samples for s in shards),
-                        xxh3_128=rec["xxh3_128"],
-                        dali_index=rec["dali_index"],
+                        path=rec.path,
+                        size_bytes=rec.size_bytes,
+                        num_samples=rec.num_samples,
+                        first_sample=first_sample,
+                        xxh3_128=rec.xxh3_128,
+                        dali_index=rec.dali_index,
                     )
                 )
-                num_members += rec["num_members"]
-                data_bytes += rec["data_bytes"]
+                first_sample += rec.num_samples
+                num_members += rec.num_members
+                data_bytes += rec.data_bytes
         index_path = os.path.join(dst, INDEX_FILENAME)
         with atomic_write(index_path, durable=durable) as fh:
             num_samples = merge_indexes(fh, fragments, n_shards=len(shards))
@@ -122,30 +148,31 @@ def merge_parts(dst: str, *, durable: bool = True) -> MergeResult:
             frag.close()
     first = parts[0]
     report = {
-        "skipped": [s for p in parts for s in p["skipped"]],
-        "oversized": [k for p in parts for k in p["oversized"]],
+        "skipped": [s.to_json() for p in parts for s in p.skipped],
+        "oversized": [k for p in parts for k in p.oversized],
     }
     with atomic_write(os.path.join(dst, REPORT_FILENAME), durable=durable) as fh:
         fh.write(json.dumps(report, indent=1).encode("ascii"))
     manifest = Manifest(
-        shard_format=first["shard_format"],
+        shard_format=first.shard_format,
         num_samples=num_samples,
         num_members=num_members,
         data_bytes=data_bytes,
         index=IndexEntry(
             path=INDEX_FILENAME,
             size_bytes=os.path.getsize(index_path),
-            xxh3_128=file_xxh3_128(index_path),
+            xxh3_128=hash_regular(index_path, "index"),
         ),
         shards=tuple(shards),
-        classes=tuple(first["classes"]) if first["classes"] is not None else None,
-        label_layout=first["label_layout"],
-        options=first["options"],
-        layout=first["layout"],
+        classes=first.classes,
+        label_layout=first.label_layout,
+        options=first.options,
+        layout=first.layout.to_json(),
         created_by=f"shardio {__version__}",
+        pack_fingerprints=tuple(p.fingerprint for p in parts),
     )
     manifest = seal_manifest(manifest, index_path)  # per-shard index checksums, checked
     with atomic_write(os.path.join(dst, MANIFEST_FILENAME), durable=durable) as fh:
         fh.write(manifest.dumps())
-    shutil.rmtree(work, ignore_errors=True)
+    remove_work_dir(dst)
     return MergeResult(manifest=manifest, num_parts=len(parts))

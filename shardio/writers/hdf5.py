@@ -20,6 +20,7 @@ Datasets in each file::
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Sequence
 
@@ -28,6 +29,7 @@ import numpy as np
 from shardio.format.checksum import file_xxh3_128
 from shardio.format.spec import HDF5_BLOB, HDF5_SHARD_VERSION
 from shardio.storage.atomic import create_temp, publish, storage_error, temp_path_for
+from shardio.writers.base import STREAM_CHUNK_BYTES, ReadInto, SourceChangedError, copy_stream
 
 __all__ = ["DEFAULT_HDF5_ALIGNMENT", "HDF5ShardWriter"]
 
@@ -69,6 +71,8 @@ class HDF5ShardWriter:
         self._offsets: list[int] = []
         self._sizes: list[int] = []
         self._hashes: list[int] = []
+        self._sample: tuple[str, int, int] = ("", 0, 0)
+        self._buffer: bytearray | None = None
         try:
             os.close(create_temp(self._tmp))  # never through a symlink; h5py truncates it
             with h5py.File(
@@ -95,6 +99,79 @@ class HDF5ShardWriter:
             self._remove_tmp()
             raise storage_error(exc, path, "creating") from exc
 
+    def begin_sample(self, key: str, label: int) -> None:
+        """Start a sample."""
+        self._sample = (key, label, len(self._offsets))
+
+    def _reserve(self, size: int) -> int:
+        """Check that ``size`` more bytes fit the blob; return their file offset."""
+        if self._used + size > self._capacity:
+            raise storage_error(
+                OSError(errno.EFBIG, "member larger than planned"), self.path, "writing"
+            )
+        return self._blob_offset + self._used
+
+    def _pwrite_all(self, data: bytes | memoryview, pos: int) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.pwrite(self._fd, view, pos)
+                view, pos = view[written:], pos + written
+        except OSError as exc:
+            raise storage_error(exc, self.path, "writing") from exc
+
+    def _record(self, ext: str, size: int, digest: int) -> tuple[int, int]:
+        placed = (self._blob_offset + self._used, size)
+        self._exts.append(ext)
+        self._offsets.append(self._used)
+        self._sizes.append(size)
+        self._hashes.append(digest)
+        self._used += size
+        return placed
+
+    def add_member(self, ext: str, data: bytes, digest: int) -> tuple[int, int]:
+        """Write a member held in memory into the blob; return (file offset, size)."""
+        self._pwrite_all(data, self._reserve(len(data)))
+        return self._record(ext, len(data), digest)
+
+    def add_stream(self, ext: str, size: int, readinto: ReadInto) -> tuple[int, int, int]:
+        """Copy a member of ``size`` bytes into the blob in chunks with ``pwrite``.
+
+        Raises:
+            SourceChangedError: the source did not give exactly ``size`` bytes; the blob does
+                not advance (the bytes written are zeroed, so no stray data stays behind).
+        """
+        start = self._reserve(size)
+        if self._buffer is None:
+            self._buffer = bytearray(STREAM_CHUNK_BYTES)
+        written = 0
+
+        def write(chunk: memoryview) -> None:
+            nonlocal written
+            self._pwrite_all(chunk, start + written)
+            written += len(chunk)
+
+        try:
+            digest = copy_stream(size, readinto, self._buffer, write)
+        except SourceChangedError:
+            zeros = bytes(min(written, STREAM_CHUNK_BYTES))
+            for pos in range(0, written, STREAM_CHUNK_BYTES):
+                self._pwrite_all(zeros[: min(STREAM_CHUNK_BYTES, written - pos)], start + pos)
+            raise
+        offset, _ = self._record(ext, size, digest)
+        return offset, size, digest
+
+    def end_sample(self) -> int:
+        """Close the sample; it is recorded only if it got a member."""
+        key, label, first = self._sample
+        count = len(self._offsets) - first
+        if count:
+            self._keys.append(key)
+            self._labels.append(label)
+            self._first.append(first)
+            self._count.append(count)
+        return count
+
     def add_sample(
         self, key: str, label: int, members: Sequence[tuple[str, bytes, int]]
     ) -> list[tuple[int, int]]:
@@ -102,30 +179,9 @@ class HDF5ShardWriter:
 
         Offsets are absolute in the file (blob offset added), ready for ``pread``.
         """
-        self._keys.append(key)
-        self._labels.append(label)
-        self._first.append(len(self._offsets))
-        self._count.append(len(members))
-        placed = []
-        for ext, data, digest in members:
-            if self._used + len(data) > self._capacity:
-                raise storage_error(OSError(27, "file larger than planned"), self.path, "writing")
-            try:
-                written = os.pwrite(self._fd, data, self._blob_offset + self._used)
-                while written < len(data):
-                    written += os.pwrite(
-                        self._fd,
-                        memoryview(data)[written:],
-                        self._blob_offset + self._used + written,
-                    )
-            except OSError as exc:
-                raise storage_error(exc, self.path, "writing") from exc
-            placed.append((self._blob_offset + self._used, len(data)))
-            self._exts.append(ext)
-            self._offsets.append(self._used)
-            self._sizes.append(len(data))
-            self._hashes.append(digest)
-            self._used += len(data)
+        self.begin_sample(key, label)
+        placed = [self.add_member(ext, data, digest) for ext, data, digest in members]
+        self.end_sample()
         return placed
 
     def finish(self) -> tuple[int, str]:

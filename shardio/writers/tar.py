@@ -7,9 +7,12 @@ import os
 import tarfile
 from collections.abc import Sequence
 
+import xxhash
+
 from shardio.format.checksum import new_file_hasher
 from shardio.format.spec import TAR_BLOCK
 from shardio.storage.atomic import create_temp, publish, storage_error, temp_path_for
+from shardio.writers.base import STREAM_CHUNK_BYTES, ReadInto, SourceChangedError, copy_stream
 
 __all__ = ["TarShardWriter", "dali_index_text", "ustar_header"]
 
@@ -90,6 +93,9 @@ class TarShardWriter:
         self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
         self.samples: list[tuple[str, list[tuple[str, int, int]]]] = []
+        self._key = ""
+        self._record: list[tuple[str, int, int]] = []
+        self._buffer: bytearray | None = None
         try:
             self._fd = create_temp(self._tmp)
         except OSError as exc:
@@ -120,6 +126,73 @@ class TarShardWriter:
         self._pending = []
         self._pending_bytes = 0
 
+    def begin_sample(self, key: str, label: int) -> None:
+        """Start a sample. The label travels as its ``cls`` member, so it is not used here."""
+        del label
+        self._key = key
+        self._record = []
+
+    def add_member(self, ext: str, data: bytes, digest: int) -> tuple[int, int]:
+        """Append a member held in memory; return (offset of its data, size)."""
+        del digest
+        self._queue(ustar_header(f"{self._key}.{ext}".encode("ascii"), len(data)))
+        offset = self._pos
+        self._queue(data)
+        self._pad(len(data))
+        self._record.append((ext, offset, len(data)))
+        return offset, len(data)
+
+    def add_stream(self, ext: str, size: int, readinto: ReadInto) -> tuple[int, int, int]:
+        """Copy a member of ``size`` bytes in chunks (header first: the size is planned).
+
+        Raises:
+            SourceChangedError: the source did not give exactly ``size`` bytes; the file is
+                truncated back and the hasher restored to before the member.
+        """
+        self._flush()
+        mark_pos, mark_hasher = self._pos, self._hasher.copy()
+        if self._buffer is None:
+            self._buffer = bytearray(STREAM_CHUNK_BYTES)
+        self._queue(ustar_header(f"{self._key}.{ext}".encode("ascii"), size))
+        offset = self._pos
+
+        def write(chunk: memoryview) -> None:
+            self._queue(chunk)
+            self._flush()  # the buffer is reused for the next chunk
+
+        try:
+            digest = copy_stream(size, readinto, self._buffer, write)
+        except SourceChangedError:
+            self._rollback(mark_pos, mark_hasher)
+            raise
+        self._pad(size)
+        self._record.append((ext, offset, size))
+        return offset, size, digest
+
+    def _pad(self, size: int) -> None:
+        pad = -size % TAR_BLOCK
+        if pad:
+            self._queue(_ZEROS[:pad])
+
+    def _rollback(self, pos: int, hasher: xxhash.xxh3_128) -> None:
+        self._pending = []
+        self._pending_bytes = 0
+        try:
+            os.ftruncate(self._fd, pos)
+            os.lseek(self._fd, pos, os.SEEK_SET)
+        except OSError as exc:
+            raise storage_error(exc, self.path, "rolling back") from exc
+        self._pos = pos
+        self._hasher = hasher
+
+    def end_sample(self) -> int:
+        """Close the sample (recorded for the DALI index if it got a member)."""
+        if self._record:
+            self.samples.append((self._key, self._record))
+        count = len(self._record)
+        self._record = []
+        return count
+
     def add_sample(
         self, key: str, label: int, members: Sequence[tuple[str, bytes, int]]
     ) -> list[tuple[int, int]]:
@@ -127,20 +200,9 @@ class TarShardWriter:
 
         The label travels as the sample's ``cls`` member, so ``label`` is not used here.
         """
-        del label
-        placed = []
-        record = []
-        for ext, data, _digest in members:
-            name = f"{key}.{ext}"
-            self._queue(ustar_header(name.encode("ascii"), len(data)))
-            offset = self._pos
-            self._queue(data)
-            pad = -len(data) % TAR_BLOCK
-            if pad:
-                self._queue(_ZEROS[:pad])
-            placed.append((offset, len(data)))
-            record.append((ext, offset, len(data)))
-        self.samples.append((key, record))
+        self.begin_sample(key, label)
+        placed = [self.add_member(ext, data, digest) for ext, data, digest in members]
+        self.end_sample()
         return placed
 
     def finish(self) -> tuple[int, str]:

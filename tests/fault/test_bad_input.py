@@ -20,6 +20,7 @@ import pytest
 from trees import tree_files
 
 from shardio.errors import StorageError
+from shardio.format.manifest import encode_document
 from shardio.packing.run import PackOptions, pack
 
 W1 = ("--workers", "1", "--no-progress")  # one worker, no progress bar
@@ -112,17 +113,22 @@ def test_non_empty_dst_is_refused_and_left_untouched(
     assert sorted(p.name for p in dst.iterdir()) == ["notes.txt", "results"]
 
 
-def test_force_into_a_non_empty_dst_keeps_foreign_files(
-    tiny_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli
+def test_force_into_a_directory_that_is_not_a_dataset_is_refused(
+    tiny_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli, assert_cli_error
 ) -> None:
+    """--force replaces a shardio dataset only: files merely named like shardio's (a
+    manifest.json, index.bin, shards/shard-*) are the user's and stay, byte for byte."""
     dst = tmp_path / "ds"
-    dst.mkdir()
+    (dst / "shards").mkdir(parents=True)
     (dst / "notes.txt").write_text("precious")
-    rc, _, err = run_cli("pack", tiny_tree, dst, "--force", "--no-progress")
-    assert rc == 0, err
-    assert (dst / "notes.txt").read_text() == "precious"
-    rc, _, err = run_cli("verify", dst, *W1)
-    assert rc == 0, err
+    (dst / "manifest.json").write_text('{"mine": true}')
+    (dst / "index.bin").write_bytes(b"my index")
+    (dst / "shards" / "shard-000000.tar").write_bytes(b"my tar")
+    before = tree_files(dst)
+    result = run_cli("pack", tiny_tree, dst, "--force", "--no-progress")
+    assert result.rc == 2
+    assert_cli_error(result, str(dst / "manifest.json"), "will not remove anything")
+    assert tree_files(dst) == before
 
 
 def test_dst_already_a_dataset(
@@ -392,23 +398,28 @@ def _broken_copy(good: pathlib.Path, tmp_path: pathlib.Path, kind: str) -> tuple
     shutil.copytree(good, dst)
     manifest = dst / "manifest.json"
     doc = json.loads(manifest.read_text())
+
+    def write(doc: dict) -> None:  # re-sealed, so the edit itself is what is caught
+        doc["manifest_xxh3_128"] = "0" * 32  # the value the checksum is computed over
+        manifest.write_bytes(encode_document(doc))
+
     if kind == "garbage":
         manifest.write_bytes(b"{not json at all\n\x00\xff")
         needle = "not valid JSON"
     elif kind == "version-99":
         doc["format_version"] = 99
-        manifest.write_text(json.dumps(doc))
+        write(doc)
         needle = "unsupported format_version 99"
     elif kind == "missing-field":
         del doc["num_samples"]
-        manifest.write_text(json.dumps(doc))
+        write(doc)
         needle = "num_samples"
     elif kind == "not-shardio":
         manifest.write_text(json.dumps({"format": "webdataset"}))
         needle = "not a shardio manifest"
     elif kind == "escaping-path":
         doc["shards"][0]["path"] = "../../etc/passwd"
-        manifest.write_text(json.dumps(doc))
+        write(doc)
         needle = "../../etc/passwd"
     elif kind == "no-manifest":
         manifest.unlink()
@@ -516,6 +527,8 @@ def test_enospc_on_a_full_tmpfs(
     man, ref_man = json.loads(got.pop("manifest.json")), json.loads(reference["manifest.json"])
     assert man.pop("layout")["fs_type"] == "tmpfs"  # the reference is on another filesystem
     ref_man.pop("layout")
+    man.pop("manifest_xxh3_128")  # covers the layout too
+    ref_man.pop("manifest_xxh3_128")
     assert man == ref_man
     assert got == {k: v for k, v in reference.items() if k != "manifest.json"}
 
@@ -556,3 +569,69 @@ def test_enospc_in_process_names_the_shard(
     for i in range(3):
         with tarfile.open(dst / "shards" / f"shard-{i:06d}.tar") as tf:
             assert tf.getnames()
+
+
+# --------------------------------------------------------------------------- labels, names
+
+
+def test_a_stray_ds_store_keeps_labels_and_is_reported(
+    tiny_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli
+) -> None:
+    (tiny_tree / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    dst = tmp_path / "ds"
+    rc, out, err = run_cli("pack", tiny_tree, dst, *W1)
+    assert rc == 0, err
+    assert "labels: 2 classes (class-dirs)" in out, out
+    assert "  .DS_Store: hidden file outside the class-dirs label layout" in out, out
+    report = json.loads((dst / "pack-report.json").read_text())
+    assert report["skipped"] == [
+        {"path": ".DS_Store", "reason": "hidden file outside the class-dirs label layout"}
+    ]
+    man = json.loads((dst / "manifest.json").read_text())
+    assert man["labels"] == {"layout": "class-dirs", "classes": ["cat", "dog"]}
+
+
+def test_the_summary_says_why_there_are_no_labels(
+    tiny_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli
+) -> None:
+    (tiny_tree / "README.txt").write_text("about this data")
+    rc, out, err = run_cli("pack", tiny_tree, tmp_path / "ds", *W1)
+    assert rc == 0, err
+    assert (
+        "labels: none (files at different depths, e.g. README.txt; --labels none silences this)"
+        in out
+    ), out
+    rc, out, err = run_cli("pack", tiny_tree, tmp_path / "ds2", "--labels", "none", *W1)
+    assert rc == 0, err
+    assert "labels: none (--labels none)" in out, out
+
+
+def test_reserved_webdataset_extensions_do_not_replace_the_key(
+    tmp_path: pathlib.Path, run_cli
+) -> None:
+    """``x.__key__`` would overwrite the sample's key in a WebDataset reader; it becomes
+    member ``%5F_key__`` and unpacks back to the original name."""
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {"x.jpg": b"image", "x.__key__": b"not a key", "y.__url__": b"u", "y.txt": b"t"}
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    dst = tmp_path / "ds"
+    rc, _, err = run_cli("pack", src, dst, *W1)
+    assert rc == 0, err
+    [shard] = sorted((dst / "shards").glob("*.tar"))
+    with tarfile.open(shard) as tf:
+        names = tf.getnames()
+    assert names == ["x.%5F_key__", "x.jpg", "y.%5F_url__", "y.txt"]
+    keys: dict[str, list[str]] = {}
+    for name in names:  # as WebDataset groups members: key before the first dot
+        key, _, ext = name.partition(".")
+        keys.setdefault(key, []).append(ext)
+        assert not ext.startswith("__")
+    assert sorted(keys) == ["x", "y"]
+    rc, out, _ = run_cli("ls", dst)
+    assert out.split() == ["x", "y"]
+    restored = tmp_path / "restored"
+    rc, _, err = run_cli("unpack", dst, restored)
+    assert rc == 0, err
+    assert tree_files(restored) == files

@@ -427,7 +427,7 @@ if point == "mid-shard-write":
         return real_writev(fd, buffers)
     os.writev = writev
 elif point == "shard-published-no-record":
-    import shardio.packing.run as pack
+    import shardio.packing.write as pack
     real_idx, calls = pack.dali_index_text, [0]
     def dali_index_text(samples):
         calls[0] += 1
@@ -444,11 +444,9 @@ elif point == "mid-index-write":
     merge.merge_indexes = merge_indexes
 elif point == "after-manifest":
     import shardio.packing.merge as merge
-    class _Shutil:
-        @staticmethod
-        def rmtree(path, ignore_errors=False):
-            die()
-    merge.shutil = _Shutil
+    def remove_work_dir(dst, **kwargs):
+        die()
+    merge.remove_work_dir = remove_work_dir
 else:
     raise SystemExit(f"unknown kill point {point}")
 
@@ -494,3 +492,74 @@ def test_kill_at_exact_point_then_resume(
         assert (dst / "manifest.json").exists()
         assert (dst / ".shardio-work").exists()
     resume_and_check(small_tree, dst, reference, run_cli, reused=reused)
+
+
+# --------------------------------------------------------------------------- finished datasets
+
+
+def test_resume_of_a_finished_dataset_checks_source_and_options(
+    small_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli, assert_cli_error
+) -> None:
+    """--resume on a complete dataset is a no-op only if the tree and options still give
+    the plan recorded in its manifest; otherwise it refuses and changes nothing."""
+    src = tmp_path / "src"
+    shutil.copytree(small_tree, src)
+    dst = tmp_path / "ds"
+    rc, _, err = run_cli(*pack_argv(src, dst)[3:])
+    assert rc == 0, err
+    packed = dataset_files(dst)
+
+    rc, out, err = run_cli(*pack_argv(src, dst, "--resume")[3:])
+    assert rc == 0, err
+    assert f"{dst} was already complete: nothing to resume" in out
+    assert dataset_files(dst) == packed
+
+    files = sorted((src / "train").rglob("*.JPEG"))
+    edited = files[3]
+    data = bytearray(edited.read_bytes())
+    data[-5] ^= 0xFF
+    stat_before = edited.stat()
+
+    def same_size_edit() -> None:
+        edited.write_bytes(bytes(data))
+        os.utime(edited, ns=(time.time_ns(), stat_before.st_mtime_ns + 10**9))
+
+    def undo_edit() -> None:
+        data[-5] ^= 0xFF
+        edited.write_bytes(bytes(data))
+        os.utime(edited, ns=(stat_before.st_atime_ns, stat_before.st_mtime_ns))
+
+    added = files[0].parent / "extra_1.JPEG"
+    resume = pack_argv(src, dst, "--resume")[3:]
+    cases = [
+        ("a file added", lambda: added.write_bytes(b"new"), added.unlink, resume),
+        ("a same-size edit", same_size_edit, undo_edit, resume),
+        ("another --shard-size", lambda: None, lambda: None, [*resume, "--shard-size", "1MiB"]),
+        ("another --format", lambda: None, lambda: None, [*resume, "--format", "hdf5"]),
+        ("another split", lambda: None, lambda: None, [*resume, "--part", "0/2"]),
+    ]
+    for what, change, undo, argv in cases:
+        change()
+        try:
+            result = run_cli(*argv)
+            assert result.rc == 1, f"{what}: {result}"
+            assert_cli_error(result, "the source or the options changed since", str(dst))
+            assert dataset_files(dst) == packed, f"{what}: the refused resume wrote"
+        finally:
+            undo()
+    rc, _, err = run_cli(*resume)
+    assert rc == 0, err
+
+
+def test_resume_of_a_dataset_that_recorded_no_plan_refuses(
+    tmp_path: pathlib.Path, small_tree: pathlib.Path, run_cli, assert_cli_error
+) -> None:
+    """A format-1 dataset has no pack fingerprints: --resume cannot check it."""
+    golden = pathlib.Path(__file__).resolve().parents[1] / "data" / "format_v1" / "tar"
+    dst = tmp_path / "ds"
+    shutil.copytree(golden, dst)
+    before = dataset_files(dst)
+    result = run_cli("pack", small_tree, dst, "--resume", "--no-progress")
+    assert result.rc == 1
+    assert_cli_error(result, str(dst), "cannot check", "--force")
+    assert dataset_files(dst) == before

@@ -10,16 +10,14 @@ from trees import write_tree
 
 from shardio.errors import SourceError, UsageError
 from shardio.format.spec import NO_LABEL, TAR_BLOCK
-from shardio.packing.plan import (
+from shardio.packing.plan import plan_fingerprint, plan_shards, shard_name
+from shardio.packing.scan import (
     Listing,
     PlannedFile,
     PlannedSample,
     Skipped,
     list_tree,
-    plan_fingerprint,
-    plan_shards,
     resolve_samples,
-    shard_name,
 )
 
 

@@ -114,3 +114,64 @@ def test_empty_shard(tmp_path: Path) -> None:
     with h5py.File(path, "r") as f:
         assert len(f["sample_key"]) == 0
         assert f.attrs["blob_bytes"] == 0
+
+
+# --- streamed members ------------------------------------------------------------------
+
+
+def _source(data: bytes, *, fail_after: int | None = None):
+    pos = [0]
+
+    def readinto(view: memoryview) -> int:
+        if fail_after is not None and pos[0] >= fail_after:
+            raise OSError(5, "Input/output error")
+        n = min(len(view), 4000, len(data) - pos[0])
+        view[:n] = data[pos[0] : pos[0] + n]
+        pos[0] += n
+        return n
+
+    return readinto
+
+
+def test_streamed_member_reads_back(tmp_path: Path) -> None:
+    payload = os.urandom(50_000)
+    path = tmp_path / "shard.h5"
+    writer = HDF5ShardWriter(str(path), capacity_bytes=len(payload) + 3, durable=False)
+    writer.begin_sample("k", 1)
+    offset, size, digest = writer.add_stream("bin", len(payload), _source(payload))
+    writer.add_member("cls", b"1", member_xxh3_64(b"1"))
+    assert writer.end_sample() == 2
+    writer.finish()
+    assert (size, digest) == (len(payload), member_xxh3_64(payload))
+    with open(path, "rb") as fh:
+        assert os.pread(fh.fileno(), size, offset) == payload
+    with h5py.File(path, "r") as f:
+        assert f.attrs["blob_bytes"] == len(payload) + 1
+        assert f["member_xxh3_64"][:].tolist() == [digest, member_xxh3_64(b"1")]
+
+
+@pytest.mark.parametrize("case", ["shorter", "longer", "eio"])
+def test_a_changed_stream_does_not_advance_the_blob(tmp_path: Path, case: str) -> None:
+    from shardio.writers.base import SourceChangedError
+
+    payload = os.urandom(50_000)
+    source = {
+        "shorter": _source(payload[:-7]),
+        "longer": _source(payload + b"x"),
+        "eio": _source(payload, fail_after=20_000),
+    }[case]
+    path = tmp_path / "shard.h5"
+    writer = HDF5ShardWriter(str(path), capacity_bytes=len(payload) + 10, durable=False)
+    writer.begin_sample("a", 0)
+    with pytest.raises(SourceChangedError):
+        writer.add_stream("bin", len(payload), source)
+    assert writer.end_sample() == 0  # a sample without members is not recorded
+    writer.add_sample("b", 0, _members(("txt", b"after")))
+    writer.finish()
+    with h5py.File(path, "r") as f:
+        assert [k.decode() for k in f["sample_key"][:]] == ["b"]
+        assert f["member_offset"][:].tolist() == [0]  # "after" took the rolled-back space
+        assert f.attrs["blob_bytes"] == 5
+        blob = f["data"][:]
+        assert bytes(blob[:5]) == b"after"
+        assert not blob[5:].any()  # no stray bytes of the failed member stay behind

@@ -146,3 +146,80 @@ def test_dali_index_text() -> None:
     )
     assert text == (b"v1.2 2\njpg 512 4 a/x.jpg cls 1536 1 a/x.cls\nnoext 2560 0 b%20y.noext\n")
     assert dali_index_text([]) == b"v1.2 0\n"
+
+
+# --- streamed members ------------------------------------------------------------------
+
+
+class FakeSource:
+    """A ``readinto`` over bytes that may end early, run on, or fail after some bytes."""
+
+    def __init__(self, data: bytes, *, fail_after: int | None = None, chunk: int = 3000):
+        self.data, self.pos, self.fail_after, self.chunk = data, 0, fail_after, chunk
+
+    def __call__(self, view: memoryview) -> int:
+        if self.fail_after is not None and self.pos >= self.fail_after:
+            raise OSError(5, "Input/output error")
+        n = min(len(view), self.chunk, len(self.data) - self.pos)
+        view[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+
+def _tar_with(tmp_path: Path, name: str, middle) -> tuple[bytes, list]:
+    """A shard with a small member, ``middle(writer)``, then another small member."""
+    path = tmp_path / name
+    writer = TarShardWriter(str(path), durable=False)
+    writer.begin_sample("s/a", 0)
+    writer.add_member("txt", b"first", member_xxh3_64(b"first"))
+    result = middle(writer)
+    writer.add_member("cls", b"3", member_xxh3_64(b"3"))
+    writer.end_sample()
+    size, digest = writer.finish()
+    data = path.read_bytes()
+    assert (size, digest) == (len(data), file_xxh3_128(path))  # hasher state stays true
+    return data, [result, writer.samples]
+
+
+def test_streamed_member_equals_an_in_memory_one(tmp_path: Path) -> None:
+    payload = os.urandom(20_000)
+    streamed, (placed, samples) = _tar_with(
+        tmp_path, "s.tar", lambda w: w.add_stream("bin", len(payload), FakeSource(payload))
+    )
+    whole, (placed_whole, samples_whole) = _tar_with(
+        tmp_path,
+        "w.tar",
+        lambda w: w.add_member("bin", payload, member_xxh3_64(payload)),
+    )
+    assert streamed == whole
+    assert placed == (*placed_whole, member_xxh3_64(payload))
+    assert samples == samples_whole
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        lambda p: FakeSource(p[:-100]),  # shorter than planned
+        lambda p: FakeSource(p + b"more"),  # longer than planned
+        lambda p: FakeSource(p, fail_after=9000),  # EIO half-way
+    ],
+    ids=["shorter", "longer", "eio"],
+)
+def test_a_changed_stream_is_rolled_back(tmp_path: Path, source) -> None:
+    from shardio.writers.base import SourceChangedError
+
+    payload = os.urandom(20_000)
+    reasons = []
+
+    def middle(writer: TarShardWriter) -> None:
+        with pytest.raises(SourceChangedError) as info:
+            writer.add_stream("bin", len(payload), source(payload))
+        reasons.append(info.value.reason)
+
+    rolled_back, (_, samples) = _tar_with(tmp_path, "r.tar", middle)
+    without, (_, samples_without) = _tar_with(tmp_path, "n.tar", lambda w: None)
+    assert rolled_back == without  # not a byte of the member or its header is left
+    assert samples == samples_without
+    assert "changed size during the pack" in reasons[0] or "unreadable" in reasons[0]
+    with tarfile.open(tmp_path / "r.tar") as tf:
+        assert tf.getnames() == ["s/a.txt", "s/a.cls"]

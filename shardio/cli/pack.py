@@ -1,0 +1,86 @@
+"""``shardio pack`` and ``shardio merge``: build the options, run, print the summary."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from shardio.cli.common import EXIT_OK, default_workers, parse_part
+from shardio.units import format_duration, format_size, parse_size
+
+if TYPE_CHECKING:
+    from shardio.packing.run import PackResult
+
+__all__ = ["cmd_merge", "cmd_pack"]
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from shardio.cli.progress import ProgressBar
+    from shardio.packing.run import PackOptions, pack
+
+    part, num_parts = parse_part(args.part) if args.part else (0, 1)
+    options = PackOptions(
+        shard_format=args.shard_format,
+        shard_size_bytes=parse_size(args.shard_size),
+        workers=args.workers if args.workers is not None else default_workers(),
+        labels=args.labels,
+        stripe=args.stripe,
+        fs_type=args.fs_type,
+        strict=args.strict,
+        resume=args.resume,
+        force=args.force,
+        part=part,
+        num_parts=num_parts,
+    )
+    bar = None if args.no_progress else ProgressBar("packing")
+    result = pack(args.src, args.dst, options, progress=bar)
+    rate = result.data_bytes / result.seconds if result.seconds > 0 else 0.0
+    where = f"part {part}/{num_parts} of " if num_parts > 1 else ""
+    print(
+        f"packed {result.num_files:,} files ({format_size(result.data_bytes)}) into "
+        f"{result.num_samples:,} samples in {result.num_shards:,} {options.shard_format} shards "
+        f"({format_size(result.total_bytes)}) at {where}{args.dst} in "
+        f"{format_duration(result.seconds)}: {format_size(rate)}/s, "
+        f"{result.num_files / max(result.seconds, 1e-9):,.0f} files/s"
+    )
+    for warning in result.warnings:
+        print(warning)
+    if result.replaced:
+        print(f"replaced the dataset that was in {args.dst}")
+    if result.reused_shards:
+        print(f"reused {result.reused_shards} verified shard(s) from the interrupted pack")
+    print(f"labels: {_labels_text(result)}")
+    print(f"layout: {result.layout.message}")
+    if result.skipped:
+        print(f"skipped {len(result.skipped):,} file(s), listed in {args.dst}/pack-report.json:")
+        for s in result.skipped[:5]:
+            print(f"  {_show_path(s.path)}: {s.reason}")
+    if result.oversized:
+        print(f"{len(result.oversized)} sample(s) larger than --shard-size got a shard each")
+    if num_parts > 1:
+        print(f"when all {num_parts} parts are done, run: shardio merge {args.dst}")
+    return EXIT_OK
+
+
+def _labels_text(result: PackResult) -> str:
+    """``1,000 classes (split-class-dirs)`` or ``none (why)``."""
+    if result.num_classes:
+        return f"{result.num_classes:,} classes ({result.label_layout})"
+    return f"none ({result.labels_note})" if result.labels_note else "none"
+
+
+def _show_path(path: bytes) -> str:
+    """A source path for the terminal: undecodable bytes as escapes, never an exception."""
+    return path.decode("utf-8", "backslashreplace")
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from shardio.packing.merge import merge_parts
+
+    result = merge_parts(args.dst)
+    man = result.manifest
+    print(
+        f"merged {result.num_parts} parts into {args.dst}: {man.num_samples:,} samples, "
+        f"{len(man.shards):,} shards, {format_size(man.total_bytes)}"
+    )
+    return EXIT_OK

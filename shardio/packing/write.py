@@ -1,0 +1,346 @@
+"""Write one planned shard: read its files ahead, hand them to the writer, record it as done.
+
+Small files are read whole by a few reader threads, ahead of the writer; a file above the
+stream threshold is copied by the writer itself in chunks, so a file larger than RAM packs.
+A file that cannot be read or whose size changed since it was planned is skipped (reported
+in the pack report) or, under ``--strict``, fails the pack. A shard is done once its
+done-record is published; ``--resume`` reuses it if every checksum still matches.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import errno
+import io
+import itertools
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+from shardio.errors import PackError, ShardioError
+from shardio.format.checksum import member_xxh3_64
+from shardio.format.index import IndexBuilder, MemberEntry
+from shardio.format.spec import LABEL_EXT
+from shardio.packing.dest import hash_regular
+from shardio.packing.plan import ShardPlan, shard_paths
+from shardio.packing.scan import PlannedFile, PlannedSample, Skipped
+from shardio.packing.workfiles import (
+    ShardRecord,
+    done_path,
+    fragment_path,
+    load_record,
+    write_record,
+)
+from shardio.progress import Counters
+from shardio.storage.atomic import atomic_write
+from shardio.storage.files import describe_kind
+from shardio.writers.base import ShardWriter, SourceChangedError
+from shardio.writers.hdf5 import HDF5ShardWriter
+from shardio.writers.tar import TarShardWriter, dali_index_text
+
+__all__ = ["STREAM_THRESHOLD_BYTES", "ShardJob", "init_worker", "reusable", "write_shard"]
+
+logger = logging.getLogger(__name__)
+
+# Files above this size are streamed by the writer instead of read whole ahead of it.
+STREAM_THRESHOLD_BYTES = 16 * 1024 * 1024
+# Source files read ahead of the shard writer, per worker process.
+_READ_THREADS = 4
+_READ_AHEAD = 8  # samples: keep what was read in the CPU cache for hashing and the write
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Everything a worker process needs to write one shard."""
+
+    src: str
+    dst: str
+    plan: ShardPlan
+    shard_format: str
+    labelled: bool
+    strict: bool
+    durable: bool
+    alignment: int
+    fingerprint: str
+    stream_threshold_bytes: int = STREAM_THRESHOLD_BYTES
+
+
+_WORKER_COUNTERS: Counters | None = None
+
+
+def init_worker(counters: Counters, parent_pid: int) -> None:
+    """Pool initializer: keep the progress counters, stop if the packing process dies."""
+    global _WORKER_COUNTERS  # noqa: PLW0603 - per-process handle set by the pool initializer
+    _WORKER_COUNTERS = counters
+    # The forkserver, not the packing process, is our parent, so PR_SET_PDEATHSIG cannot
+    # help: watch the packing process and stop if it was killed (kill -9, OOM killer).
+    threading.Thread(
+        target=_watch_parent, args=(parent_pid,), name="shardio-watchdog", daemon=True
+    ).start()
+
+
+def _watch_parent(pid: int) -> None:
+    while True:
+        time.sleep(0.5)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+
+
+class _Stream:
+    """Marks a file the writer streams itself."""
+
+
+_STREAM = _Stream()
+_Loaded = list[tuple[bytes, int] | str | _Stream]  # (data, xxh3-64), skip reason, or stream
+
+
+def _open_source(path: bytes) -> int:
+    """Open a source file without blocking; OSError with a reason if it is not regular now."""
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"now a {describe_kind(mode)}, not a regular file")
+    return fd
+
+
+def _read_small(path: bytes, size: int) -> bytes | str:
+    """A small file's bytes, or why it cannot be packed."""
+    try:
+        fd = _open_source(path)
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    try:
+        parts, got = [], 0
+        while got <= size:  # one byte more than planned tells a grown file
+            chunk = os.read(fd, size + 1 - got)
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    finally:
+        os.close(fd)
+    if got != size:
+        found = "more" if got > size else f"{got:,}"
+        return f"changed size during the pack (planned {size:,} bytes, found {found})"
+    return b"".join(parts)
+
+
+def _load_files(root: bytes, sample: PlannedSample, threshold: int) -> _Loaded:
+    """Read and hash a sample's small files (in a read-ahead thread; os.read drops the GIL)."""
+    out: _Loaded = []
+    for f in sample.files:
+        if f.size > threshold:
+            out.append(_STREAM)
+            continue
+        data = _read_small(os.path.join(root, f.rel), f.size)
+        out.append(data if isinstance(data, str) else (data, member_xxh3_64(data)))
+    return out
+
+
+def _prefetch(
+    root: bytes, samples: Sequence[PlannedSample], threshold: int
+) -> Iterator[tuple[PlannedSample, _Loaded]]:
+    """Yield samples with their files read, in order, keeping reads ahead of the writer.
+
+    Several reads in flight hide per-file latency (an open and a read per file cost a
+    metadata and a data round trip on a parallel filesystem) behind the shard writes.
+    """
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=_READ_THREADS, thread_name_prefix="shardio-read"
+    ) as pool:
+        pending: collections.deque[tuple[PlannedSample, concurrent.futures.Future[_Loaded]]]
+        pending = collections.deque()
+        it = iter(samples)
+        for sample in itertools.islice(it, _READ_AHEAD):
+            pending.append((sample, pool.submit(_load_files, root, sample, threshold)))
+        try:
+            while pending:
+                sample, fut = pending.popleft()
+                nxt = next(it, None)
+                if nxt is not None:
+                    pending.append((nxt, pool.submit(_load_files, root, nxt, threshold)))
+                yield sample, fut.result()
+        finally:
+            for _, fut in pending:
+                fut.cancel()
+
+
+def _stream(writer: ShardWriter, root: bytes, f: PlannedFile) -> tuple[int, int, int] | str:
+    """Stream one large file into the writer: (offset, size, xxh3-64) or why it was skipped."""
+    try:
+        fd = _open_source(os.path.join(root, f.rel))
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    try:
+        return writer.add_stream(f.ext, f.size, lambda view: os.readv(fd, [view]))
+    except SourceChangedError as exc:
+        return exc.reason
+    finally:
+        os.close(fd)
+
+
+class _Shard:
+    """The state of one shard being written."""
+
+    def __init__(self, job: ShardJob, writer: ShardWriter) -> None:
+        self.job = job
+        self.writer = writer
+        self.builder = IndexBuilder()
+        self.skipped: list[Skipped] = []
+        self.data_bytes = 0
+        self.num_members = 0
+
+    def skip(self, f: PlannedFile, reason: str) -> None:
+        name = os.fsdecode(f.rel)
+        if self.job.strict:
+            raise PackError(f"cannot pack {name}: {reason}")
+        logger.warning("skipping %s: %s", name, reason)
+        self.skipped.append(Skipped(f.rel, reason))
+
+    def add(self, sample: PlannedSample, loaded: _Loaded, root: bytes) -> None:
+        writer = self.writer
+        writer.begin_sample(sample.key, sample.label)
+        entries: list[MemberEntry] = []
+        for f, result in zip(sample.files, loaded, strict=True):
+            if isinstance(result, str):
+                self.skip(f, result)
+                continue
+            if isinstance(result, _Stream):
+                streamed = _stream(writer, root, f)
+                if isinstance(streamed, str):
+                    self.skip(f, streamed)
+                    continue
+                offset, size, digest = streamed
+            else:
+                data, digest = result
+                offset, size = writer.add_member(f.ext, data, digest)
+            entries.append(MemberEntry(f.ext, offset, size, digest, f.rel))
+            self.data_bytes += size
+        if entries and self.job.labelled:
+            label = b"%d" % sample.label
+            digest = member_xxh3_64(label)
+            offset, size = writer.add_member(LABEL_EXT, label, digest)
+            entries.append(MemberEntry(LABEL_EXT, offset, size, digest, b""))
+        writer.end_sample()
+        if entries:
+            self.builder.add_sample(shard=0, key=sample.key, label=sample.label, members=entries)
+            self.num_members += len(entries)
+
+
+def _new_writer(job: ShardJob, path: str) -> ShardWriter:
+    if job.shard_format == "tar":
+        return TarShardWriter(path, durable=job.durable)
+    plan = job.plan
+    label_bytes = 24 * len(plan.samples) if job.labelled else 0
+    capacity = sum(f.size for s in plan.samples for f in s.files) + label_bytes
+    return HDF5ShardWriter(
+        path, capacity_bytes=capacity, alignment=job.alignment, durable=job.durable
+    )
+
+
+def write_shard(job: ShardJob, counters: Counters | None = None) -> ShardRecord:
+    """Write one shard, its DALI index, its index fragment and, last, its done-record."""
+    counters = counters or _WORKER_COUNTERS
+    plan = job.plan
+    rel_path, dali_rel = shard_paths(plan.name, job.shard_format)
+    root = os.fsencode(job.src)
+    shard = _Shard(job, _new_writer(job, os.path.join(job.dst, rel_path)))
+    try:
+        for sample, loaded in _prefetch(root, plan.samples, job.stream_threshold_bytes):
+            shard.add(sample, loaded, root)
+            if counters is not None:
+                counters.add(len(sample.files), sum(f.size for f in sample.files))
+        size, digest = shard.writer.finish()
+    except BaseException:
+        shard.writer.abort()
+        raise
+    if dali_rel is not None and isinstance(shard.writer, TarShardWriter):
+        with atomic_write(os.path.join(job.dst, dali_rel), durable=job.durable) as fh:
+            fh.write(dali_index_text(shard.writer.samples))
+    buf = io.BytesIO()
+    shard.builder.write(buf)
+    fragment = buf.getvalue()
+    with atomic_write(fragment_path(job.dst, plan.name), durable=job.durable) as fh:
+        fh.write(fragment)
+    record = ShardRecord(
+        fingerprint=job.fingerprint,
+        seq=plan.seq,
+        path=rel_path,
+        size_bytes=size,
+        num_samples=shard.builder.num_samples,
+        num_members=shard.num_members,
+        data_bytes=shard.data_bytes,
+        xxh3_128=digest,
+        dali_index=dali_rel,
+        index_size_bytes=len(fragment),
+        index_xxh3_128=xxhash.xxh3_128_hexdigest(fragment),
+        skipped=tuple(shard.skipped),
+    )
+    write_record(done_path(job.dst, plan.name), record, durable=job.durable)
+    return record
+
+
+def _regular_size(path: str) -> int | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def reusable(job: ShardJob) -> ShardRecord | None:
+    """The done-record of a shard if it and its files are intact, else None (rewrite it).
+
+    A damaged record, a changed plan or any checksum that no longer matches makes the shard
+    "not done", so it is written again.
+    """
+    name = job.plan.name
+    path = done_path(job.dst, name)
+    if not os.path.lexists(path):
+        return None
+    try:
+        record = load_record(path, ShardRecord)
+    except ShardioError as exc:
+        logger.warning("%s: writing shard %s again", exc, name)
+        return None
+    if record.fingerprint != job.fingerprint:
+        return None
+    rel_path, dali_rel = shard_paths(name, job.shard_format)
+    if (record.seq, record.path, record.dali_index) != (job.plan.seq, rel_path, dali_rel):
+        logger.warning("done-record %s names other files: writing shard %s again", path, name)
+        return None
+    shard = os.path.join(job.dst, rel_path)
+    fragment = fragment_path(job.dst, name)
+    if (
+        _regular_size(shard) != record.size_bytes
+        or _regular_size(fragment) != record.index_size_bytes
+        or (dali_rel is not None and _regular_size(os.path.join(job.dst, dali_rel)) is None)
+    ):
+        return None
+    try:
+        if hash_regular(shard, "shard") != record.xxh3_128:
+            logger.warning("shard %s is damaged: writing it again", rel_path)
+            return None
+        if hash_regular(fragment, "index fragment") != record.index_xxh3_128:
+            logger.warning("index fragment %s is damaged: writing shard %s again", fragment, name)
+            return None
+    except ShardioError:
+        return None
+    return record
