@@ -12,6 +12,7 @@ from typing import Any
 import xxhash
 
 from shardio.errors import FormatError
+from shardio.format.fields import MAX_INT, get_field
 from shardio.format.spec import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -32,9 +33,6 @@ __all__ = [
     "parse_manifest",
 ]
 
-# Every count, size and offset in a manifest fits a signed 64-bit integer (numpy and the
-# index use int64/uint64 for them); larger values are refused before any arithmetic.
-_MAX_INT = 2**63 - 1
 _HEX128 = re.compile(r"[0-9a-f]{32}")
 _HEX64 = re.compile(r"[0-9a-f]{16}")
 
@@ -59,7 +57,7 @@ class ShardEntry:
             value = getattr(self, name)
             if value < 0:
                 raise FormatError(f"shard {self.path!r}: negative size or count ({name})")
-            if value > _MAX_INT:
+            if value > MAX_INT:
                 raise FormatError(f"shard {self.path!r}: {name} {value} is out of range")
         if not _HEX128.fullmatch(self.xxh3_128):
             raise FormatError(f"shard {self.path!r}: xxh3_128 must be 32 lower-case hex digits")
@@ -83,7 +81,7 @@ class IndexEntry:
 
     def __post_init__(self) -> None:
         _check_relative(self.path)
-        if not 0 <= self.size_bytes <= _MAX_INT:
+        if not 0 <= self.size_bytes <= MAX_INT:
             raise FormatError(f"index {self.path!r}: size_bytes {self.size_bytes} is out of range")
         if not _HEX128.fullmatch(self.xxh3_128):
             raise FormatError(f"index {self.path!r}: xxh3_128 must be 32 lower-case hex digits")
@@ -131,7 +129,7 @@ class Manifest:
         if self.shard_format not in SHARD_FORMATS:
             raise FormatError(f"unknown shard_format {self.shard_format!r}")
         for name in ("num_samples", "num_members", "data_bytes"):
-            if not 0 <= getattr(self, name) <= _MAX_INT:
+            if not 0 <= getattr(self, name) <= MAX_INT:
                 raise FormatError(f"{name} {getattr(self, name)} is out of range")
         if self.label_layout not in LABEL_LAYOUTS:
             raise FormatError(f"unknown label layout {self.label_layout!r}")
@@ -277,42 +275,29 @@ def _check_relative(path: str) -> None:
         raise FormatError(f"path {path!r} in manifest must be relative and inside the dataset")
 
 
-def _get(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if key not in doc:
-        raise FormatError(f"{where}: missing field {key!r}")
-    value = doc[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise FormatError(f"{where}: field {key!r} has the wrong type ({type(value).__name__})")
-    if isinstance(value, int) and not isinstance(value, bool) and value > _MAX_INT:
-        raise FormatError(f"{where}: field {key!r} is out of range ({value})")
-    if isinstance(value, str) and "\0" in value:
-        raise FormatError(f"{where}: field {key!r} holds a NUL byte")
-    return value
-
-
 def _opt(doc: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     """An optional field: None when absent or null, else of ``kind``."""
     if doc.get(key) is None:
         return None
-    return _get(doc, key, kind, where)
+    return get_field(doc, key, kind, where)
 
 
 def _parse_shards(doc: Mapping[str, Any], where: str, *, version: int) -> list[ShardEntry]:
     shards = []
-    for i, s in enumerate(_get(doc, "shards", list, where)):
+    for i, s in enumerate(get_field(doc, "shards", list, where)):
         if not isinstance(s, dict):
             raise FormatError(f"{where}: shards[{i}] is not an object")
         w = f"{where}: shards[{i}]"
         index_digest = None
         if version >= 2:
-            index_digest = _get(s, "index_xxh3_64", str, w)
+            index_digest = get_field(s, "index_xxh3_64", str, w)
         shards.append(
             ShardEntry(
-                path=_get(s, "path", str, w),
-                size_bytes=_get(s, "size_bytes", int, w),
-                num_samples=_get(s, "num_samples", int, w),
-                first_sample=_get(s, "first_sample", int, w),
-                xxh3_128=_get(s, "xxh3_128", str, w),
+                path=get_field(s, "path", str, w),
+                size_bytes=get_field(s, "size_bytes", int, w),
+                num_samples=get_field(s, "num_samples", int, w),
+                first_sample=get_field(s, "first_sample", int, w),
+                xxh3_128=get_field(s, "xxh3_128", str, w),
                 dali_index=_opt(s, "dali_index", str, w),
                 index_xxh3_64=index_digest,
             )
@@ -321,8 +306,8 @@ def _parse_shards(doc: Mapping[str, Any], where: str, *, version: int) -> list[S
 
 
 def _parse(doc: Mapping[str, Any], where: str, version: int) -> Manifest:
-    index_doc = _get(doc, "index", dict, where)
-    labels = _get(doc, "labels", dict, where)
+    index_doc = get_field(doc, "index", dict, where)
+    labels = get_field(doc, "labels", dict, where)
     classes = labels.get("classes")
     if classes is not None and not (
         isinstance(classes, list) and all(isinstance(c, str) and "\0" not in c for c in classes)
@@ -334,11 +319,11 @@ def _parse(doc: Mapping[str, Any], where: str, version: int) -> Manifest:
     fingerprints: tuple[str, ...] = ()
     head_digest = None
     if version >= 2:
-        prints = _get(doc, "pack_fingerprints", list, where)
+        prints = get_field(doc, "pack_fingerprints", list, where)
         if not all(isinstance(p, str) and _HEX128.fullmatch(p) for p in prints):
             raise FormatError(f"{where}: pack_fingerprints must be a list of 32-hex-digit strings")
         fingerprints = tuple(prints)
-        head_digest = _get(index_doc, "head_xxh3_64", str, f"{where}: index")
+        head_digest = get_field(index_doc, "head_xxh3_64", str, f"{where}: index")
     shards = _parse_shards(doc, where, version=version)
     num_shards = doc.get("num_shards")
     if num_shards is not None and num_shards != len(shards):
@@ -356,14 +341,14 @@ def _parse(doc: Mapping[str, Any], where: str, version: int) -> Manifest:
     if staged_from is not None and ("\0" in staged_from or not staged_from):
         raise FormatError(f"{where}: staged_from must be a path")
     manifest = Manifest(
-        shard_format=_get(doc, "shard_format", str, where),
-        num_samples=_get(doc, "num_samples", int, where),
-        num_members=_get(doc, "num_members", int, where),
-        data_bytes=_get(doc, "data_bytes", int, where),
+        shard_format=get_field(doc, "shard_format", str, where),
+        num_samples=get_field(doc, "num_samples", int, where),
+        num_members=get_field(doc, "num_members", int, where),
+        data_bytes=get_field(doc, "data_bytes", int, where),
         index=IndexEntry(
-            path=_get(index_doc, "path", str, f"{where}: index"),
-            size_bytes=_get(index_doc, "size_bytes", int, f"{where}: index"),
-            xxh3_128=_get(index_doc, "xxh3_128", str, f"{where}: index"),
+            path=get_field(index_doc, "path", str, f"{where}: index"),
+            size_bytes=get_field(index_doc, "size_bytes", int, f"{where}: index"),
+            xxh3_128=get_field(index_doc, "xxh3_128", str, f"{where}: index"),
             head_xxh3_64=head_digest,
         ),
         shards=tuple(shards),

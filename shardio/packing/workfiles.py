@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shardio.errors import FormatError, StorageError
+from shardio.format.fields import get_field
 from shardio.format.spec import SHARD_FORMATS, WORK_DIR
 from shardio.packing.plan import shard_name
 from shardio.packing.scan import Skipped
@@ -97,24 +98,15 @@ def is_dataset_path(rel: str) -> bool:
 # --------------------------------------------------------------------------- validation
 
 
-def _get(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if key not in doc:
-        raise FormatError(f"{where}: missing field {key!r}")
-    value = doc[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise FormatError(f"{where}: field {key!r} has the wrong type ({type(value).__name__})")
-    return value
-
-
 def _count(doc: Mapping[str, Any], key: str, where: str, *, minimum: int = 0) -> int:
-    value: int = _get(doc, key, int, where)
+    value: int = get_field(doc, key, int, where)
     if value < minimum:
         raise FormatError(f"{where}: field {key!r} is {value}, below {minimum}")
     return value
 
 
 def _hex(doc: Mapping[str, Any], key: str, where: str) -> str:
-    value: str = _get(doc, key, str, where)
+    value: str = get_field(doc, key, str, where)
     if not _HEX32.match(value):
         raise FormatError(f"{where}: field {key!r} is not 32 hex digits")
     return value
@@ -129,7 +121,7 @@ def _split(doc: Mapping[str, Any], where: str) -> tuple[int, int]:
 
 
 def _format(doc: Mapping[str, Any], where: str) -> str:
-    value: str = _get(doc, "shard_format", str, where)
+    value: str = get_field(doc, "shard_format", str, where)
     if value not in SHARD_FORMATS:
         raise FormatError(f"{where}: unknown shard_format {value!r}")
     return value
@@ -137,16 +129,18 @@ def _format(doc: Mapping[str, Any], where: str) -> str:
 
 def _skipped(doc: Mapping[str, Any], key: str, where: str) -> tuple[Skipped, ...]:
     out = []
-    for i, item in enumerate(_get(doc, key, list, where)):
+    for i, item in enumerate(get_field(doc, key, list, where)):
         w = f"{where}: {key}[{i}]"
         if not isinstance(item, dict):
             raise FormatError(f"{w} is not an object")
-        out.append(Skipped(os.fsencode(_get(item, "path", str, w)), _get(item, "reason", str, w)))
+        out.append(
+            Skipped(os.fsencode(get_field(item, "path", str, w)), get_field(item, "reason", str, w))
+        )
     return tuple(out)
 
 
 def _strings(doc: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
-    values = _get(doc, key, list, where)
+    values = get_field(doc, key, list, where)
     if not all(isinstance(v, str) for v in values):
         raise FormatError(f"{where}: {key} must be a list of strings")
     return tuple(values)
@@ -235,7 +229,7 @@ class ShardRecord:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], where: str) -> ShardRecord:
         """Validate a JSON document."""
-        path = _get(doc, "path", str, where)
+        path = get_field(doc, "path", str, where)
         dali = doc.get("dali_index")
         if dali is not None and not isinstance(dali, str):
             raise FormatError(f"{where}: field 'dali_index' has the wrong type")
@@ -300,12 +294,12 @@ class PartRecord:
         if classes is not None:
             classes = _strings(doc, "classes", where)
         shards = []
-        for i, item in enumerate(_get(doc, "shards", list, where)):
+        for i, item in enumerate(get_field(doc, "shards", list, where)):
             if not isinstance(item, dict):
                 raise FormatError(f"{where}: shards[{i}] is not an object")
             shards.append(ShardRecord.from_json(item, f"{where}: shards[{i}]"))
         try:
-            layout = LayoutResult.from_json(_get(doc, "layout", dict, where))
+            layout = LayoutResult.from_json(get_field(doc, "layout", dict, where))
         except (FormatError, ValueError) as exc:
             raise FormatError(f"{where}: {exc}") from exc
         return cls(
@@ -314,9 +308,9 @@ class PartRecord:
             fingerprint=_hex(doc, "fingerprint", where),
             shard_format=_format(doc, where),
             classes=classes,
-            label_layout=_get(doc, "label_layout", str, where),
+            label_layout=get_field(doc, "label_layout", str, where),
             num_listed_files=_count(doc, "num_listed_files", where),
-            options=_get(doc, "options", dict, where),
+            options=get_field(doc, "options", dict, where),
             layout=layout,
             shards=tuple(shards),
             skipped=_skipped(doc, "skipped", where),
