@@ -62,7 +62,11 @@ SHARD_SIZES = st.sampled_from([4096, 8192, 1 << 20])
 PROPERTY_SETTINGS = settings(
     max_examples=25,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+    ],
 )
 
 
