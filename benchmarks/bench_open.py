@@ -54,9 +54,11 @@ CONFIGS = {  # name: (label, code: "new"/"old", dataset: "new"/"old", check_all)
 }
 CHILD = """\
 import time
+
 t0 = time.perf_counter()
 import sys
 import shardio
+
 dataset_class = shardio.ShardDataset  # imports torch
 t1 = time.perf_counter()
 ds = dataset_class(sys.argv[1])
@@ -69,10 +71,20 @@ sample = ds[0]
 t4 = time.perf_counter()
 assert sample["__key__"]
 import json
+
 with open(sys.argv[3], "w") as fh:
-    json.dump({"import": t1 - t0, "open": t2 - t1, "check": t3 - t2, "first": t4 - t3,
-               "total": t4 - t0, "module": shardio.__file__,
-               "ma": not had_ma and "numpy.ma" in sys.modules}, fh)
+    json.dump(
+        {
+            "import": t1 - t0,
+            "open": t2 - t1,
+            "check": t3 - t2,
+            "first": t4 - t3,
+            "total": t4 - t0,
+            "module": shardio.__file__,
+            "ma": not had_ma and "numpy.ma" in sys.modules,
+        },
+        fh,
+    )
 """
 PARTS = ("total", "import", "open", "check", "first", "startup", "wall")
 HEADER = ["samples", "configuration", "cache", "index.bin MB", "total ms, median (min-max)"]
