@@ -10,7 +10,7 @@ against ``tar cf`` (with and without a final sync) and peak RSS. The section
 Usage::
 
     .venv/bin/python benchmarks/bench_pack.py [--files 20000] [--mean-kb 110] [--repeat 3]
-        [--workdir /work/main/.bench] [--out benchmarks/RESULTS.md] [--only NAME,...]
+        [--workdir .bench] [--out benchmarks/RESULTS.md] [--only NAME,...]
 
 Not a test: it measures and reports, and asserts nothing about speed.
 """

@@ -21,6 +21,13 @@ import sys
 import common
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _relative(argv: list[str]) -> list[str]:
+    """A command as a user's clone would run it: paths inside the repository made relative."""
+    return [a.replace(REPO + os.sep, "") for a in argv]
+
+
 SECTION = "## Staging throughput"  # + ": <GB> GB in <N> shards" (one section per data size)
 TARGET_VS_CP = 0.9
 
@@ -187,7 +194,9 @@ def main() -> int:
             "helps most in the slow rounds.",
             "",
             "Reproduce: `.venv/bin/python benchmarks/bench_stage.py` (root, for drop_caches). "
-            "Commands: " + "; ".join(f"`{shlex.join(a)}`" for _, _, a in configs) + ".",
+            "Commands (paths relative to the repository): "
+            + "; ".join(f"`{shlex.join(_relative(a))}`" for _, _, a in configs)
+            + ".",
         ]
     )
     print(body)
