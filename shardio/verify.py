@@ -49,6 +49,7 @@ class VerifyReport:
     bytes_checked: int
     seconds: float
     problems: tuple[ShardProblem, ...] = field(default_factory=tuple)
+    index_path: str = "index.bin"  # the index's path in the manifest (a problem may name it)
 
     @property
     def ok(self) -> bool:
@@ -189,7 +190,8 @@ def verify_dataset(
     ds = PackedDataset(root)
     problems: list[ShardProblem] = []
     try:
-        index_path = os.path.join(root, ds.manifest.index.path)
+        index_entry_path = ds.manifest.index.path
+        index_path = os.path.join(root, index_entry_path)
         if file_xxh3_128(index_path) != ds.manifest.index.xxh3_128:
             problems.append(ShardProblem(ds.manifest.index.path, "index checksum mismatch"))
         shards = range(len(ds.manifest.shards))
@@ -235,5 +237,11 @@ def verify_dataset(
     finally:
         ds.close()
     return VerifyReport(
-        root, quick, len(shards), checked, time.monotonic() - start, tuple(problems)
+        root,
+        quick,
+        len(shards),
+        checked,
+        time.monotonic() - start,
+        tuple(problems),
+        index_path=index_entry_path,
     )

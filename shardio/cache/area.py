@@ -160,6 +160,10 @@ def _classify_dest(dest: str, *, cleaning: bool) -> str:
             return "unfinished"  # an area whose creator was killed before its marker
     except OSError as exc:
         raise StorageError(exc.errno or errno.EIO, f"cannot list {dest}: {exc.strerror}") from exc
+    if read_area_marker(dest) is not None:
+        # Another stager of this node made DEST an area between our two looks (rank 0 and
+        # rank 1 both found it empty): the marker is published atomically, so it is one.
+        return "area"
     if cleaning:
         raise UsageError(
             f"{dest} holds no staged dataset (it is not a shardio staging area): "

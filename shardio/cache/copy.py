@@ -25,6 +25,7 @@ import xxhash
 from shardio.cache.area import storage_errors
 from shardio.cache.stamps import drop_staged, lock_path, stamp_matches, stamp_rel, write_stamp
 from shardio.errors import IntegrityError, ShardioError, StorageError, UsageError
+from shardio.format.checksum import fd_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.progress import Counters
@@ -98,12 +99,7 @@ def _staged_digest(path: str, what: str) -> str | None:
     if fd is None:
         return None
     try:
-        hasher = xxhash.xxh3_128()
-        buf = bytearray(_CHUNK)
-        view = memoryview(buf)
-        while n := os.readv(fd, [buf]):
-            hasher.update(view[:n])
-        return hasher.hexdigest()
+        return fd_xxh3_128(fd, chunk_bytes=_CHUNK)
     finally:
         os.close(fd)
 

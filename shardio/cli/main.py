@@ -195,9 +195,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             print_error(
                 f"  sample {b.key} member {b.ext}: xxh3 expected {b.expected}, got {b.actual}"
             )
+    index_bad = sum(1 for p in report.problems if p.path == report.index_path)
+    shards_bad = len(report.problems) - index_bad
     print_error(
-        f"FAILED: {len(report.problems)} of {report.shards_checked:,} shards damaged, "
-        f"{len(report.damaged_samples):,} samples affected"
+        f"FAILED: {shards_bad} of {report.shards_checked:,} shards damaged"
+        + (", and the index" if index_bad else "")
+        + f", {len(report.damaged_samples):,} samples affected"
     )
     return EXIT_DAMAGED
 

@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from shardio.errors import FormatError, ShardioError, StorageError, UsageError
+from shardio.format.checksum import file_xxh3_128
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import (
     INDEX_FILENAME,
@@ -38,19 +39,18 @@ from shardio.packing.workfiles import (
     parse_record_name,
 )
 from shardio.storage.atomic import is_temp_name
-from shardio.storage.files import describe_kind, open_regular
+from shardio.storage.files import describe_kind
 from shardio.storage.striping import LayoutResult
 
 __all__ = [
     "DestState",
     "check_owned",
     "dataset_files",
-    "hash_regular",
     "inspect_dst",
     "layout_of",
     "locked",
     "make_dst",
-    "real_dir",
+    "existing_dir",
     "remove_bare_dst",
     "remove_interrupted",
     "remove_temps",
@@ -60,7 +60,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_MAX_MANIFEST_BYTES = 1 << 30
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF)
 
 
@@ -176,7 +175,7 @@ def _lstat(path: str) -> os.stat_result | None:
         raise StorageError(exc.errno or errno.EIO, f"cannot stat {path}: {exc.strerror}") from exc
 
 
-def real_dir(path: str) -> bool:
+def existing_dir(path: str) -> bool:
     """Whether ``path`` is a directory (not a symlink); refuse a symlink or other kind."""
     st = _lstat(path)
     if st is None:
@@ -205,23 +204,6 @@ def _is_bare(path: str, depth: int = 3) -> bool:
     return True
 
 
-def hash_regular(path: str, what: str) -> str:
-    """xxh3-128 of a regular file, opened without blocking on a FIFO."""
-    import xxhash
-
-    fd = open_regular(path, what=what)
-    try:
-        hasher = xxhash.xxh3_128()
-        buf = bytearray(8 << 20)
-        while n := os.readv(fd, [buf]):
-            hasher.update(memoryview(buf)[:n])
-        return hasher.hexdigest()
-    except OSError as exc:
-        raise StorageError(exc.errno or errno.EIO, f"cannot read {what} {path}") from exc
-    finally:
-        os.close(fd)
-
-
 def _load_dataset(dst: str) -> tuple[Manifest | None, str]:
     """The manifest of a verified dataset in DST, or (None, why it is not one)."""
     path = os.path.join(dst, MANIFEST_FILENAME)
@@ -230,8 +212,6 @@ def _load_dataset(dst: str) -> tuple[Manifest | None, str]:
         return None, ""
     if not stat.S_ISREG(st.st_mode):
         return None, f"{path} is a {describe_kind(st.st_mode)}, not a shardio manifest"
-    if st.st_size > _MAX_MANIFEST_BYTES:
-        return None, f"{path} is too large to be a shardio manifest"
     try:
         manifest = load_manifest(path)
     except (ShardioError, OSError) as exc:
@@ -240,7 +220,7 @@ def _load_dataset(dst: str) -> tuple[Manifest | None, str]:
     try:
         if manifest.index.path != INDEX_FILENAME:
             raise FormatError(f"{path} names an index other than {INDEX_FILENAME}")
-        digest = hash_regular(index, "index")
+        digest = file_xxh3_128(index, what="index")
     except (ShardioError, OSError) as exc:
         return None, f"{path} has no matching index ({exc})"
     if digest != manifest.index.xxh3_128:
@@ -256,8 +236,8 @@ def inspect_dst(dst: str) -> DestState:
         FormatError: a commit record is damaged (naming it).
     """
     work = os.path.join(dst, WORK_DIR)
-    has_work = real_dir(work)
-    real_dir(os.path.join(dst, SHARD_DIR))
+    has_work = existing_dir(work)
+    existing_dir(os.path.join(dst, SHARD_DIR))
     commit = None
     states: list[StateRecord] = []
     bad_state = ""
@@ -279,7 +259,7 @@ def inspect_dst(dst: str) -> DestState:
             except ShardioError as exc:
                 bad_state = bad_state or str(exc)
         nxt = os.path.join(work, NEXT_DIR)
-        has_next = real_dir(nxt) and not _is_bare(nxt)
+        has_next = existing_dir(nxt) and not _is_bare(nxt)
     manifest, why = _load_dataset(dst)
     if manifest is not None:
         return DestState("dataset", manifest=manifest, commit=commit, has_next=has_next)
@@ -390,7 +370,7 @@ def remove_work_dir(dst: str) -> None:
     import shutil
 
     work = os.path.join(dst, WORK_DIR)
-    if not real_dir(work):
+    if not existing_dir(work):
         return
     states = []
     for name in os.listdir(work):
@@ -420,7 +400,7 @@ def remove_interrupted(dst: str, states: Sequence[StateRecord]) -> None:
         UsageError: a planned file is a symlink or not a regular file (nothing removed).
     """
     shard_dir = os.path.join(dst, SHARD_DIR)
-    names = sorted(os.listdir(shard_dir)) if real_dir(shard_dir) else []
+    names = sorted(os.listdir(shard_dir)) if existing_dir(shard_dir) else []
     planned = [f"{SHARD_DIR}/{n}" for n in names if any(s.owns(f"{SHARD_DIR}/{n}") for s in states)]
     check_owned(dst, planned, source=f"the interrupted pack in {dst}")
     for rel in planned:

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 from shardio._version import __version__
 from shardio.errors import FormatError, ShardioError, StorageError, UsageError
+from shardio.format.checksum import file_xxh3_128
 from shardio.format.index import Index, merge_indexes, seal_manifest
 from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
 from shardio.format.spec import INDEX_FILENAME, MANIFEST_FILENAME, REPORT_FILENAME, WORK_DIR
-from shardio.packing.dest import hash_regular, locked, real_dir, remove_temps, remove_work_dir
+from shardio.packing.dest import existing_dir, locked, remove_temps, remove_work_dir
 from shardio.packing.workfiles import (
     PartRecord,
     ShardRecord,
@@ -41,7 +42,7 @@ class MergeResult:
 
 def _load_parts(dst: str) -> list[PartRecord]:
     work = os.path.join(dst, WORK_DIR)
-    if not real_dir(work):
+    if not existing_dir(work):
         if os.path.lexists(os.path.join(dst, MANIFEST_FILENAME)):
             raise UsageError(f"{dst} is already merged")
         raise UsageError(
@@ -83,7 +84,7 @@ def _open_fragment(dst: str, part: PartRecord, rec: ShardRecord) -> Index:
     path = fragment_path(dst, stem)
     again = f"rerun `shardio pack --resume` for part {part.part}/{part.num_parts} to rewrite it"
     try:
-        digest = hash_regular(path, "index fragment")
+        digest = file_xxh3_128(path, what="index fragment")
     except StorageError as exc:
         raise FormatError(
             f"index fragment {path} is missing or unreadable ({exc}): {again}"
@@ -161,7 +162,7 @@ def merge_locked(dst: str, *, durable: bool = True) -> MergeResult:
         index=IndexEntry(
             path=INDEX_FILENAME,
             size_bytes=os.path.getsize(index_path),
-            xxh3_128=hash_regular(index_path, "index"),
+            xxh3_128=file_xxh3_128(index_path, what="index"),
         ),
         shards=tuple(shards),
         classes=first.classes,

@@ -25,11 +25,11 @@ from shardio.packing.dest import (
     DestState,
     check_owned,
     dataset_files,
+    existing_dir,
     inspect_dst,
     layout_of,
     locked,
     make_dst,
-    real_dir,
     remove_bare_dst,
     remove_interrupted,
     remove_temps,
@@ -236,7 +236,7 @@ def _replace(
     """
     check_owned(dst, dataset_files(old), source=os.path.join(dst, MANIFEST_FILENAME))
     nxt = next_dir(dst)
-    if not options.resume and real_dir(nxt):
+    if not options.resume and existing_dir(nxt):
         shutil.rmtree(nxt)  # a replacement a killed --force began: this --force starts over
     make_dirs_inside(dst, f"{WORK_DIR}/{NEXT_DIR}")
     inner = dataclasses.replace(options, force=False)

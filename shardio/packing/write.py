@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import errno
 import io
 import itertools
 import logging
@@ -24,11 +23,10 @@ from dataclasses import dataclass
 
 import xxhash
 
-from shardio.errors import PackError, ShardioError
-from shardio.format.checksum import member_xxh3_64
+from shardio.errors import PackError, ShardioError, StorageError
+from shardio.format.checksum import file_xxh3_128, member_xxh3_64
 from shardio.format.index import IndexBuilder, MemberEntry
 from shardio.format.spec import LABEL_EXT
-from shardio.packing.dest import hash_regular
 from shardio.packing.plan import ShardPlan, shard_paths
 from shardio.packing.scan import PlannedFile, PlannedSample, Skipped
 from shardio.packing.workfiles import (
@@ -40,7 +38,7 @@ from shardio.packing.workfiles import (
 )
 from shardio.progress import Counters
 from shardio.storage.atomic import atomic_write
-from shardio.storage.files import describe_kind
+from shardio.storage.files import open_regular
 from shardio.writers.base import ShardWriter, SourceChangedError
 from shardio.writers.hdf5 import HDF5ShardWriter
 from shardio.writers.tar import TarShardWriter, dali_index_text
@@ -104,24 +102,15 @@ _STREAM = _Stream()
 _Loaded = list[tuple[bytes, int] | str | _Stream]  # (data, xxh3-64), skip reason, or stream
 
 
-def _open_source(path: bytes) -> int:
-    """Open a source file without blocking; OSError with a reason if it is not regular now."""
-    fd = os.open(path, _OPEN_FLAGS)
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, f"now a {describe_kind(mode)}, not a regular file")
-    return fd
-
-
 def _read_small(path: bytes, size: int) -> bytes | str:
-    """A small file's bytes, or why it cannot be packed."""
+    """A small file's bytes, or why it cannot be packed.
+
+    No fstat (a metadata round trip per file on a parallel filesystem; the plan stat'ed it
+    already): opened ``O_NONBLOCK``, a FIFO or device swapped in since reads short or long,
+    and a directory fails its read, so each ends as a size change or an unreadable file.
+    """
     try:
-        fd = _open_source(path)
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
         return f"unreadable ({exc.strerror or exc})"
     try:
@@ -185,9 +174,9 @@ def _prefetch(
 def _stream(writer: ShardWriter, root: bytes, f: PlannedFile) -> tuple[int, int, int] | str:
     """Stream one large file into the writer: (offset, size, xxh3-64) or why it was skipped."""
     try:
-        fd = _open_source(os.path.join(root, f.rel))
-    except OSError as exc:
-        return f"unreadable ({exc.strerror or exc})"
+        fd = open_regular(os.path.join(root, f.rel), what="source file")
+    except StorageError as exc:
+        return f"unreadable ({exc})"
     try:
         return writer.add_stream(f.ext, f.size, lambda view: os.readv(fd, [view]))
     except SourceChangedError as exc:
@@ -335,10 +324,10 @@ def reusable(job: ShardJob) -> ShardRecord | None:
     ):
         return None
     try:
-        if hash_regular(shard, "shard") != record.xxh3_128:
+        if file_xxh3_128(shard, what="shard") != record.xxh3_128:
             logger.warning("shard %s is damaged: writing it again", rel_path)
             return None
-        if hash_regular(fragment, "index fragment") != record.index_xxh3_128:
+        if file_xxh3_128(fragment, what="index fragment") != record.index_xxh3_128:
             logger.warning("index fragment %s is damaged: writing shard %s again", fragment, name)
             return None
     except ShardioError:
