@@ -9,7 +9,6 @@ byte-identical to an uninterrupted pack, reusing the shards whose records were p
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 import shutil
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+from killing import kill_session, run_then_kill, session_pids
 
 SHARD_SIZE = "256KiB"  # the small tree (300 files x ~20 KB) packs into ~27 shards
 TIMEOUT_S = 60.0
@@ -68,30 +68,6 @@ def shards_at_least(dst: pathlib.Path, k: int, suffix: str = ".tar") -> Callable
     return check
 
 
-def session_pids(sid: int) -> list[int]:
-    """Live (non-zombie) processes of a session."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = pathlib.Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
-
-
-def kill_session(sid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(sid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while session_pids(sid) and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
 @dataclass(frozen=True)
 class Killed:
     finished: bool  # the pack completed before the kill landed
@@ -102,20 +78,9 @@ class Killed:
 def run_and_kill(argv: list[str], dst: pathlib.Path, until: Callable[[], bool]) -> Killed:
     """Start ``argv`` in a session of its own, poll until ``until()`` holds, then SIGKILL
     every process of the session (the pack and its workers), as SLURM's scancel does."""
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while proc.poll() is None and not until():
-            assert time.monotonic() < deadline, "the pack neither progressed nor finished"
-            time.sleep(0.0002)
-    finally:
-        kill_session(proc.pid)
-        proc.wait()
+    finished = run_then_kill(argv, until, env=_env(), timeout_s=TIMEOUT_S, poll_s=0.0002)
     return Killed(
-        finished=proc.returncode == 0,
+        finished=finished,
         shards=_count(dst / "shards", "shard-*.tar") + _count(dst / "shards", "shard-*.h5"),
         records=_count(dst / ".shardio-work" / "frag", "shard-*.json"),
     )

@@ -8,16 +8,16 @@ must be byte-identical to a fresh pack with the new options, with nothing else l
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 import shutil
 import signal
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 
 import pytest
+from killing import run_then_kill
 
 from shardio.errors import StorageError
 from shardio.format.manifest import load_manifest
@@ -40,23 +40,10 @@ def dataset_files(dst: pathlib.Path) -> dict[str, bytes]:
     }
 
 
-def run_and_kill(argv: list[str], until) -> bool:
-    """Run argv in a session of its own until ``until()`` holds, then SIGKILL the session
-    (the pack and its workers). Returns whether the command finished first."""
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while proc.poll() is None and not until():
-            assert time.monotonic() < deadline, "the pack neither progressed nor finished"
-            time.sleep(0.0005)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    return proc.returncode == 0
+def run_and_kill(argv: list[str], until: Callable[[], bool]) -> bool:
+    """Run argv until ``until()`` holds, then SIGKILL the pack and its workers. Returns
+    whether the command finished first."""
+    return run_then_kill(argv, until, env=_env(), timeout_s=TIMEOUT_S)
 
 
 @pytest.fixture
