@@ -52,7 +52,7 @@ _LAZY = {
     "PackResult": "shardio.packing.run",
     "pack": "shardio.packing.run",
     "merge_parts": "shardio.packing.merge",
-    "PackedDataset": "shardio.readers.dataset",
+    "PackedDataset": "shardio.read.packed",
     "ShardDataset": "shardio.runtime.dataset",
     "ShardLoader": "shardio.runtime.loader",
     "RankInfo": "shardio.runtime.ranks",

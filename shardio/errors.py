@@ -98,7 +98,7 @@ class ChecksumMismatchError(IntegrityError):
     ) -> None:
         what = f"sample {key!r}" if key is not None else "shard"
         if member is not None:
-            what = f"member {member!r}"
+            what = f"{what}, member {member!r}" if key is not None else f"member {member!r}"
         super().__init__(
             f"checksum mismatch in {path} ({what}): expected xxh3 {expected}, got {actual}"
         )

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shardio.errors import FormatError, StorageError, UsageError
-from shardio.readers.dataset import PackedDataset
+from shardio.read.packed import PackedDataset
 from shardio.storage.atomic import TEMP_MARK, create_temp
 
 __all__ = ["UnpackResult", "unpack_dataset"]

@@ -14,7 +14,7 @@ import xxhash
 from shardio.errors import FormatError, StorageError
 from shardio.format.checksum import file_xxh3_128, hex64
 from shardio.progress import Counters, ProgressCallback, ProgressThread
-from shardio.readers.dataset import PackedDataset
+from shardio.read.packed import PackedDataset
 from shardio.storage.files import open_regular
 
 __all__ = ["BadMember", "ShardProblem", "VerifyReport", "verify_dataset"]

@@ -16,7 +16,7 @@ import shutil
 import stat
 from collections.abc import Iterator, Mapping
 
-from shardio.cache.stamps import STAGE_DIR, read_area_marker, write_area_marker
+from shardio.cache.protocol import STAGE_DIR, read_area_marker, write_area_marker
 from shardio.errors import FormatError, ShardioError, StorageError, UsageError
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME

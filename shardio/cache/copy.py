@@ -13,17 +13,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import fcntl
 import logging
 import mmap
 import os
 import stat
-from collections.abc import Iterator
 
 import xxhash
 
 from shardio.cache.area import storage_errors
-from shardio.cache.stamps import drop_staged, lock_path, stamp_matches, stamp_rel, write_stamp
+from shardio.cache.protocol import (
+    drop_if_same,
+    drop_staged,
+    shard_lock,
+    stamp_matches,
+    stamp_rel,
+    write_stamp,
+)
 from shardio.errors import IntegrityError, ShardioError, StorageError, UsageError
 from shardio.format.checksum import fd_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry
@@ -121,29 +126,6 @@ def _staged_equals(path: str, data: bytes, what: str) -> bool:
 
 
 # --------------------------------------------------------------------------- copies
-
-
-@contextlib.contextmanager
-def _shard_lock(dest: str, rel: str) -> Iterator[None]:
-    path = lock_path(dest, rel)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UsageError(
-                f"lock file {path} is a symlink: shardio does not write through symlinks; remove it"
-            ) from exc
-        raise storage_error(exc, path, "locking") from exc
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise UsageError(
-                f"lock file {path} is a {describe_kind(mode)}, not a regular file; remove it"
-            )
-        fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another rank copies this shard
-        yield
-    finally:
-        os.close(fd)  # releases the lock; a killed holder's lock goes with its process
 
 
 def _copy_range(fin: int, fout: int, limit: int, counters: Counters) -> int:
@@ -304,17 +286,24 @@ def stage_one(
     *,
     durable: bool,
     counters: Counters,
+    bad_copy: tuple[int, int] | None = None,
 ) -> tuple[str, str, int]:
     """Stage one shard (and its DALI index) under its lock; return (rel, outcome, bytes).
 
     The outcome is "present" (a verified copy was there), "copied" or "replaced" (a damaged
     copy was removed and copied again).
+
+    Args:
+        bad_copy: (device, inode) of a staged copy a reader found bad: dropped first if it is
+            still the file staged (a copy another process re-staged meanwhile is kept).
     """
     rel, expected = entry.path, entry.xxh3_128
     final = os.path.join(dest, rel)
-    with storage_errors(final, "staging"), _shard_lock(dest, rel):
+    with storage_errors(final, "staging"), shard_lock(dest, rel):
         for temp in temps:  # a killed run's partial copy; the lock excludes live ones
             unlink_inside(dest, temp)
+        if bad_copy is not None and drop_if_same(dest, rel, bad_copy):
+            logger.warning("staged copy %s was found bad by a reader: copying it again", final)
         outcome, copied = "present", 0
         if not stamp_matches(dest, rel, expected):
             digest = _staged_digest(final, "staged copy")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 
 from shardio.cache.copy import READ_NOFOLLOW
-from shardio.cache.stamps import drop_staged
+from shardio.cache.protocol import drop_staged, try_lock_for_eviction
 from shardio.format.manifest import Manifest
 from shardio.storage.files import unlink_inside
 
@@ -52,9 +51,7 @@ def evict_for(
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # readers hold LOCK_SH
-            except BlockingIOError:
+            if not try_lock_for_eviction(fd):  # a reader holds it
                 continue
             if not drop_staged(dest, entry.path):
                 continue

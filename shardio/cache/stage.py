@@ -18,7 +18,7 @@ from shardio.cache.area import check_paths, open_area, storage_errors
 from shardio.cache.copy import leftover_temps, stage_one, temps_of, write_local_metadata
 from shardio.cache.evict import evict_for
 from shardio.cache.plan import choose_shards, node_shard_order
-from shardio.cache.stamps import STAGE_DIR
+from shardio.cache.protocol import STAGE_DIR
 from shardio.errors import UsageError
 from shardio.format.manifest import load_manifest
 from shardio.format.spec import MANIFEST_FILENAME

@@ -144,7 +144,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from shardio.cli.progress import ProgressBar
+    from shardio.cli.progressbar import ProgressBar
     from shardio.verify import verify_dataset
 
     workers = args.workers if args.workers is not None else default_workers()
@@ -206,7 +206,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from shardio.readers.dataset import PackedDataset
+    from shardio.read.packed import PackedDataset
     from shardio.storage.fsdetect import detect_fs_type
     from shardio.storage.striping import describe_layout
 
@@ -256,7 +256,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    from shardio.readers.dataset import PackedDataset
+    from shardio.read.packed import PackedDataset
 
     with PackedDataset(args.dst) as ds:
         if sys.stdout is None:  # started with fd 1 closed: nobody to list to

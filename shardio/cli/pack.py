@@ -15,7 +15,7 @@ __all__ = ["cmd_merge", "cmd_pack"]
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from shardio.cli.progress import ProgressBar
+    from shardio.cli.progressbar import ProgressBar
     from shardio.packing.run import PackOptions, pack
 
     part, num_parts = parse_part(args.part) if args.part else (0, 1)

@@ -34,7 +34,7 @@ def _leading_int(text: str) -> int | None:
 
 def cmd_stage(args: argparse.Namespace) -> int:
     from shardio.cache import StageOptions, clean_stage, stage_dataset
-    from shardio.cli.progress import ProgressBar
+    from shardio.cli.progressbar import ProgressBar
 
     if args.clean:
         if len(args.paths) != 1:

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from shardio.format.spec import LABEL_EXT
-from shardio.readers.dataset import PackedDataset
-from shardio.readers.mapcache import MapCache
+from shardio.read.mapcache import MapCache
+from shardio.read.packed import PackedDataset
 
 __all__ = ["ByteColumn", "MappedColumn", "read_batch", "read_batch_mapped"]
 

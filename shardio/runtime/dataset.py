@@ -19,7 +19,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from shardio.errors import ShardioError, UsageError
 from shardio.format.spec import LABEL_EXT
-from shardio.readers.dataset import PackedDataset
+from shardio.read.packed import PackedDataset
 from shardio.runtime.batch import read_batch, read_batch_mapped
 from shardio.runtime.decode import Decoder, make_decoder
 from shardio.runtime.order import check_order, epoch_order, rank_positions

@@ -35,7 +35,7 @@ from shardio.format.spec import (
     SHARD_DIR,
 )
 from shardio.packing.run import PackOptions, PackResult, pack
-from shardio.readers.dataset import PackedDataset
+from shardio.read.packed import PackedDataset
 from shardio.unpack import unpack_dataset
 from shardio.verify import verify_dataset
 

@@ -19,7 +19,7 @@ from trees import tree_files
 from shardio.cli.main import default_workers, parse_part
 from shardio.errors import UsageError
 from shardio.format.spec import FORMAT_VERSION
-from shardio.readers.dataset import PackedDataset
+from shardio.read.packed import PackedDataset
 
 FAKEBIN_LUSTRE = pathlib.Path(__file__).resolve().parent / "fakebin_lustre"
 SUFFIX = {"tar": ".tar", "hdf5": ".h5"}

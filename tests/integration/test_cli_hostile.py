@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from shardio.cli.progress import ProgressBar
+from shardio.cli.progressbar import ProgressBar
 from shardio.progress import ProgressSnapshot
 
 W1 = ("--workers", "1", "--no-progress")

@@ -22,7 +22,7 @@ from trees import read_tree, write_tree
 
 from shardio.errors import ShardioError
 from shardio.packing.run import PackOptions, pack
-from shardio.readers.dataset import PackedDataset
+from shardio.read.packed import PackedDataset
 from shardio.unpack import unpack_dataset
 from shardio.verify import verify_dataset
 

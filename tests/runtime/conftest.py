@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from shardio.packing.run import PackOptions, pack
-from shardio.readers.dataset import PackedDataset
+from shardio.read.packed import PackedDataset
 from shardio.runtime.batch import ByteColumn
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

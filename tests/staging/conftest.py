@@ -22,7 +22,7 @@ import pytest
 from shardio.format.checksum import file_xxh3_128
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.packing.run import PackOptions, pack
-from shardio.readers.dataset import PackedDataset
+from shardio.read.packed import PackedDataset
 from shardio.storage.atomic import is_temp_name
 
 SCRIPTS = pathlib.Path(__file__).resolve().parent / "scripts"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from shardio.cache import StageOptions, node_shard_order
-from shardio.readers.dataset import PackedDataset
+from shardio.read.packed import PackedDataset
 from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.ranks import RankInfo
 

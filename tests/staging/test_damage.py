@@ -13,8 +13,8 @@ import re
 import pytest
 
 from shardio.cache import StageOptions, stage_dataset
-from shardio.cache.stamps import write_stamp
-from shardio.readers.dataset import PackedDataset
+from shardio.cache.protocol import write_stamp
+from shardio.read.packed import PackedDataset
 from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.ranks import RankInfo
 

@@ -28,7 +28,7 @@ from shardio.cache import (
     node_shard_order,
     stage_dataset,
 )
-from shardio.cache.stamps import lock_path, stamp_matches, stamp_path
+from shardio.cache.protocol import lock_path, stamp_matches, stamp_path
 from shardio.errors import FormatError, IntegrityError, StorageError, UsageError
 from shardio.format.manifest import load_manifest
 

@@ -25,7 +25,7 @@ from shardio.errors import (
     UsageError,
 )
 from shardio.packing.run import PackOptions, pack
-from shardio.readers.dataset import PackedDataset
+from shardio.read.packed import PackedDataset
 from shardio.unpack import unpack_dataset
 
 GOLDEN_V1 = pathlib.Path(__file__).resolve().parents[1] / "data" / "format_v1" / "tar"

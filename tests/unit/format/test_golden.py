@@ -18,7 +18,7 @@ import h5py
 import pytest
 
 from shardio.format.manifest import load_manifest
-from shardio.readers.dataset import PackedDataset
+from shardio.read.packed import PackedDataset
 from shardio.unpack import unpack_dataset
 from shardio.verify import verify_dataset
 

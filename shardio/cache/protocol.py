@@ -1,38 +1,69 @@
-"""A staging area's own records under DEST/.shardio-stage: marker, stamps and lock paths.
+"""The staging-cache protocol: how ``shardio stage``, readers and eviction share a staging area.
 
-The area marker (``area.json``) says that a directory is a shardio staging area, so that
-staging and cleaning never touch a directory that is not one. A stamp records a verified
-copy's size, inode, ctime and mtime beside its xxh3-128: any write to the file changes its
-ctime, which no user can set back, so a copy whose stat still matches its stamp needs no
-re-hashing. Staged files are removed through directory descriptors, never through a
-symlink, and only when they are regular files (:func:`drop_staged`).
+This module is the protocol's one home; stage, evict and the read side's resolver
+(:mod:`shardio.read.resolver`) only call it.
+
+- **Marker.** ``DEST/.shardio-stage/area.json`` says a directory is a staging area: staging,
+  cleaning and repair never touch a directory without one.
+- **Stamps.** A copy is published under its final name only after its xxh3-128 matched the
+  manifest; then a stamp records its size, inode, ctime and mtime beside the digest. Any
+  write changes ctime, which no user can set back, so a copy whose ``lstat`` still matches its
+  stamp is trusted without re-hashing (every member is still checked on read). A symlink or
+  special file never matches a stamp.
+- **Per-shard lock file** (``locks/``, :func:`shard_lock`, exclusive, blocking). Held by
+  whoever copies, re-stages or drops a shard: the first rank of a node copies, the others
+  wait and then find the stamp. A killed holder's lock goes with its process.
+- **Readers' shared lock** (:func:`lock_for_reading`): a reader holds ``LOCK_SH`` on the staged
+  copy's own descriptor while it is open.
+- **Eviction** (:func:`try_lock_for_eviction`) takes ``LOCK_EX | LOCK_NB`` on the copy and skips
+  any copy a reader holds.
+- **Dropping a bad copy** (:func:`drop_if_same`): under the shard's lock, and only when the file
+  at the path is still the one that failed (same device and inode): a copy that another
+  process has re-staged meanwhile is kept. Re-staging publishes a new file by rename, so
+  readers still holding the old descriptor finish on the old bytes.
+- Staged files are removed through directory descriptors, never through a symlink, and only
+  when they are regular files (:func:`drop_staged`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import stat
+from collections.abc import Iterator
 from typing import Any
 
 import xxhash
 
-from shardio.errors import StorageError
-from shardio.storage.atomic import atomic_write
-from shardio.storage.files import make_dirs_inside, read_regular, real_dir, unlink_inside
+from shardio.errors import StorageError, UsageError
+from shardio.storage.atomic import atomic_write, storage_error
+from shardio.storage.files import (
+    describe_kind,
+    make_dirs_inside,
+    read_regular,
+    real_dir,
+    unlink_inside,
+)
 
 __all__ = [
     "AREA_FILE",
     "AREA_FORMAT",
     "AREA_VERSION",
     "STAGE_DIR",
+    "drop_if_same",
     "drop_staged",
+    "lock_for_reading",
     "lock_path",
     "read_area_marker",
+    "shard_lock",
+    "staged_identity",
     "stamp_matches",
     "stamp_path",
     "stamp_rel",
+    "try_lock_for_eviction",
     "write_area_marker",
     "write_stamp",
 ]
@@ -164,3 +195,75 @@ def drop_staged(dest: str, rel: str) -> bool:
     """
     unlink_inside(dest, stamp_rel(rel))
     return unlink_inside(dest, rel)
+
+
+def staged_identity(dest: str, rel: str) -> tuple[int, int] | None:
+    """(device, inode) of the regular file staged as ``rel``, or None."""
+    try:
+        st = os.lstat(os.path.join(dest, rel))
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
+def drop_if_same(dest: str, rel: str, identity: tuple[int, int] | None) -> bool:
+    """Drop staged ``rel`` if it is still the file ``identity`` names (call under
+    :func:`shard_lock`); None drops whatever regular file is there. Return whether a copy was
+    removed."""
+    if identity is not None and staged_identity(dest, rel) != identity:
+        return False
+    return drop_staged(dest, rel)
+
+
+# --------------------------------------------------------------------------- locks
+
+
+@contextlib.contextmanager
+def shard_lock(dest: str, rel: str) -> Iterator[None]:
+    """Hold the exclusive lock of staged ``rel`` (its lock file): copy, re-stage or drop it.
+
+    Raises:
+        UsageError: the lock file is a symlink or not a regular file.
+        StorageError: it cannot be opened.
+    """
+    path = lock_path(dest, rel)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(
+                f"lock file {path} is a symlink: shardio does not write through symlinks; remove it"
+            ) from exc
+        raise storage_error(exc, path, "locking") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UsageError(
+                f"lock file {path} is a {describe_kind(mode)}, not a regular file; remove it"
+            )
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another rank copies this shard
+        yield
+    finally:
+        os.close(fd)  # releases the lock; a killed holder's lock goes with its process
+
+
+def lock_for_reading(fd: int, path: str) -> None:
+    """Take the reader's shared lock on an open staged copy (eviction then skips it).
+
+    Raises:
+        StorageError: the lock cannot be taken.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError as exc:
+        raise StorageError(exc.errno, f"cannot lock shard {path}: {exc.strerror}") from exc
+
+
+def try_lock_for_eviction(fd: int) -> bool:
+    """Take the exclusive lock on an open staged copy without waiting; False while a reader
+    holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True

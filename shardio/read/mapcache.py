@@ -1,4 +1,9 @@
-"""Memory maps of shard files, one per file and process, least recently used dropped first."""
+"""Memory maps of shard files for the opt-in mapped transport, least recently used dropped first.
+
+A mapped view of a file that is truncated, or whose page-in fails (EIO on a parallel
+filesystem), raises SIGBUS in the process that touches it: mapped views are for node-local
+copies only, never the default.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,7 @@ import mmap
 import os
 from collections import OrderedDict
 
-from shardio.errors import StorageError
-from shardio.storage.files import open_regular
+from shardio.read.opener import Opener, PosixOpener
 
 __all__ = ["MapCache"]
 
@@ -24,7 +28,8 @@ class MapCache:
         max_maps: mappings kept at once (virtual address space is the limit, not memory).
     """
 
-    def __init__(self, max_maps: int = 1024) -> None:
+    def __init__(self, opener: Opener | None = None, max_maps: int = 1024) -> None:
+        self.opener: Opener = opener if opener is not None else PosixOpener()
         self.max_maps = max_maps
         self._maps: OrderedDict[str, mmap.mmap | None] = OrderedDict()
         self._pid = os.getpid()
@@ -39,14 +44,7 @@ class MapCache:
             self._maps.move_to_end(path)
             mm = self._maps[path]
             return memoryview(mm) if mm is not None else memoryview(bytearray())
-        fd = open_regular(path, what="shard")
-        try:
-            size = os.fstat(fd).st_size
-            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY) if size else None
-        except OSError as exc:
-            raise StorageError(exc.errno, f"cannot map shard {path}: {exc.strerror}") from exc
-        finally:
-            os.close(fd)
+        mm = self.opener.map(path)
         self.opens += 1
         self._maps[path] = mm
         self._trim()

@@ -1,0 +1,401 @@
+"""PackedDataset: a dataset written by ``shardio pack``, read member by member, checked.
+
+Opens the manifest and the index (checked at open, each shard's records on first use), then
+reads members with ``pread`` through the opener, from wherever the resolver says, and passes
+every member through the one member check before a caller sees it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardio.cache.protocol import lock_for_reading
+from shardio.errors import ChecksumMismatchError, FormatError, ShardioError, StorageError
+from shardio.format.checksum import hex64
+from shardio.format.index import Index
+from shardio.format.manifest import Manifest, load_manifest
+from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
+from shardio.read.check import member_digest_problem
+from shardio.read.mapcache import MapCache
+from shardio.read.opener import Opener, PosixOpener, read_fully
+from shardio.read.resolver import NOT_OPENED, Location, ShardResolver
+
+__all__ = ["Event", "FilePool", "PackedDataset"]
+
+logger = logging.getLogger(__name__)
+
+# Ranges closer than this are advised as one (reading a tar header between two members
+# costs less than another request).
+_ADVISE_GAP = 128 * 1024
+
+Event = dict[str, Any]
+
+
+class FilePool:
+    """Open read-only descriptors, at most ``max_open`` at a time (least recently used is
+    closed first). Opens lazily, so it can be created before a fork and used after.
+
+    Args:
+        opener: opens and closes the files.
+        max_open: the bound on open descriptors.
+    """
+
+    def __init__(self, opener: Opener, max_open: int = 64) -> None:
+        self.opener = opener
+        self.max_open = max_open
+        self._fds: OrderedDict[str, int] = OrderedDict()
+        self._pid = os.getpid()
+        self.opens = 0
+
+    def fd(self, path: str, *, staged: bool = False) -> int:
+        """Return an open descriptor for ``path``.
+
+        Args:
+            path: the file.
+            staged: a staged copy: opened without following a symlink and held under the
+                readers' shared lock (eviction skips it).
+        """
+        if self._pid != os.getpid():
+            # Descriptors inherited over fork are this process's copies: close them and
+            # start afresh (pread keeps no offset, but each process owns its pool).
+            for inherited in self._fds.values():
+                with contextlib.suppress(OSError):
+                    os.close(inherited)
+            self._fds.clear()
+            self._pid = os.getpid()
+        fd = self._fds.get(path)
+        if fd is not None:
+            self._fds.move_to_end(path)
+            return fd
+        # No fstat: a FIFO or directory fails its pread instead (storage.files.open_for_pread).
+        fd = self.opener.open(path, nofollow=staged)
+        if staged:
+            try:
+                lock_for_reading(fd, path)
+            except StorageError:
+                self.opener.close(fd)
+                raise
+        self.opens += 1
+        self._fds[path] = fd
+        if len(self._fds) > self.max_open:
+            _, old = self._fds.popitem(last=False)
+            self.opener.close(old)
+        return fd
+
+    def discard(self, path: str) -> None:
+        """Close the descriptor of ``path`` if open (the file failed, or was replaced)."""
+        fd = self._fds.pop(path, None)
+        if fd is not None and self._pid == os.getpid():
+            with contextlib.suppress(OSError):
+                self.opener.close(fd)
+
+    def close(self) -> None:
+        """Close every descriptor."""
+        if self._pid == os.getpid():
+            for fd in self._fds.values():
+                with contextlib.suppress(OSError):
+                    self.opener.close(fd)
+        self._fds.clear()
+
+
+class PackedDataset:
+    """A dataset written by ``shardio pack``.
+
+    Reads a shard from a staging area when a verified copy is there, else from the source
+    (a read-through cache): ``PackedDataset(SRC, cache=DEST)``, or ``PackedDataset(DEST)``
+    for a staging area, whose manifest names its source. A staged copy that fails a read is
+    dropped and the member read again from the source (or from a fresh copy, with
+    ``restage=True``).
+
+    Args:
+        root: the dataset directory (holding manifest.json), or a staging area.
+        max_open: bound on shard files held open at once.
+        cache: a staging area (``shardio stage``) to read verified copies from.
+        opener: how bytes are read (default: POSIX calls).
+        restage: stage a bad copy again from the source (once per node) instead of only
+            dropping it.
+
+    Attributes:
+        resolver: where each shard is read from.
+        on_event: called with a dict for each recovery event (a dropped or re-staged copy).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        max_open: int = 64,
+        cache: str | os.PathLike[str] | None = None,
+        opener: Opener | None = None,
+        restage: bool = False,
+    ) -> None:
+        self.root = os.fspath(root)
+        if not os.path.isdir(self.root):
+            what = "is not a directory" if os.path.lexists(self.root) else "no such directory"
+            raise FormatError(f"{self.root}: {what} (a dataset is a directory with a manifest)")
+        self.manifest: Manifest = load_manifest(os.path.join(self.root, MANIFEST_FILENAME))
+        # Bound to the manifest: header checked now, each shard's records on first use.
+        self.index = Index.open(
+            os.path.join(self.root, self.manifest.index.path), manifest=self.manifest
+        )
+        self.opener: Opener = opener if opener is not None else PosixOpener()
+        self.resolver = ShardResolver(
+            self.manifest, self.root, os.fspath(cache) if cache is not None else None
+        )
+        self.restage = restage
+        self.on_event: Callable[[Event], None] | None = None
+        self._bytes = {"bytes_cache": 0, "bytes_source": 0}
+        self.pool = FilePool(self.opener, max_open)
+        self.maps = MapCache(self.opener)
+
+    @property
+    def cache_root(self) -> str | None:
+        """The staging area read from, or None."""
+        return self.resolver.cache_root
+
+    @property
+    def cache_stats(self) -> dict[str, int]:
+        """Per-process counts: ``hits``/``misses`` (shards opened from the cache / the
+        source), ``bytes_cache``/``bytes_source``, ``dropped`` (bad copies), ``restaged``."""
+        return {**self.resolver.stats, **self._bytes}
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __enter__(self) -> PackedDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def shard_path(self, shard: int) -> str:
+        """Path shard ``shard`` is read from now: its verified staged copy, else the source."""
+        return self.resolver.locate(shard).path
+
+    def key(self, sample: int) -> str:
+        """Key of a sample."""
+        return self.index.key(sample)
+
+    def shard_of(self, sample: int) -> int:
+        """The shard holding ``sample``."""
+        return int(self.index.samples["shard"][sample])
+
+    def advise(self, samples: Sequence[int]) -> None:
+        """Tell the kernel these samples will be read soon (``POSIX_FADV_WILLNEED``).
+
+        Reads of a batch then go to the device (or the parallel filesystem) together instead
+        of one synchronous pread at a time; nearby ranges are merged first.
+        """
+        if len(samples) == 0:
+            return
+        recs = self.index.records(samples)
+        counts = recs["n_members"].astype(np.int64)
+        total = int(counts.sum())
+        starts = np.cumsum(counts) - counts
+        rows = np.repeat(recs["first_member"].astype(np.int64), counts) + (
+            np.arange(total) - np.repeat(starts, counts)
+        )
+        shards = np.repeat(recs["shard"].astype(np.int64), counts)
+        offsets = self.index.members["offset"][rows].astype(np.int64)
+        ends = offsets + self.index.members["size"][rows].astype(np.int64)
+        order = np.lexsort((offsets, shards))
+        cur_shard, cur_lo, cur_hi = -1, 0, 0
+        for k in order.tolist():
+            shard, lo, hi = int(shards[k]), int(offsets[k]), int(ends[k])
+            if shard == cur_shard and lo - cur_hi <= _ADVISE_GAP:
+                cur_hi = max(cur_hi, hi)
+                continue
+            if cur_shard >= 0:
+                self._advise_range(cur_shard, cur_lo, cur_hi)
+            cur_shard, cur_lo, cur_hi = shard, lo, hi
+        if cur_shard >= 0:
+            self._advise_range(cur_shard, cur_lo, cur_hi)
+
+    def _advise_range(self, shard: int, lo: int, hi: int) -> None:
+        # Advice only: a shard that cannot be opened fails its read, with a proper error.
+        with contextlib.suppress(OSError):
+            loc = self.resolver.locate(shard)
+            self.opener.advise(self.pool.fd(loc.path, staged=loc.staged), lo, hi - lo)
+
+    # -- reading ---------------------------------------------------------------------------
+    def _read_at(
+        self, loc: Location, rec: Any, target: memoryview, *, verify: bool
+    ) -> tuple[str | None, OSError | None, tuple[int, int]]:
+        """Read one member from ``loc``; return (problem, OS error, identity of the file)."""
+        identity = NOT_OPENED
+        try:
+            fd = self.pool.fd(loc.path, staged=loc.staged)
+            if loc.staged:
+                identity = self.opener.identity(fd)
+            got = read_fully(self.opener, fd, target, int(rec["offset"]))
+        except OSError as exc:
+            self.pool.discard(loc.path)
+            return f"unreadable: {exc.strerror or exc}", exc, identity
+        if got != len(target):
+            self.pool.discard(loc.path)
+            return "truncated", None, identity
+        if verify and member_digest_problem(target, int(rec["xxh3_64"])) is not None:
+            self.pool.discard(loc.path)  # a replaced file is reopened on the next read
+            return "checksum mismatch", None, identity
+        return None, None, identity
+
+    def read_member_into(
+        self,
+        member: int,
+        target: memoryview,
+        *,
+        shard: int,
+        sample: int | None = None,
+        verify: bool = True,
+    ) -> None:
+        """Read one member's bytes into ``target`` (its exact size), checking its xxh3-64.
+
+        Raises:
+            ChecksumMismatchError: the bytes differ from the index's checksum (in the source;
+                a bad staged copy is dropped and the source read instead).
+            StorageError: the shard is missing, unreadable or short.
+        """
+        self.index.check_shard(shard)
+        rec = self.index.members[member]
+        for _attempt in range(3):  # staged copy, a fresh copy, the source
+            loc = self.resolver.locate(shard)
+            problem, error, identity = self._read_at(loc, rec, target, verify=verify)
+            if problem is None:
+                self._bytes["bytes_cache" if loc.staged else "bytes_source"] += len(target)
+                return
+            if not loc.staged:
+                raise self._source_error(problem, error, loc.path, shard, member, sample, target)
+            self._recover_copy(shard, problem, identity)
+        raise self._source_error(  # pragma: no cover - the source is read by the third try
+            "unreadable", None, self.resolver.source_path(shard), shard, member, sample, target
+        )
+
+    def _recover_copy(self, shard: int, problem: str, identity: tuple[int, int]) -> None:
+        """A staged copy failed: stage it again when allowed, else drop it for the source."""
+        rel = self.manifest.shards[shard].path
+        if self.restage and self.resolver.can_restage():
+            try:
+                outcome = self.resolver.restage(shard, identity)
+            except ShardioError as exc:
+                failed = {"event": "restage_failed", "shard": rel, "why": problem}
+                self._emit({**failed, "error": str(exc)})
+                return
+            self._emit({"event": "restage", "shard": rel, "why": problem, "outcome": outcome})
+            return
+        self.resolver.drop(shard, problem, identity)
+        self._emit({"event": "drop", "shard": rel, "why": problem})
+
+    def _emit(self, event: Event) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def _source_error(  # noqa: PLR0917 - one call shape, private
+        self,
+        problem: str,
+        error: OSError | None,
+        path: str,
+        shard: int,
+        member: int,
+        sample: int | None,
+        target: memoryview,
+    ) -> StorageError:
+        if sample is None:
+            sample = self._sample_of(member)
+        key = self.key(sample)
+        rec = self.index.members[member]
+        if problem == "checksum mismatch":
+            actual = member_digest_problem(target, int(rec["xxh3_64"]))
+            return ChecksumMismatchError(
+                path=path,
+                shard=self.manifest.shards[shard].path,
+                key=key,
+                expected=hex64(int(rec["xxh3_64"])),
+                actual=hex64(actual if actual is not None else int(rec["xxh3_64"])),
+                member=self.index.exts[int(rec["ext_id"])],
+            )
+        if problem == "truncated":
+            return StorageError(errno.EIO, f"shard {path} is truncated (sample {key!r})")
+        code = error.errno if error is not None and error.errno else errno.EIO
+        reason = error.strerror if error is not None and error.strerror else problem
+        return StorageError(code, f"cannot read shard {path} (sample {key!r}): {reason}")
+
+    def member_view(
+        self, member: int, *, shard: int, sample: int | None = None, verify: bool = True
+    ) -> tuple[str, memoryview]:
+        """Map a member without copying it: return (shard path, view of its bytes), checked.
+
+        For the opt-in mapped transport only: the view lies in this process's mapping of the
+        shard file, and a file truncated or unreadable later raises SIGBUS when a page is
+        touched. The default path (:meth:`read_member_into`) reads with pread.
+
+        Raises:
+            ChecksumMismatchError: the bytes differ from the index (in the source; a bad
+                staged copy is dropped and the source mapped instead).
+            StorageError: the shard is missing or short.
+        """
+        self.index.check_shard(shard)
+        rec = self.index.members[member]
+        off, size = int(rec["offset"]), int(rec["size"])
+        for _attempt in range(2):
+            loc = self.resolver.locate(shard)
+            view = self.maps.view(loc.path)
+            problem = None
+            if off + size > len(view):
+                problem = "truncated"
+            elif verify and member_digest_problem(view[off : off + size], int(rec["xxh3_64"])):
+                problem = "checksum mismatch"
+            if problem is None:
+                self._bytes["bytes_cache" if loc.staged else "bytes_source"] += size
+                return loc.path, view[off : off + size]
+            self.maps.discard(loc.path)
+            if not loc.staged:
+                data = memoryview(bytes(view[off : min(off + size, len(view))]))
+                raise self._source_error(problem, None, loc.path, shard, member, sample, data)
+            self.resolver.drop(shard, problem, NOT_OPENED)
+            self._emit({"event": "drop", "shard": self.manifest.shards[shard].path, "why": problem})
+        raise StorageError(errno.EIO, f"cannot map shard {shard}")  # pragma: no cover
+
+    def read_member(
+        self, member: int, *, shard: int, sample: int | None = None, verify: bool = True
+    ) -> bytes:
+        """Return one member's bytes (see :meth:`read_member_into`).
+
+        The size comes from checked records: it lies inside the shard's size in the manifest.
+        """
+        self.index.check_shard(shard)
+        buf = bytearray(int(self.index.members[member]["size"]))
+        self.read_member_into(member, memoryview(buf), shard=shard, sample=sample, verify=verify)
+        return bytes(buf)
+
+    def _sample_of(self, member: int) -> int:
+        return int(np.searchsorted(self.index.samples["first_member"], member, side="right") - 1)
+
+    def read_sample(self, sample: int, *, verify: bool = True) -> dict[str, Any]:
+        """Return a sample in the WebDataset convention: ``__key__`` and bytes per extension.
+
+        The label member ``cls`` is returned as an int.
+        """
+        rec = self.index.records([sample])[0]
+        shard = int(rec["shard"])
+        out: dict[str, Any] = {"__key__": self.index.key(sample)}
+        exts = self.index.exts
+        for m in self.index.sample_member_range(sample):
+            ext = exts[int(self.index.members[m]["ext_id"])]
+            data = self.read_member(m, shard=shard, sample=sample, verify=verify)
+            synthesised = int(self.index.members[m]["path_length"]) == 0
+            out[ext] = int(data) if ext == LABEL_EXT and synthesised else data
+        return out
+
+    def close(self) -> None:
+        """Close shard files and the index mapping."""
+        self.pool.close()
+        self.maps.close()
+        self.index.close()

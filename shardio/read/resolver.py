@@ -1,0 +1,149 @@
+"""The resolver: where shard k is read from now (a staged copy or the source).
+
+A shard is read from its staged copy while that copy's stamp matches (see the protocol in
+:mod:`shardio.cache.protocol`), else from the source. A copy that fails a read is dropped
+(only if it is still the file that failed) and, when asked, staged again from the source
+under the shard's lock, so that however many workers and ranks of a node hit it at the same
+moment it is copied once. Decisions are cached per process; a forked worker starts afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from shardio.cache.copy import stage_one
+from shardio.cache.protocol import drop_if_same, read_area_marker, shard_lock, stamp_matches
+from shardio.errors import ShardioError
+from shardio.format.manifest import Manifest
+from shardio.progress import Counters
+
+__all__ = ["Location", "ShardResolver"]
+
+logger = logging.getLogger(__name__)
+
+# The identity of a staged copy that could not even be opened: nothing to compare against, so
+# a file found there later (re-staged by another process) is kept.
+NOT_OPENED = (-1, -1)
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a shard is read from.
+
+    Attributes:
+        path: the file.
+        staged: True for a staged copy (read under the shared lock, never through a symlink).
+    """
+
+    path: str
+    staged: bool
+
+
+class ShardResolver:
+    """Decide, per shard, between the staged copy and the source.
+
+    Args:
+        manifest: the dataset's manifest (a staging area's names its source).
+        root: the directory the manifest was read from.
+        cache: a staging area to read verified copies from; a staging area given as
+            ``root`` is its own cache.
+
+    Attributes:
+        stats: per-process counts: ``hits``/``misses`` (shards located in the cache / at the
+            source), ``dropped`` (bad copies dropped), ``restaged`` (copies staged again).
+    """
+
+    def __init__(self, manifest: Manifest, root: str, cache: str | None) -> None:
+        self.manifest = manifest
+        self.source_root = manifest.staged_from or root
+        self.cache_root = cache if cache is not None else (root if manifest.staged_from else None)
+        self._source = [os.path.join(self.source_root, s.path) for s in manifest.shards]
+        self._where: dict[int, Location] = {}
+        self._pid = os.getpid()
+        self.stats = {"hits": 0, "misses": 0, "dropped": 0, "restaged": 0}
+
+    def _cache(self) -> dict[int, Location]:
+        if self._pid != os.getpid():
+            self._where.clear()
+            self._pid = os.getpid()
+        return self._where
+
+    def source_path(self, shard: int) -> str:
+        """The source shard's path."""
+        return self._source[shard]
+
+    def locate(self, shard: int) -> Location:
+        """Where shard ``shard`` is read from now."""
+        where = self._cache()
+        loc = where.get(shard)
+        if loc is None:
+            entry = self.manifest.shards[shard]
+            if self.cache_root is not None and stamp_matches(
+                self.cache_root, entry.path, entry.xxh3_128
+            ):
+                loc = Location(os.path.join(self.cache_root, entry.path), staged=True)
+                self.stats["hits"] += 1
+            else:
+                loc = Location(self._source[shard], staged=False)
+                self.stats["misses"] += 1
+            where[shard] = loc
+        return loc
+
+    def forget(self, shard: int) -> None:
+        """Decide again on the next :meth:`locate` (a copy may have been staged meanwhile)."""
+        self._cache().pop(shard, None)
+
+    def drop(self, shard: int, why: str, identity: tuple[int, int]) -> None:
+        """Drop the bad staged copy of ``shard`` (if it is still the file ``identity`` names)
+        and read the source from now on."""
+        if self.cache_root is None:  # pragma: no cover - only called for staged shards
+            raise RuntimeError("no staging area to drop from")
+        rel = self.manifest.shards[shard].path
+        with shard_lock(self.cache_root, rel):
+            removed = drop_if_same(self.cache_root, rel, identity)
+        logger.warning(
+            "staged copy %s is bad (%s): %s, reading %s",
+            rel,
+            why,
+            "dropped" if removed else "already replaced",
+            self._source[shard],
+        )
+        self._cache()[shard] = Location(self._source[shard], staged=False)
+        self.stats["dropped"] += 1
+
+    def can_restage(self) -> bool:
+        """Whether bad copies can be staged again here (a recognised staging area)."""
+        return self.cache_root is not None and read_area_marker(self.cache_root) is not None
+
+    def restage(self, shard: int, identity: tuple[int, int]) -> str:
+        """Stage ``shard`` again from the source, verified, under its lock; the staged copy is
+        read from now on. Return "copied" when this process copied it, "present" when another
+        one had already.
+
+        Raises:
+            ShardioError: the source is damaged or the copy failed (the shard is then read
+                from the source).
+        """
+        if self.cache_root is None:  # pragma: no cover - callers check can_restage
+            raise RuntimeError("no staging area to stage into")
+        entry = self.manifest.shards[shard]
+        try:
+            _rel, outcome, _copied = stage_one(
+                self.source_root,
+                self.cache_root,
+                entry,
+                [],
+                durable=False,
+                counters=Counters(shared=False),
+                bad_copy=None if identity == NOT_OPENED else identity,
+            )
+        except ShardioError:
+            self._cache()[shard] = Location(self._source[shard], staged=False)
+            raise
+        self._cache()[shard] = Location(os.path.join(self.cache_root, entry.path), staged=True)
+        if outcome != "present":
+            self.stats["restaged"] += 1
+            return "copied"
+        return "present"
