@@ -9,8 +9,9 @@
     │                                     an unsupported format version
     ├── StorageError(OSError)             reading or writing a dataset failed (ENOSPC, EIO, ...)
     │   ├── CommandNotFoundError          an external command (lfs, beegfs-ctl) is not installed
-    │   └── IntegrityError                bytes on disk differ from what the index promises
-    │       └── ChecksumMismatchError     one member's or shard's xxh3 does not match
+    │   ├── IntegrityError                bytes on disk differ from what the index promises
+    │   │   └── ChecksumMismatchError     one member's or shard's xxh3 does not match
+    │   └── SampleUnavailableError        a sample stayed unreadable after every recovery step
     └── PackError                         a pack could not complete (strict mode, changed source)
 
 Each branch also inherits the builtin a caller would already catch, so ``except OSError``
@@ -27,6 +28,7 @@ __all__ = [
     "FormatError",
     "IntegrityError",
     "PackError",
+    "SampleUnavailableError",
     "ShardioError",
     "SourceError",
     "StorageError",
@@ -60,7 +62,14 @@ class FormatError(ShardioError, ValueError):
 
 
 class StorageError(ShardioError, _PlainOSError):
-    """Reading or writing dataset files failed."""
+    """Reading or writing dataset files failed.
+
+    Attributes:
+        sample_index: the sample being read, when a read failed (in the reading process
+            only; not carried by pickling).
+    """
+
+    sample_index: int | None = None
 
 
 class CommandNotFoundError(StorageError):
@@ -124,3 +133,36 @@ def _rebuild_checksum_error(  # noqa: PLR0917 - pickle passes positionally
     return ChecksumMismatchError(
         path=path, shard=shard, key=key, expected=expected, actual=actual, member=member
     )
+
+
+class SampleUnavailableError(StorageError):
+    """A sample could not be read after every recovery step (retries, re-staging, rebuilding)
+    and the policy is ``raise``, or no substitute could be read under ``skip``.
+
+    Attributes:
+        shard: the shard's name as listed in the manifest.
+        key: the sample's key.
+        sample: the sample's index.
+        tried: what was tried, in order, each with its outcome.
+    """
+
+    def __init__(
+        self, message: str, *, shard: str, key: str, sample: int, tried: tuple[str, ...]
+    ) -> None:
+        super().__init__(5, message)  # EIO
+        self.shard = shard
+        self.key = key
+        self.sample = sample
+        self.tried = tried
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_unavailable,
+            (str(self.strerror), self.shard, self.key, self.sample, self.tried),
+        )
+
+
+def _rebuild_unavailable(
+    message: str, shard: str, key: str, sample: int, tried: tuple[str, ...]
+) -> SampleUnavailableError:
+    return SampleUnavailableError(message, shard=shard, key=key, sample=sample, tried=tried)

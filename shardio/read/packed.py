@@ -272,7 +272,9 @@ class PackedDataset:
                 self._bytes["bytes_cache" if loc.staged else "bytes_source"] += len(target)
                 return
             if not loc.staged:
-                raise self._source_error(problem, error, loc.path, shard, member, sample, target)
+                exc = self._source_error(problem, error, loc.path, shard, member, sample, target)
+                exc.sample_index = sample if sample is not None else self._sample_of(member)
+                raise exc
             self._recover_copy(shard, problem, identity)
         raise self._source_error(  # pragma: no cover - the source is read by the third try
             "unreadable", None, self.resolver.source_path(shard), shard, member, sample, target

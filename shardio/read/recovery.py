@@ -1,0 +1,326 @@
+"""Recovery from read faults: retry, re-stage, rebuild, then the policy (raise or skip).
+
+:class:`Recovery` wraps any batch read (``read(indices) -> batch``). When a sample fails
+with an ``OSError`` (EIO, a truncated or missing shard) or a checksum mismatch, it is handled
+in this order:
+
+1. the bad staged copy (if the bytes came from one) was already dropped and staged again
+   from the source, verified, once per node, by the reader (``PackedDataset(restage=True)``);
+2. the sample is read again with bounded exponential backoff (transient EIO), each time
+   through freshly opened files;
+3. the shard is rebuilt by the ``rebuild`` hook when one is given (parity, later);
+4. the policy: ``raise`` a :class:`~shardio.errors.SampleUnavailableError` naming the shard,
+   the sample and everything tried, or ``skip``: substitute a sample drawn deterministically
+   from the same rank's share (so per-rank counts stay equal and a resume reads the same).
+
+Nothing retries forever: retries are counted, waits are capped, and an optional wall-clock
+budget (``budget_s``, from the policy's creation, shared by every worker of the job) stops
+repairs once spent. Every event is logged once, counted in :attr:`Recovery.stats`, queued
+for the training process (:meth:`Recovery.drain_events`) and appended to the journal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from shardio.errors import SampleUnavailableError, StorageError, UsageError
+from shardio.read.journal import RepairJournal
+from shardio.read.packed import Event, PackedDataset
+
+__all__ = ["POLICIES", "Recovery", "RecoveryPolicy"]
+
+logger = logging.getLogger(__name__)
+
+POLICIES = ("raise", "skip")
+_STATS = ("retries", "restaged", "dropped", "rebuilt", "skipped", "raised", "recovered")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecoveryPolicy:
+    """How a reader recovers from a sample it cannot read.
+
+    Args:
+        policy: "raise" (default) or "skip" (substitute a sample of the same rank's share).
+        retries: re-reads of a failing sample after its first failure (0 to 100).
+        backoff_s: wait before the first re-read; doubled before each later one.
+        max_backoff_s: cap on one wait.
+        restage: stage a bad staged copy again from the source (once per node).
+        budget_s: wall-clock seconds for repairs (re-staging, rebuilding, waiting), counted
+            from the policy's creation and shared by every process of the job; None: no limit.
+        max_substitutes: candidates tried for one skipped sample.
+        journal: the JSON-lines journal; None: ``repairs.jsonl`` beside the staging area's
+            records when reading through one, else no file (events are still logged).
+        created_at: when the budget started (set automatically).
+    """
+
+    policy: str = "raise"
+    retries: int = 3
+    backoff_s: float = 0.05
+    max_backoff_s: float = 2.0
+    restage: bool = True
+    budget_s: float | None = None
+    max_substitutes: int = 16
+    journal: str | None = None
+    created_at: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise UsageError(f"invalid policy {self.policy!r}: choose one of {', '.join(POLICIES)}")
+        for name in ("retries", "max_substitutes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+                raise UsageError(f"{name} must be an integer in [0, 100], got {value!r}")
+        for name in ("backoff_s", "max_backoff_s"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (0 <= value <= 600)
+            ):
+                raise UsageError(f"{name} must be a number of seconds in [0, 600], got {value!r}")
+        if self.budget_s is not None and (
+            isinstance(self.budget_s, bool)
+            or not isinstance(self.budget_s, int | float)
+            or not self.budget_s >= 0
+        ):
+            raise UsageError(f"budget_s must be None or seconds >= 0, got {self.budget_s!r}")
+        if self.journal is not None and not isinstance(self.journal, str | os.PathLike):
+            raise UsageError(f"journal must be a path, got {type(self.journal).__name__}")
+
+    def deadline(self) -> float | None:
+        """The wall-clock time (``time.time()``) after which no repair starts."""
+        return None if self.budget_s is None else self.created_at + self.budget_s
+
+
+_Recoverable = (OSError,)  # StorageError, ChecksumMismatchError (an IntegrityError) and raw EIO
+
+
+class Recovery:
+    """Apply a :class:`RecoveryPolicy` to the reads of one process.
+
+    Args:
+        ds: the packed dataset read from.
+        policy: the policy.
+        candidates: substitutes for a failed sample, in the order to try (deterministic:
+            drawn from the same rank's share of the epoch).
+        context: fields added to every journal event (rank, epoch, ...).
+        rebuild: rebuilds a shard in place from a repair source (parity); returns whether it
+            did. None: no repair source.
+        sleep, clock: injected for tests.
+    """
+
+    def __init__(
+        self,
+        ds: PackedDataset,
+        policy: RecoveryPolicy,
+        *,
+        candidates: Callable[[int], Iterable[int]],
+        context: Callable[[], dict[str, Any]] | None = None,
+        rebuild: Callable[[int], bool] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ds = ds
+        self.policy = policy
+        self.candidates = candidates
+        self.context = context
+        self.rebuild = rebuild
+        self.sleep = sleep
+        self.clock = clock
+        self.stats = dict.fromkeys(_STATS, 0)
+        self.bad_shards: set[int] = set()
+        self._pending: list[Event] = []
+        journal = policy.journal
+        if journal is None and ds.resolver.can_restage():
+            from shardio.cache.protocol import STAGE_DIR
+            from shardio.read.journal import JOURNAL_NAME
+
+            journal = os.path.join(str(ds.cache_root), STAGE_DIR, JOURNAL_NAME)
+        self.journal = RepairJournal(journal) if journal is not None else None
+        self._journal_failed = False
+        ds.restage = policy.restage
+        ds.on_event = self._on_reader_event
+
+    # -- events ------------------------------------------------------------------------------
+    def _on_reader_event(self, event: Event) -> None:
+        kind = event.get("event")
+        if kind == "restage":
+            self.stats["restaged" if event.get("outcome") == "copied" else "recovered"] += 1
+        elif kind == "drop":
+            self.stats["dropped"] += 1
+        self.emit(event)
+
+    def emit(self, event: Event) -> None:
+        """Log, queue and journal one event."""
+        if self.context is not None:
+            event = {**self.context(), **event}
+        logger.warning("shardio recovery: %s", _describe(event))
+        self._pending.append(event)
+        if self.journal is not None and not self._journal_failed:
+            try:
+                self.journal.append(event)
+            except StorageError as exc:  # the journal must never stop training
+                self._journal_failed = True
+                logger.error("%s; recovery events are only logged from now on", exc)
+
+    def drain_events(self) -> list[Event]:
+        """Events since the last call (the loader carries them to the training process)."""
+        events, self._pending = self._pending, []
+        return events
+
+    # -- the read ------------------------------------------------------------------------------
+    def read_batch(self, read: Callable[[list[int]], T], indices: Iterable[int]) -> T:
+        """``read(indices)``, with every failing sample recovered or substituted.
+
+        Raises:
+            SampleUnavailableError: under ``raise``, or when no substitute could be read.
+        """
+        current = [int(i) for i in indices]
+        for _ in range(len(current) * (self.policy.max_substitutes + 2) + 2):
+            try:
+                return read(current)
+            except _Recoverable as exc:
+                sample = getattr(exc, "sample_index", None)
+                if sample is None or sample not in current:
+                    raise  # not a sample's read (a bug, or an error outside the reads)
+                replacement = self.recover(sample, exc)
+                current = [replacement if s == sample else s for s in current]
+        raise SampleUnavailableError(  # pragma: no cover - each round fixes one sample
+            "a batch kept failing after every sample was recovered",
+            shard="?",
+            key="?",
+            sample=current[0] if current else -1,
+            tried=(),
+        )
+
+    def _within_budget(self) -> bool:
+        deadline = self.policy.deadline()
+        return deadline is None or self.clock() < deadline
+
+    def _probe(self, sample: int) -> None:
+        """Read and verify every member of ``sample`` through freshly opened files."""
+        shard = self.ds.shard_of(sample)
+        self.ds.pool.discard(self.ds.shard_path(shard))
+        self.ds.resolver.forget(shard)
+        self.ds.read_sample(sample, verify=True)
+
+    def recover(self, sample: int, error: BaseException) -> int:
+        """The sample to read in place of ``sample``, which failed with ``error``: itself
+        when a retry or a repair succeeded, else a substitute (policy ``skip``).
+
+        Raises:
+            SampleUnavailableError: under ``raise``, or when no substitute could be read.
+        """
+        shard = self.ds.shard_of(sample)
+        rel = self.ds.manifest.shards[shard].path
+        key = self.ds.key(sample)
+        base = {"shard": rel, "sample": sample, "key": key}
+        tried = [f"read: {error}"]
+        if shard not in self.bad_shards:
+            wait = self.policy.backoff_s
+            for attempt in range(1, self.policy.retries + 1):
+                if not self._within_budget():
+                    tried.append("retries stopped: the repair budget is spent")
+                    break
+                self.sleep(min(wait, self.policy.max_backoff_s))
+                wait *= 2
+                self.stats["retries"] += 1
+                try:
+                    self._probe(sample)
+                except _Recoverable as exc:
+                    tried.append(f"retry {attempt}: {exc}")
+                    continue
+                self.stats["recovered"] += 1
+                self.emit({**base, "event": "retry", "attempt": attempt, "error": str(error)})
+                return sample
+            if self.rebuild is None:
+                tried.append("rebuild: no repair source for this shard")
+            elif self._within_budget():
+                try:
+                    rebuilt = self.rebuild(shard)
+                except _Recoverable as exc:
+                    rebuilt = False
+                    tried.append(f"rebuild: {exc}")
+                if rebuilt:
+                    try:
+                        self._probe(sample)
+                    except _Recoverable as exc:
+                        tried.append(f"read after rebuild: {exc}")
+                    else:
+                        self.stats["rebuilt"] += 1
+                        self.emit({**base, "event": "rebuild", "error": str(error)})
+                        return sample
+                elif not tried[-1].startswith("rebuild"):
+                    tried.append("rebuild: the repair source could not rebuild this shard")
+        else:
+            tried.append("shard already failed in this process: no more retries")
+        self.bad_shards.add(shard)
+        if self.policy.policy == "raise":
+            self.stats["raised"] += 1
+            self.emit({**base, "event": "raise", "error": str(error), "tried": tried})
+            raise SampleUnavailableError(
+                f"sample {key!r} of shard {rel} cannot be read: " + "; ".join(tried),
+                shard=rel,
+                key=key,
+                sample=sample,
+                tried=tuple(tried),
+            ) from error
+        return self._substitute(sample, base, error, tried)
+
+    def _substitute(self, sample: int, base: Event, error: BaseException, tried: list[str]) -> int:
+        for n, drawn in enumerate(self.candidates(sample)):
+            if n >= self.policy.max_substitutes:
+                break
+            candidate = int(drawn)
+            if candidate == sample or self.ds.shard_of(candidate) in self.bad_shards:
+                continue
+            try:
+                self._probe(candidate)
+            except _Recoverable as exc:
+                self.bad_shards.add(self.ds.shard_of(candidate))
+                tried.append(f"substitute {self.ds.key(candidate)!r}: {exc}")
+                continue
+            self.stats["skipped"] += 1
+            self.emit(
+                {
+                    **base,
+                    "event": "skip",
+                    "substitute": candidate,
+                    "substitute_key": self.ds.key(candidate),
+                    "error": str(error),
+                }
+            )
+            return candidate
+        self.stats["raised"] += 1
+        self.emit({**base, "event": "raise", "error": str(error), "tried": tried})
+        raise SampleUnavailableError(
+            f"sample {base['key']!r} of shard {base['shard']} cannot be read and no substitute "
+            "could be: " + "; ".join(tried),
+            shard=str(base["shard"]),
+            key=str(base["key"]),
+            sample=sample,
+            tried=tuple(tried),
+        ) from error
+
+
+def _describe(event: Event) -> str:
+    kind = event.get("event")
+    where = f"shard {event.get('shard')}"
+    if "key" in event:
+        where += f" sample {event['key']!r}"
+    if kind == "skip":
+        return f"{where}: substituted by {event.get('substitute_key')!r} ({event.get('error')})"
+    if kind == "retry":
+        return f"{where}: read again on retry {event.get('attempt')} ({event.get('error')})"
+    if kind == "restage":
+        return f"{where}: staged copy was bad ({event.get('why')}), staged again"
+    if kind == "drop":
+        return f"{where}: staged copy was bad ({event.get('why')}), reading the source"
+    return f"{where}: {kind} ({event.get('error', event.get('why', ''))})"
