@@ -272,9 +272,11 @@ class PackedDataset:
                 self._bytes["bytes_cache" if loc.staged else "bytes_source"] += len(target)
                 return
             if not loc.staged:
-                exc = self._source_error(problem, error, loc.path, shard, member, sample, target)
-                exc.sample_index = sample if sample is not None else self._sample_of(member)
-                raise exc
+                failure = self._source_error(
+                    problem, error, loc.path, shard, member, sample, target
+                )
+                failure.sample_index = sample if sample is not None else self._sample_of(member)
+                raise failure
             self._recover_copy(shard, problem, identity)
         raise self._source_error(  # pragma: no cover - the source is read by the third try
             "unreadable", None, self.resolver.source_path(shard), shard, member, sample, target
@@ -348,11 +350,19 @@ class PackedDataset:
         off, size = int(rec["offset"]), int(rec["size"])
         for _attempt in range(2):
             loc = self.resolver.locate(shard)
-            view = self.maps.view(loc.path)
-            problem = None
-            if off + size > len(view):
+            problem: str | None = None
+            error: OSError | None = None
+            try:
+                view = self.maps.view(loc.path)
+            except OSError as exc:
+                problem, error, view = f"unreadable: {exc.strerror or exc}", exc, memoryview(b"")
+            if problem is None and off + size > len(view):
                 problem = "truncated"
-            elif verify and member_digest_problem(view[off : off + size], int(rec["xxh3_64"])):
+            elif (
+                problem is None
+                and verify
+                and member_digest_problem(view[off : off + size], int(rec["xxh3_64"]))
+            ):
                 problem = "checksum mismatch"
             if problem is None:
                 self._bytes["bytes_cache" if loc.staged else "bytes_source"] += size
@@ -360,7 +370,9 @@ class PackedDataset:
             self.maps.discard(loc.path)
             if not loc.staged:
                 data = memoryview(bytes(view[off : min(off + size, len(view))]))
-                raise self._source_error(problem, None, loc.path, shard, member, sample, data)
+                failure = self._source_error(problem, error, loc.path, shard, member, sample, data)
+                failure.sample_index = sample if sample is not None else self._sample_of(member)
+                raise failure
             self.resolver.drop(shard, problem, NOT_OPENED)
             self._emit({"event": "drop", "shard": self.manifest.shards[shard].path, "why": problem})
         raise StorageError(errno.EIO, f"cannot map shard {shard}")  # pragma: no cover

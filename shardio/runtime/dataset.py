@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 import os
 import resource
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from shardio.errors import ShardioError, UsageError
 from shardio.format.spec import LABEL_EXT
+from shardio.read.opener import Opener
 from shardio.read.packed import PackedDataset
 from shardio.runtime.batch import read_batch, read_batch_mapped
 from shardio.runtime.decode import Decoder, make_decoder
@@ -30,6 +31,8 @@ __all__ = ["ShardDataset", "ShardStreamDataset", "collate_samples"]
 MODES = ("map", "stream")
 TRANSPORTS = ("mmap", "shm")
 STATE_VERSION = 1
+# Recovery events a worker sends with a batch (ResilientDataset); the loader takes them out.
+EVENTS_KEY = "__shardio_events__"
 SEED_LIMIT = 2**64  # the order generator takes the seed as two 32-bit words
 # The integers a state holds (every key :meth:`ShardDataset._state` writes but ``order``), with
 # the least value each may take.
@@ -177,6 +180,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         max_open: int | None = None,
         cache: str | os.PathLike[str] | None = None,
         transport: str = "mmap",
+        opener: Opener | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise UsageError(
@@ -205,8 +209,9 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self._ranks = ranks
         self._decoder = make_decoder(decode)
         self.cache = os.fspath(cache) if cache is not None else None
+        self.opener = opener
         self._ds: PackedDataset | None = PackedDataset(
-            self.path, max_open=self.max_open, cache=self.cache
+            self.path, max_open=self.max_open, cache=self.cache, opener=opener
         )
         self.num_samples = len(self._ds)
         self._shard_sizes = np.array(
@@ -235,7 +240,9 @@ class ShardDataset(Dataset[dict[str, Any]]):
     def packed(self) -> PackedDataset:
         """The underlying packed dataset, opened in this process on first use."""
         if self._ds is None:
-            self._ds = PackedDataset(self.path, max_open=self.max_open, cache=self.cache)
+            self._ds = PackedDataset(
+                self.path, max_open=self.max_open, cache=self.cache, opener=self.opener
+            )
         return self._ds
 
     @property
@@ -349,10 +356,15 @@ class ShardDataset(Dataset[dict[str, Any]]):
             raise IndexError(f"sample {number} out of range for {self.num_samples} samples")
         return number % self.num_samples
 
+    def _read_checked(self, read: Callable[[list[int]], Any], indices: list[int]) -> Any:
+        """``read(indices)``: the hook a ResilientDataset recovers faults in."""
+        return read(indices)
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Sample ``index`` as a dict: ``__key__``, bytes per extension, ``cls`` as int."""
-        batch = read_batch(
-            self.packed, [self._sample_index(index)], verify=self.verify, shared=False
+        batch = self._read_checked(
+            lambda indices: read_batch(self.packed, indices, verify=self.verify, shared=False),
+            [self._sample_index(index)],
         )
         sample = {
             k: (
@@ -363,6 +375,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
                 else (bytes(v[0]) if v[0] is not None else None)
             )
             for k, v in batch.items()
+            if k != EVENTS_KEY
         }
         return self._finish(sample)
 
@@ -378,15 +391,19 @@ class ShardDataset(Dataset[dict[str, Any]]):
     def _read_items(self, indices: Sequence[int]) -> Any:
         checked = [self._sample_index(i) for i in indices]
         if self._decoder is None and self.transform is None:
-            if self.transport == "mmap":
-                batch = read_batch_mapped(self.packed, checked, verify=self.verify)
-                if get_worker_info() is None:
-                    labels_to_tensor(batch)
-                return batch
-            return read_batch(
-                self.packed, checked, verify=self.verify, shared=get_worker_info() is not None
-            )
+            return self._read_checked(self._read_raw, checked)
         return collate_samples([self[i] for i in checked])
+
+    def _read_raw(self, checked: list[int]) -> Any:
+        """Read a batch of checked indices, undecoded, in the transport's form."""
+        if self.transport == "mmap":
+            batch = read_batch_mapped(self.packed, checked, verify=self.verify)
+            if get_worker_info() is None:
+                labels_to_tensor(batch)
+            return batch
+        return read_batch(
+            self.packed, checked, verify=self.verify, shared=get_worker_info() is not None
+        )
 
     def loader(self, batch_size: int, num_workers: int = 0, **kwargs: Any) -> Any:
         """The DataLoader shardio recommends: batches built in the workers and moved through

@@ -15,7 +15,13 @@ import numpy as np
 from torch.utils.data import DataLoader, Sampler
 
 from shardio.errors import UsageError
-from shardio.runtime.dataset import ShardDataset, WorkerFailure, labels_to_tensor, require_int
+from shardio.runtime.dataset import (
+    EVENTS_KEY,
+    ShardDataset,
+    WorkerFailure,
+    labels_to_tensor,
+    require_int,
+)
 
 __all__ = ["ShardLoader"]
 
@@ -118,6 +124,11 @@ class ShardLoader:
             for batch in self._dataloader(positions):
                 if isinstance(batch, WorkerFailure):
                     raise batch.error
+                events = batch.pop(EVENTS_KEY, None)
+                if events is not None:
+                    absorb = getattr(self.dataset, "absorb_events", None)
+                    if absorb is not None:
+                        absorb(events)
                 self._delivered += len(batch["__key__"])
                 yield labels_to_tensor(batch)
         finally:

@@ -1,0 +1,149 @@
+"""ResilientDataset: a ShardDataset that survives read faults (retry, re-stage, rebuild, skip).
+
+``ResilientDataset(ShardDataset(path, cache=stage), policy="skip")`` reads exactly like the
+dataset it wraps (map or stream mode, in DataLoader workers, with ``ds.loader(...)``, ranks
+and exact resume) and applies a :class:`~shardio.read.recovery.RecoveryPolicy` to every
+sample that fails: see :mod:`shardio.read.recovery` for the steps. Workers send their
+recovery events with the batches; the training process counts them in
+:attr:`ResilientDataset.recovery_stats`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import xxhash
+
+from shardio.errors import UsageError
+from shardio.read.recovery import Recovery, RecoveryPolicy
+from shardio.runtime.dataset import EVENTS_KEY, ShardDataset, ShardStreamDataset
+
+__all__ = ["ResilientDataset"]
+
+_MAX_EVENTS_KEPT = 10_000  # the journal has them all; memory stays bounded
+
+
+class ResilientDataset(ShardDataset):
+    """Wrap a ShardDataset so that faults are recovered from, substituted, or raised clearly.
+
+    Args:
+        dataset: the ShardDataset to read (map or stream mode); it is left unchanged.
+        policy: "raise" or "skip", or a full :class:`RecoveryPolicy`.
+        rebuild: rebuilds a damaged source shard in place (``rebuild(shard_index) -> bool``),
+            tried after the retries; None until a repair source (parity) exists.
+        **options: fields of :class:`RecoveryPolicy` (retries, backoff_s, max_backoff_s,
+            restage, budget_s, max_substitutes, journal) when ``policy`` is a string.
+
+    Attributes:
+        recovery_policy: the policy in force.
+        recovery_stats: events seen by the training process, by kind (``retry``,
+            ``restage``, ``drop``, ``rebuild``, ``skip``, ``raise``), from every worker.
+        recovery_events: those events (the last 10,000), each a dict as in the journal.
+    """
+
+    def __new__(cls, dataset: Any, *args: Any, **kwargs: Any) -> ResilientDataset:
+        del args
+        # Called with a ShardDataset by users, and with (path, mode=...) when unpickled.
+        mode = dataset.mode if isinstance(dataset, ShardDataset) else kwargs.get("mode", "map")
+        target = _ResilientStreamDataset if mode == "stream" else cls
+        if cls is _ResilientStreamDataset:
+            target = cls
+        return object.__new__(target)
+
+    def __init__(
+        self,
+        dataset: ShardDataset,
+        *,
+        policy: str | RecoveryPolicy = "raise",
+        rebuild: Callable[[int], bool] | None = None,
+        **options: Any,
+    ) -> None:
+        if not isinstance(dataset, ShardDataset):
+            raise UsageError(f"ResilientDataset wraps a ShardDataset, got {type(dataset).__name__}")
+        if isinstance(policy, RecoveryPolicy):
+            if options:
+                raise UsageError(
+                    "give either a RecoveryPolicy or options, not both: "
+                    + ", ".join(sorted(options))
+                )
+            chosen = policy
+        else:
+            try:
+                chosen = RecoveryPolicy(policy=policy, **options)
+            except TypeError as exc:
+                raise UsageError(f"ResilientDataset: {exc}") from exc
+        self.__dict__.update(dataset.__getstate__())
+        self.recovery_policy = chosen
+        self.rebuild = rebuild
+        self.recovery_stats: Counter[str] = Counter()
+        self.recovery_events: list[dict[str, Any]] = []
+        self._recovery: Recovery | None = None
+        self._recovery_pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_recovery"] = None
+        state["recovery_events"] = []
+        return state
+
+    # -- the hook ShardDataset reads through -------------------------------------------------
+    def recovery(self) -> Recovery:
+        """This process's recovery state (a forked worker gets its own)."""
+        if self._recovery is None or self._recovery_pid != os.getpid():
+            self._recovery = Recovery(
+                self.packed,
+                self.recovery_policy,
+                candidates=self._candidates,
+                context=self._context,
+                rebuild=self.rebuild,
+            )
+            self._recovery_pid = os.getpid()
+        return self._recovery
+
+    def _read_checked(self, read: Callable[[list[int]], Any], indices: list[int]) -> Any:
+        recovery = self.recovery()
+        batch = recovery.read_batch(read, indices)
+        events = recovery.drain_events()
+        if events:
+            if _in_worker():
+                if isinstance(batch, dict):
+                    batch[EVENTS_KEY] = events
+            else:
+                self.absorb_events(events)
+        return batch
+
+    def absorb_events(self, events: list[dict[str, Any]]) -> None:
+        """Count events from a worker's batch (called by the loader)."""
+        for event in events:
+            self.recovery_stats[str(event.get("event"))] += 1
+        self.recovery_events.extend(events)
+        del self.recovery_events[:-_MAX_EVENTS_KEPT]
+
+    def _context(self) -> dict[str, Any]:
+        ranks = self.ranks()
+        return {"rank": ranks.rank, "epoch": self.epoch}
+
+    def _candidates(self, sample: int) -> Iterator[int]:
+        """Substitutes for ``sample``: drawn from this rank's share of the epoch by a hash of
+        (seed, epoch, sample, k), the same in every worker and on resume."""
+        share = self.rank_indices(consumed=0)
+        if len(share) == 0:
+            return
+        for k in range(self.recovery_policy.max_substitutes):
+            draw = xxhash.xxh3_64_intdigest(f"{self.seed}:{self.epoch}:{sample}:{k}".encode())
+            yield int(share[draw % len(share)])
+
+
+class _ResilientStreamDataset(ResilientDataset, ShardStreamDataset):
+    """ResilientDataset in stream mode (an IterableDataset)."""
+
+    mode = "stream"
+
+
+def _in_worker() -> bool:
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None
