@@ -229,23 +229,30 @@ class PackedDataset:
     def _read_at(
         self, loc: Location, rec: Any, target: memoryview, *, verify: bool
     ) -> tuple[str | None, OSError | None, tuple[int, int]]:
-        """Read one member from ``loc``; return (problem, OS error, identity of the file)."""
+        """Read one member from ``loc``; return (problem, OS error, identity of the file).
+
+        A failed staged copy stays open: while this process holds it, its inode cannot be
+        reused by a fresh copy, so the identity compared before dropping it stays unique.
+        The caller closes it once the copy is dealt with.
+        """
         identity = NOT_OPENED
+        problem: str | None = None
+        error: OSError | None = None
         try:
             fd = self.pool.fd(loc.path, staged=loc.staged)
             if loc.staged:
                 identity = self.opener.identity(fd)
             got = read_fully(self.opener, fd, target, int(rec["offset"]))
         except OSError as exc:
-            self.pool.discard(loc.path)
-            return f"unreadable: {exc.strerror or exc}", exc, identity
-        if got != len(target):
-            self.pool.discard(loc.path)
-            return "truncated", None, identity
-        if verify and member_digest_problem(target, int(rec["xxh3_64"])) is not None:
+            problem, error = f"unreadable: {exc.strerror or exc}", exc
+        else:
+            if got != len(target):
+                problem = "truncated"
+            elif verify and member_digest_problem(target, int(rec["xxh3_64"])) is not None:
+                problem = "checksum mismatch"
+        if problem is not None and not loc.staged:
             self.pool.discard(loc.path)  # a replaced file is reopened on the next read
-            return "checksum mismatch", None, identity
-        return None, None, identity
+        return problem, error, identity
 
     def read_member_into(
         self,
@@ -277,7 +284,10 @@ class PackedDataset:
                 )
                 failure.sample_index = sample if sample is not None else self._sample_of(member)
                 raise failure
-            self._recover_copy(shard, problem, identity)
+            try:
+                self._recover_copy(shard, problem, identity)
+            finally:
+                self.pool.discard(loc.path)
         raise self._source_error(  # pragma: no cover - the source is read by the third try
             "unreadable", None, self.resolver.source_path(shard), shard, member, sample, target
         )

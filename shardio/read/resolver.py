@@ -14,10 +14,17 @@ import os
 from dataclasses import dataclass
 
 from shardio.cache.copy import stage_one
-from shardio.cache.protocol import drop_if_same, read_area_marker, shard_lock, stamp_matches
+from shardio.cache.protocol import (
+    STAGE_DIR,
+    drop_if_same,
+    read_area_marker,
+    shard_lock,
+    stamp_matches,
+)
 from shardio.errors import ShardioError
 from shardio.format.manifest import Manifest
 from shardio.progress import Counters
+from shardio.storage.files import make_dirs_inside
 
 __all__ = ["Location", "ShardResolver"]
 
@@ -130,6 +137,9 @@ class ShardResolver:
             raise RuntimeError("no staging area to stage into")
         entry = self.manifest.shards[shard]
         try:
+            # Refuse a symlink planted on the way since the area was staged (as stage does).
+            for folder in (os.path.dirname(entry.path), f"{STAGE_DIR}/locks", f"{STAGE_DIR}/ok"):
+                make_dirs_inside(self.cache_root, folder)
             _rel, outcome, _copied = stage_one(
                 self.source_root,
                 self.cache_root,
