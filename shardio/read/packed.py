@@ -304,12 +304,30 @@ class PackedDataset:
                 return
             self._emit({"event": "restage", "shard": rel, "why": problem, "outcome": outcome})
             return
-        self.resolver.drop(shard, problem, identity)
-        self._emit({"event": "drop", "shard": rel, "why": problem})
+        removed = self.resolver.drop(shard, identity)
+        self._emit(
+            {
+                "event": "drop",
+                "shard": rel,
+                "why": problem,
+                "source": self.resolver.source_path(shard),
+                "removed": removed,
+            }
+        )
 
     def _emit(self, event: Event) -> None:
+        """Hand a recovery event to ``on_event``; without one, log it (once)."""
         if self.on_event is not None:
             self.on_event(event)
+        elif event["event"] == "drop":
+            logger.warning(
+                "staged copy %s is bad (%s): reading %s",
+                event["shard"],
+                event["why"],
+                event.get("source", "the source"),
+            )
+        else:
+            logger.warning("staged copy %s: %s", event["shard"], event)
 
     def _source_error(  # noqa: PLR0917 - one call shape, private
         self,
@@ -383,7 +401,7 @@ class PackedDataset:
                 failure = self._source_error(problem, error, loc.path, shard, member, sample, data)
                 failure.sample_index = sample if sample is not None else self._sample_of(member)
                 raise failure
-            self.resolver.drop(shard, problem, NOT_OPENED)
+            self.resolver.drop(shard, NOT_OPENED)
             self._emit({"event": "drop", "shard": self.manifest.shards[shard].path, "why": problem})
         raise StorageError(errno.EIO, f"cannot map shard {shard}")  # pragma: no cover
 

@@ -9,7 +9,6 @@ moment it is copied once. Decisions are cached per process; a forked worker star
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 
@@ -27,8 +26,6 @@ from shardio.progress import Counters
 from shardio.storage.files import make_dirs_inside
 
 __all__ = ["Location", "ShardResolver"]
-
-logger = logging.getLogger(__name__)
 
 # The identity of a staged copy that could not even be opened: nothing to compare against, so
 # a file found there later (re-staged by another process) is kept.
@@ -102,23 +99,17 @@ class ShardResolver:
         """Decide again on the next :meth:`locate` (a copy may have been staged meanwhile)."""
         self._cache().pop(shard, None)
 
-    def drop(self, shard: int, why: str, identity: tuple[int, int]) -> None:
+    def drop(self, shard: int, identity: tuple[int, int]) -> bool:
         """Drop the bad staged copy of ``shard`` (if it is still the file ``identity`` names)
-        and read the source from now on."""
+        and read the source from now on; return whether a file was removed."""
         if self.cache_root is None:  # pragma: no cover - only called for staged shards
             raise RuntimeError("no staging area to drop from")
         rel = self.manifest.shards[shard].path
         with shard_lock(self.cache_root, rel):
             removed = drop_if_same(self.cache_root, rel, identity)
-        logger.warning(
-            "staged copy %s is bad (%s): %s, reading %s",
-            rel,
-            why,
-            "dropped" if removed else "already replaced",
-            self._source[shard],
-        )
         self._cache()[shard] = Location(self._source[shard], staged=False)
         self.stats["dropped"] += 1
+        return removed
 
     def can_restage(self) -> bool:
         """Whether bad copies can be staged again here (a recognised staging area)."""
