@@ -1,23 +1,52 @@
-"""Verify a dataset: every shard's xxh3-128 and every member's xxh3-64 against the index."""
+"""Verify a dataset: every shard's xxh3-128 and every member's xxh3-64 against the index.
+
+A packed dataset is checked shard by shard. A staging area (``shardio stage``) is checked as
+what it is: its staged copies themselves, each "ok", "missing" (not staged, or deleted),
+"damaged" (bytes wrong: flipped, truncated), "stale" (changed since it was staged, so readers
+no longer trust it, though its bytes may be intact) or "foreign" (a symlink or special file
+where a copy belongs). For each copy that is not ok, the source shard that readers fall back
+to is checked quickly (it exists with its size): the area is "degraded" when training still
+gets every byte from the source, "damaged" when it does not.
+
+Shards are read with ``pread`` into one reused buffer, never mapped: a file truncated while
+it is read ends short instead of raising SIGBUS.
+"""
 
 from __future__ import annotations
 
 import concurrent.futures
-import mmap
 import multiprocessing
 import os
+import stat
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
-import xxhash
-
+from shardio.cache.protocol import read_plan, stamp_matches, stamp_path
 from shardio.errors import FormatError, StorageError
-from shardio.format.checksum import file_xxh3_128, hex64
+from shardio.format.checksum import file_xxh3_128, hex64, new_file_hasher
+from shardio.format.manifest import ShardEntry
 from shardio.progress import Counters, ProgressCallback, ProgressThread
+from shardio.read.check import member_digest_problem
 from shardio.read.packed import PackedDataset
-from shardio.storage.files import open_regular
+from shardio.storage.files import describe_kind, open_regular
 
-__all__ = ["BadMember", "ShardProblem", "VerifyReport", "verify_dataset"]
+__all__ = [
+    "AreaReport",
+    "BadMember",
+    "ShardProblem",
+    "VerifyReport",
+    "verify_dataset",
+]
+
+# The states of a problem (a staged copy's, or a shard's of a packed dataset).
+MISSING, DAMAGED, STALE, FOREIGN = "missing", "damaged", "stale", "foreign"
+# A shard never staged (or evicted) in a partly staged area: no copy and no stamp. Not a
+# problem (``--node I/N`` and ``--capacity`` stage a share); its source is checked instead.
+UNSTAGED = "unstaged"
+
+_CHUNK = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -32,16 +61,81 @@ class BadMember:
 
 @dataclass(frozen=True)
 class ShardProblem:
-    """What is wrong with one shard (or the index)."""
+    """What is wrong with one shard (or the index).
+
+    Attributes:
+        path: the shard's (or index's) path in the manifest.
+        reason: one line saying what is wrong.
+        bad_members: the members whose bytes do not match the index.
+        state: "missing", "damaged", "stale" (a staged copy changed since it was staged,
+            bytes intact) or "foreign" (a symlink or special file where a staged copy
+            belongs: never read, replaced or removed).
+        staged: the problem is a staged copy's in a staging area (the source may be fine).
+        identity: (device, inode) of the file found with wrong bytes, so that a repair drops
+            that file only and keeps one another process has replaced it with meanwhile.
+    """
 
     path: str
     reason: str
     bad_members: tuple[BadMember, ...] = ()
+    state: str = DAMAGED
+    staged: bool = False
+    identity: tuple[int, int] | None = field(default=None, compare=False, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """The problem as the JSON of ``shardio verify --json``."""
+        return {
+            "shard": self.path,
+            "reason": self.reason,
+            "bad_samples": [
+                {"key": b.key, "member": b.ext, "expected": b.expected, "actual": b.actual}
+                for b in self.bad_members
+            ],
+            "state": self.state,
+            "staged": self.staged,
+        }
+
+
+@dataclass(frozen=True)
+class AreaReport:
+    """What a verify of a staging area found beyond its copies.
+
+    Attributes:
+        source: the dataset the area was staged from, which readers fall back to.
+        copies_ok: staged copies found intact and stamped.
+        not_staged: shards of the dataset this area holds no copy of (never staged here, or
+            evicted): read from the source, whose copy of them is checked.
+        source_checked: source shards checked (those whose staged copy is not ok): exists,
+            a regular file, its size as the manifest says. Their bytes are not read.
+        source_problems: what is wrong with those source shards.
+    """
+
+    source: str
+    copies_ok: int
+    source_checked: int = 0
+    not_staged: int = 0
+    source_problems: tuple[ShardProblem, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The area's section of ``shardio verify --json``."""
+        return {
+            "source": self.source,
+            "copies_ok": self.copies_ok,
+            "not_staged": self.not_staged,
+            "source_checked": self.source_checked,
+            "source_problems": [p.to_json() for p in self.source_problems],
+        }
 
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """The outcome of a verify run."""
+    """The outcome of a verify run.
+
+    ``status`` sums it up: "intact"; "degraded" (a staging area whose copies are missing,
+    damaged or stale while the source shards readers fall back to are intact: training gets
+    every byte, from the parallel filesystem); "damaged" (bytes are lost: a shard or the
+    index of a dataset, or a staged copy whose source is bad too).
+    """
 
     root: str
     quick: bool
@@ -50,19 +144,157 @@ class VerifyReport:
     seconds: float
     problems: tuple[ShardProblem, ...] = field(default_factory=tuple)
     index_path: str = "index.bin"  # the index's path in the manifest (a problem may name it)
+    area: AreaReport | None = None  # set when ``root`` is a staging area
 
     @property
     def ok(self) -> bool:
-        """Whether the dataset is intact."""
-        return not self.problems
+        """Whether the dataset (or every staged copy) is intact."""
+        return not self.problems and not (self.area is not None and self.area.source_problems)
+
+    @property
+    def damaged(self) -> bool:
+        """Whether bytes are lost: damage outside staged copies, or a bad source for one."""
+        return any(not p.staged for p in self.problems) or bool(
+            self.area is not None and self.area.source_problems
+        )
+
+    @property
+    def status(self) -> str:
+        """ "intact", "degraded" or "damaged" (see the class docstring)."""
+        if self.ok:
+            return "intact"
+        return "damaged" if self.damaged else "degraded"
 
     @property
     def damaged_samples(self) -> tuple[str, ...]:
         """Keys of the samples with at least one bad member."""
         return tuple(dict.fromkeys(b.key for p in self.problems for b in p.bad_members))
 
+    def to_json(self) -> dict[str, Any]:
+        """The report as the JSON of ``shardio verify --json`` (fields are only ever added)."""
+        return {
+            "ok": self.ok,
+            "quick": self.quick,
+            "shards_checked": self.shards_checked,
+            "bytes_checked": self.bytes_checked,
+            "seconds": round(self.seconds, 3),
+            "problems": [p.to_json() for p in self.problems],
+            "status": self.status,
+            "staging_area": self.area.to_json() if self.area is not None else None,
+        }
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class _Reader:
+    """Ranges of an open file read with ``pread`` through one reused buffer.
+
+    Not a mapping: a file truncated (or failing) while it is read gives a short read or an
+    OSError here, where a mapping would kill the process with SIGBUS.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buf = bytearray(_CHUNK)
+        self._lo = self._hi = 0  # the range of the file that the buffer holds
+
+    def view(self, lo: int, hi: int) -> memoryview:
+        """Bytes [lo, hi) of the file, fewer when it ends first; valid until the next call."""
+        if not (self._lo <= lo and hi <= self._hi):
+            want = max(hi - lo, _CHUNK)
+            if len(self._buf) < want:  # a member larger than the chunk
+                self._buf = bytearray(want)
+            target = memoryview(self._buf)
+            got = 0
+            while got < want:
+                n = os.preadv(self._fd, [target[got:want]], lo + got)
+                if n == 0:
+                    break
+                got += n
+            self._lo, self._hi = lo, lo + got
+        return memoryview(self._buf)[lo - self._lo : max(lo, min(hi, self._hi)) - self._lo]
+
+
+def _feed(hasher: Any, reader: _Reader, lo: int, hi: int) -> None:
+    """Hash bytes [lo, hi) of the file in chunks (what lies between members)."""
+    while lo < hi:
+        part = reader.view(lo, min(hi, lo + _CHUNK))
+        if not part:
+            return  # the file ended early: the whole-file checksum fails
+        hasher.update(part)
+        lo += len(part)
+
+
+def _bad(ds: PackedDataset, sample: int, mrec: Any, actual: str) -> BadMember:
+    ext = ds.index.exts[int(mrec["ext_id"])]
+    return BadMember(ds.key(sample), ext, hex64(int(mrec["xxh3_64"])), actual)
+
+
+def _scan(ds: PackedDataset, shard: int, fd: int, size: int) -> tuple[list[BadMember], str]:
+    """Check every member of ``shard`` in the open file ``fd`` (``size`` bytes) and hash the
+    whole file; return (the bad members, the file's xxh3-128)."""
+    entry = ds.manifest.shards[shard]
+    samples = ds.index.samples[entry.first_sample : entry.first_sample + entry.num_samples]
+    reader = _Reader(fd)
+    whole = new_file_hasher()
+    bad: list[BadMember] = []
+    pos = 0
+    for i, rec in enumerate(samples):
+        first = int(rec["first_member"])
+        for m in range(first, first + int(rec["n_members"])):
+            mrec = ds.index.members[m]
+            off, msize = int(mrec["offset"]), int(mrec["size"])
+            expected = int(mrec["xxh3_64"])
+            if off + msize > size:
+                bad.append(_bad(ds, entry.first_sample + i, mrec, "truncated"))
+                continue
+            in_order = off >= pos  # members in file order: hash the gap, then the member
+            if in_order:
+                _feed(whole, reader, pos, off)
+            data = reader.view(off, off + msize)
+            if len(data) < msize:  # the file shrank while it was read
+                bad.append(_bad(ds, entry.first_sample + i, mrec, "truncated"))
+                continue
+            if in_order:
+                whole.update(data)
+                pos = off + msize
+            actual = member_digest_problem(data, expected)
+            if actual is not None:
+                bad.append(_bad(ds, entry.first_sample + i, mrec, hex64(actual)))
+    _feed(whole, reader, pos, size)
+    return bad, whole.hexdigest()
+
+
+def _check_bytes(
+    ds: PackedDataset, shard: int, fd: int, reasons: list[str]
+) -> tuple[list[BadMember], int]:
+    """Scan an open shard file; add to ``reasons``; return (bad members, bytes checked)."""
+    entry = ds.manifest.shards[shard]
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return [], 0
+    bad, digest = _scan(ds, shard, fd, size)
+    if digest != entry.xxh3_128:
+        if not bad:
+            reasons.append("shard checksum mismatch outside sample data (tar headers or padding)")
+        else:
+            reasons.append(f"{len(bad)} damaged member(s)")
+    return bad, size
+
+
+# --------------------------------------------------------------------------- one shard
+
 
 _DATASETS: dict[str, PackedDataset] = {}
+_PLANS: dict[str, set[str] | None] = {}
+
+
+def _plan(root: str) -> set[str] | None:
+    """The staging area's plan (read once per process; None: every shard is planned)."""
+    if root not in _PLANS:
+        _PLANS[root] = read_plan(root)
+    return _PLANS[root]
 
 
 def _open(root: str) -> PackedDataset:
@@ -72,87 +304,143 @@ def _open(root: str) -> PackedDataset:
     return ds
 
 
+def _index_problem(ds: PackedDataset, shard: int) -> ShardProblem | None:
+    """The shard's index records, checked: damaged records are the dataset's damage (the
+    index), never a staged copy's."""
+    try:
+        ds.index.check_shard(shard)
+    except FormatError as exc:
+        path = ds.manifest.shards[shard].path
+        return ShardProblem(path, f"its index records are damaged: {exc}", staged=False)
+    return None
+
+
 def _verify_shard(root: str, shard: int, quick: bool) -> tuple[ShardProblem | None, int]:
+    """Check shard ``shard`` of a packed dataset (its file, wherever it is read from)."""
     ds = _open(root)
     entry = ds.manifest.shards[shard]
     path = ds.shard_path(shard)
     try:
         size = os.stat(path).st_size
     except FileNotFoundError:
-        return ShardProblem(entry.path, "missing"), 0
+        return ShardProblem(entry.path, "missing", state=MISSING), 0
     except OSError as exc:
         return ShardProblem(entry.path, f"cannot stat: {exc.strerror}"), 0
-    reasons = []
-    try:
-        ds.index.check_shard(shard)
-    except FormatError as exc:
-        return ShardProblem(entry.path, f"its index records are damaged: {exc}"), 0
+    reasons: list[str] = []
+    problem = _index_problem(ds, shard)
+    if problem is not None:
+        return problem, 0
     if size != entry.size_bytes:
         reasons.append(f"size {size} bytes, expected {entry.size_bytes}")
     if entry.dali_index and not os.path.exists(os.path.join(root, entry.dali_index)):
         reasons.append(f"DALI index {entry.dali_index} missing")
     if quick or size == 0:
         return (ShardProblem(entry.path, "; ".join(reasons)) if reasons else None), 0
-    samples = ds.index.samples[entry.first_sample : entry.first_sample + entry.num_samples]
-    bad: list[BadMember] = []
-    whole = xxhash.xxh3_128()
     try:
         fd = open_regular(path, what="shard")
     except StorageError as exc:
         return ShardProblem(entry.path, str(exc)), 0
     try:
-        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        identity = _identity(fd)
+        bad, checked = _check_bytes(ds, shard, fd, reasons)
+    except OSError as exc:
+        return ShardProblem(entry.path, f"cannot read: {exc.strerror or exc}"), 0
     finally:
         os.close(fd)
-    with mm:
-        mm.madvise(mmap.MADV_SEQUENTIAL)
-        view = memoryview(mm)
-        pos = 0
-        try:
-            for i, rec in enumerate(samples):
-                first = int(rec["first_member"])
-                for m in range(first, first + int(rec["n_members"])):
-                    mrec = ds.index.members[m]
-                    off, msize = int(mrec["offset"]), int(mrec["size"])
-                    if off + msize > size:
-                        bad.append(
-                            BadMember(
-                                ds.key(entry.first_sample + i),
-                                ds.index.exts[int(mrec["ext_id"])],
-                                hex64(int(mrec["xxh3_64"])),
-                                "truncated",
-                            )
-                        )
-                        continue
-                    if off >= pos:
-                        whole.update(view[pos:off])
-                        pos = off + msize
-                        whole.update(view[off:pos])
-                    actual = xxhash.xxh3_64_intdigest(view[off : off + msize])
-                    if actual != int(mrec["xxh3_64"]):
-                        bad.append(
-                            BadMember(
-                                ds.key(entry.first_sample + i),
-                                ds.index.exts[int(mrec["ext_id"])],
-                                hex64(int(mrec["xxh3_64"])),
-                                hex64(actual),
-                            )
-                        )
-            whole.update(view[pos:])
-        finally:
-            view.release()
-    if whole.hexdigest() != entry.xxh3_128:
-        if not bad:
-            reasons.append("shard checksum mismatch outside sample data (tar headers or padding)")
-        else:
-            reasons.append(f"{len(bad)} damaged member(s)")
     if reasons or bad:
-        return ShardProblem(entry.path, "; ".join(reasons), tuple(bad)), size
-    return None, size
+        return ShardProblem(entry.path, "; ".join(reasons), tuple(bad), identity=identity), checked
+    return None, checked
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _verify_staged(root: str, shard: int, quick: bool) -> tuple[ShardProblem | None, int]:
+    """Check the staged copy of shard ``shard`` in the staging area ``root`` (never its
+    source; never through a symlink; a FIFO never blocks)."""
+    ds = _open(root)
+    entry = ds.manifest.shards[shard]
+    rel = entry.path
+    path = os.path.join(root, rel)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if not os.path.lexists(stamp_path(root, rel)):
+            plan = _plan(root)
+            if plan is not None and rel not in plan:
+                return ShardProblem(rel, "not staged", state=UNSTAGED, staged=True), 0
+            why = "not staged, though the last stage run chose it (did it finish?)"
+            return ShardProblem(rel, why, state=MISSING, staged=True), 0
+        why = "deleted after it was staged (its stamp remains)"
+        return ShardProblem(rel, why, state=MISSING, staged=True), 0
+    except OSError as exc:
+        return ShardProblem(rel, f"cannot stat: {exc.strerror}", staged=True), 0
+    if not stat.S_ISREG(st.st_mode):
+        why = (
+            f"a {describe_kind(st.st_mode)} is there, not a copy shardio staged: it is never "
+            "read, replaced or removed (remove it yourself)"
+        )
+        return ShardProblem(rel, why, state=FOREIGN, staged=True), 0
+    problem = _index_problem(ds, shard)
+    if problem is not None:
+        return problem, 0
+    stamped = stamp_matches(root, rel, entry.xxh3_128)
+    reasons: list[str] = []
+    if st.st_size != entry.size_bytes:
+        reasons.append(f"size {st.st_size} bytes, expected {entry.size_bytes}")
+    if quick:
+        if reasons:
+            return ShardProblem(rel, "; ".join(reasons), staged=True), 0
+        if not stamped:
+            why = "changed since it was staged (its stamp does not match; --quick reads no data)"
+            return ShardProblem(rel, why, state=STALE, staged=True), 0
+        return _staged_dali_problem(root, entry), 0
+    try:
+        fd = open_regular(path, what="staged copy", nofollow=True)
+    except StorageError as exc:  # replaced by a symlink or FIFO since the lstat
+        return ShardProblem(rel, str(exc), state=FOREIGN, staged=True), 0
+    try:
+        identity = _identity(fd)
+        bad, checked = _check_bytes(ds, shard, fd, reasons)
+    except OSError as exc:
+        why = f"cannot read: {exc.strerror or exc}"
+        return ShardProblem(rel, why, staged=True, identity=_identity_of(path)), 0
+    finally:
+        os.close(fd)
+    if reasons or bad:
+        why = "; ".join(reasons)
+        return ShardProblem(rel, why, tuple(bad), staged=True, identity=identity), checked
+    if not stamped:
+        why = (
+            "changed since it was staged (its stamp does not match) but its bytes are intact: "
+            "readers use the source until it is stamped again"
+        )
+        return ShardProblem(rel, why, state=STALE, staged=True), checked
+    return _staged_dali_problem(root, entry), checked
+
+
+def _identity_of(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
+def _staged_dali_problem(root: str, entry: ShardEntry) -> ShardProblem | None:
+    """A staged tar whose DALI index is missing (staging copies it beside the tar)."""
+    if entry.dali_index is None or os.path.lexists(os.path.join(root, entry.dali_index)):
+        return None
+    why = f"DALI index {entry.dali_index} missing"
+    return ShardProblem(entry.path, why, state=MISSING, staged=True)
 
 
 def _verify_task(root: str, shard: int, quick: bool) -> tuple[ShardProblem | None, int]:
-    result = _verify_shard(root, shard, quick)
+    ds = _open(root)
+    check = _verify_shard if ds.manifest.staged_from is None else _verify_staged
+    result = check(root, shard, quick)
     counters = _COUNTERS.get("c")
     if counters is not None:
         counters.add(1, result[1])
@@ -166,21 +454,49 @@ def _init(counters: Counters) -> None:
     _COUNTERS["c"] = counters
 
 
+# --------------------------------------------------------------------------- the source
+
+
+def _check_source(source: str, entry: ShardEntry) -> ShardProblem | None:
+    """The quick check of a source shard that readers fall back to: there, regular, its
+    size (its bytes are not read: every read checks them)."""
+    path = os.path.join(source, entry.path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return ShardProblem(entry.path, f"missing at the source {path} too", state=MISSING)
+    except OSError as exc:
+        return ShardProblem(entry.path, f"cannot stat the source {path}: {exc.strerror}")
+    if not stat.S_ISREG(st.st_mode):
+        why = f"the source {path} is a {describe_kind(st.st_mode)}, not a shard"
+        return ShardProblem(entry.path, why)
+    if st.st_size != entry.size_bytes:
+        why = f"the source {path} is {st.st_size} bytes, expected {entry.size_bytes}"
+        return ShardProblem(entry.path, why)
+    return None
+
+
+# --------------------------------------------------------------------------- the run
+
+
 def verify_dataset(
     root: str | os.PathLike[str],
     *,
     quick: bool = False,
     workers: int = 1,
     progress: ProgressCallback | None = None,
+    shards: Collection[int] | None = None,
 ) -> VerifyReport:
-    """Check a dataset against its manifest and index.
+    """Check a dataset, or a staging area's copies, against its manifest and index.
 
     Args:
-        root: the dataset directory.
+        root: the dataset directory, or a staging area (its manifest names its source).
         quick: only check that the index is intact and every shard exists with its size
-            (no shard data is read).
+            (no shard data is read); in a staging area, a copy whose stamp does not match
+            is reported stale without being read.
         workers: processes hashing shards in parallel.
         progress: called with (shards, bytes) snapshots while running.
+        shards: check only these shards (numbers in the manifest); default all.
 
     Raises:
         FormatError: the manifest or index cannot be read at all.
@@ -189,12 +505,13 @@ def verify_dataset(
     root = os.fspath(root)
     ds = PackedDataset(root)
     problems: list[ShardProblem] = []
+    source = ds.manifest.staged_from
     try:
         index_entry_path = ds.manifest.index.path
         index_path = os.path.join(root, index_entry_path)
         if file_xxh3_128(index_path) != ds.manifest.index.xxh3_128:
             problems.append(ShardProblem(ds.manifest.index.path, "index checksum mismatch"))
-        shards = range(len(ds.manifest.shards))
+        chosen = sorted(set(shards)) if shards is not None else range(len(ds.manifest.shards))
         counters = Counters()
         _init(counters)
         results: list[tuple[ShardProblem | None, int]] = []
@@ -202,8 +519,8 @@ def verify_dataset(
             ProgressThread(
                 counters,
                 progress,
-                files_total=len(shards),
-                bytes_total=0 if quick else ds.manifest.total_bytes,
+                files_total=len(chosen),
+                bytes_total=0 if quick else sum(ds.manifest.shards[s].size_bytes for s in chosen),
             )
             if progress is not None
             else None
@@ -211,9 +528,9 @@ def verify_dataset(
         if thread is not None:
             thread.__enter__()
         try:
-            if workers <= 1 or len(shards) <= 1:
+            if workers <= 1 or len(chosen) <= 1:
                 _DATASETS[root] = ds
-                results = [_verify_task(root, s, quick) for s in shards]
+                results = [_verify_task(root, s, quick) for s in chosen]
             else:
                 ctx = multiprocessing.get_context("forkserver")
                 with concurrent.futures.ProcessPoolExecutor(
@@ -222,26 +539,43 @@ def verify_dataset(
                     results = list(
                         pool.map(
                             _verify_task,
-                            [root] * len(shards),
-                            shards,
-                            [quick] * len(shards),
+                            [root] * len(chosen),
+                            chosen,
+                            [quick] * len(chosen),
                             chunksize=1,
                         )
                     )
         finally:
             _DATASETS.pop(root, None)
+            _PLANS.pop(root, None)
             if thread is not None:
                 thread.__exit__(None, None, None)
-        problems.extend(p for p, _ in results if p is not None)
+        unstaged = [p for p, _ in results if p is not None and p.state == UNSTAGED]
+        problems.extend(p for p, _ in results if p is not None and p.state != UNSTAGED)
         checked = sum(n for _, n in results)
+        area = None
+        if source is not None:
+            by_path = {e.path: e for e in ds.manifest.shards}
+            not_ok = [by_path[p.path] for p in [*problems, *unstaged] if p.staged]
+            found = (_check_source(source, e) for e in not_ok)
+            area = AreaReport(
+                source=source,
+                copies_ok=len(chosen)
+                - len(unstaged)
+                - sum(1 for p in problems if p.path in by_path),
+                source_checked=len(not_ok),
+                source_problems=tuple(p for p in found if p is not None),
+                not_staged=len(unstaged),
+            )
     finally:
         ds.close()
     return VerifyReport(
         root,
         quick,
-        len(shards),
+        len(chosen),
         checked,
         time.monotonic() - start,
         tuple(problems),
         index_path=index_entry_path,
+        area=area,
     )

@@ -1,26 +1,37 @@
 #!/usr/bin/env bash
-# Run a job step; when it fails, check the dataset, then try again (up to N tries in all).
+# Run a job step; when it fails, check and repair the data, then try again (up to N tries).
 #
-#   retry_srun.sh [-n MAX_TRIES] [-d DATASET]... [-q] [-b BACKOFF_S] [-r HOOK] -- srun ARGS...
+#   retry_srun.sh [-n MAX_TRIES] [-d DATASET]... [-s SOURCE] [-q] [-b BACKOFF_S] [-r HOOK]
+#                 -- srun ARGS...
 #
 #   -n MAX_TRIES  tries in all, the first included (default 3, or $RETRY_SRUN_MAX_TRIES)
-#   -d DATASET    a shardio dataset to check with `shardio verify` after each failure;
-#                 repeat for several (e.g. the Lustre copy and a BeeOND copy)
+#   -d DATASET    a shardio dataset, or a staging area (`shardio stage`), to check with
+#                 `shardio verify` after each failure and repair with `shardio verify
+#                 --repair`; repeat for several (e.g. the Lustre copy and a BeeOND copy)
+#   -s SOURCE     another copy of the packed datasets given with -d, to repair them from
+#                 (`shardio verify --repair --source SOURCE`); a staging area needs none: it
+#                 is repaired from the source it was staged from
 #   -q            `shardio verify --quick`: index and shard sizes only, no data read (a full
-#                 check reads the whole dataset, which takes a while at many TB)
+#                 check reads the whole dataset, which takes a while at many TB); a repair,
+#                 when one is needed, still reads what it repairs
 #   -b BACKOFF_S  wait before the 2nd try; doubled before each later one (default 10, or
 #                 $RETRY_SRUN_BACKOFF_S); gives a flapping node or link time to settle
 #   -r HOOK       a shell command run before each retry, e.g. re-staging node-local copies
 #                 (`shardio stage` replaces what is missing or damaged and keeps the rest)
 #
 # The article's third level of fault tolerance: a job wrapper that retries srun with a
-# storage check in between (checkpoints and ResilientDataset are the first two). Each try
+# storage repair in between (checkpoints and ResilientDataset are the first two). Each try
 # starts the program afresh: it should resume from its last checkpoint by itself.
 #
-# Storage repair: `shardio verify` exits 0 (intact), 3 (damaged) or another code (could not
-# check). `shardio verify --repair` does not exist yet; when `shardio verify --help` starts
-# listing --repair, this script uses it on a damaged dataset without any change here. Until
-# then it prints what to do and retries anyway (ResilientDataset may still get through).
+# Storage check and repair between tries. `shardio verify DATASET` exits 0 (intact), 3
+# (damaged), 5 (a staging area degraded: copies missing, damaged or stale while the source
+# they fall back to is intact) or another code (could not check). On 3 or 5 the dataset is
+# repaired with `shardio verify --repair` (a staging area from its source; a packed dataset
+# from -s SOURCE, without which there is nothing to repair it from and the log says what to
+# do), which exits 0 (nothing left to repair), 4 (repaired), 5 (staged copies left that the
+# source stands in for: training works, reading the parallel filesystem) or 3 (damage is
+# left). Whatever the outcome, it is logged and the step is retried: ResilientDataset with
+# policy "skip" may still get through.
 #
 # Exits with the status of the last try. Each try is logged, with a timestamp, on stderr.
 # SIGTERM/SIGINT (scancel, the time limit) stop the current try and end the retries.
@@ -30,8 +41,8 @@ set -euo pipefail
 prog="retry_srun.sh"
 log() { printf '[%s %s] %s\n' "$prog" "$(date '+%Y-%m-%dT%H:%M:%S%z')" "$*" >&2; }
 usage() {
-    echo "usage: $prog [-n MAX_TRIES] [-d DATASET]... [-q] [-b BACKOFF_S] [-r HOOK]" \
-        "-- srun ARGS..." >&2
+    echo "usage: $prog [-n MAX_TRIES] [-d DATASET]... [-s SOURCE] [-q] [-b BACKOFF_S]" \
+        "[-r HOOK] -- srun ARGS..." >&2
     exit 2
 }
 is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
@@ -39,12 +50,14 @@ is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
 max_tries="${RETRY_SRUN_MAX_TRIES:-3}"
 backoff_s="${RETRY_SRUN_BACKOFF_S:-10}"
 hook=""
+source=""
 datasets=()
 verify_opts=(--no-progress)
-while getopts ":n:d:qb:r:h" opt; do
+while getopts ":n:d:s:qb:r:h" opt; do
     case "$opt" in
     n) max_tries="$OPTARG" ;;
     d) datasets+=("$OPTARG") ;;
+    s) source="$OPTARG" ;;
     q) verify_opts+=(--quick) ;;
     b) backoff_s="$OPTARG" ;;
     r) hook="$OPTARG" ;;
@@ -77,8 +90,38 @@ on_signal() {
 trap 'on_signal TERM' TERM
 trap 'on_signal INT' INT
 
-repair_supported() {
-    "${shardio[@]}" verify --help 2>/dev/null | grep -q -- '--repair'
+is_area() { [[ -f "$1/.shardio-stage/area.json" ]]; }
+
+# Repair one dataset that verify found damaged (3) or degraded (5), and log the outcome.
+repair_dataset() {
+    local ds="$1" rc
+    local repair=("${shardio[@]}" verify --repair --no-progress)
+    if ! is_area "$ds"; then
+        if [[ -z "$source" ]]; then
+            log "dataset $ds is DAMAGED (shards listed above) and there is no copy to repair" \
+                "it from: give $prog -s SOURCE (another copy of it) to repair it with" \
+                "'shardio verify --repair --source SOURCE $ds', or re-pack it (shardio pack" \
+                "TREE $ds --force). Retrying anyway."
+            return
+        fi
+        repair+=(--source "$source")
+    fi
+    log "repairing $ds: ${repair[*]} $ds"
+    rc=0
+    "${repair[@]}" "$ds" >&2 || rc=$?
+    case "$rc" in
+    0) log "dataset $ds: nothing left to repair" ;;
+    4) log "dataset $ds repaired" ;;
+    5)
+        log "staging area $ds is still degraded (copies listed above could not be made):" \
+            "training reads those shards from the source"
+        ;;
+    3)
+        log "damage is left in $ds (listed above): restore those shards from a good copy" \
+            "and check again with 'shardio verify $ds'. Retrying anyway."
+        ;;
+    *) log "repair of $ds failed (exit $rc); retrying anyway" ;;
+    esac
 }
 
 check_datasets() {
@@ -89,23 +132,11 @@ check_datasets() {
         "${shardio[@]}" verify "${verify_opts[@]}" "$ds" >&2 || rc=$?
         case "$rc" in
         0) log "dataset $ds is intact" ;;
-        3)
-            if repair_supported; then
-                log "dataset $ds is damaged: repairing with ${shardio[*]} verify --repair"
-                rc=0
-                "${shardio[@]}" verify --repair --no-progress "$ds" >&2 || rc=$?
-                if ((rc == 0)); then
-                    log "dataset $ds repaired"
-                else
-                    log "repair of $ds failed (exit $rc): restore the shards listed above"
-                fi
-            else
-                log "dataset $ds is DAMAGED (shards listed above) and this shardio has no" \
-                    "'verify --repair' yet: re-pack it from the source tree (shardio pack" \
-                    "SRC $ds --force) or copy the listed shards back from a good copy, then" \
-                    "check again with 'shardio verify $ds'. Retrying anyway."
-            fi
+        5)
+            log "staging area $ds is degraded (its source is intact): repairing the area too"
+            repair_dataset "$ds"
             ;;
+        3) repair_dataset "$ds" ;;
         *) log "could not check $ds (shardio verify exit $rc); retrying anyway" ;;
         esac
     done

@@ -311,6 +311,8 @@ def stage_one(
                 write_stamp(dest, rel, expected, durable)  # a verified copy, no stamp
             else:
                 outcome = "copied"
+                if digest is None:  # gone: its stamp must not outlive it if the copy fails
+                    unlink_inside(dest, stamp_rel(rel))
                 if digest is not None:
                     logger.warning("staged copy %s is damaged: copying it again", final)
                     drop_staged(dest, rel)

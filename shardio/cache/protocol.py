@@ -10,6 +10,9 @@ This module is the protocol's one home; stage, evict and the read side's resolve
   write changes ctime, which no user can set back, so a copy whose ``lstat`` still matches its
   stamp is trusted without re-hashing (every member is still checked on read). A symlink or
   special file never matches a stamp.
+- **Plan.** ``plan.json`` lists the shards the last ``shardio stage`` run chose for this node
+  (its ``--node`` share within ``--capacity``): verify and repair tell a planned copy that
+  is missing from a shard this node never stages.
 - **Per-shard lock file** (``locks/``, :func:`shard_lock`, exclusive, blocking). Held by
   whoever copies, re-stages or drops a shard: the first rank of a node copies, the others
   wait and then find the stamp. A killed holder's lock goes with its process.
@@ -58,12 +61,14 @@ __all__ = [
     "lock_for_reading",
     "lock_path",
     "read_area_marker",
+    "read_plan",
     "shard_lock",
     "staged_identity",
     "stamp_matches",
     "stamp_path",
     "stamp_rel",
     "try_lock_for_eviction",
+    "write_plan",
     "write_area_marker",
     "write_stamp",
 ]
@@ -267,3 +272,31 @@ def try_lock_for_eviction(fd: int) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+# --------------------------------------------------------------------------- plan
+
+PLAN_FILE = "plan.json"
+_MAX_PLAN_BYTES = 256 * 1024 * 1024
+
+
+def write_plan(dest: str, rels: list[str], *, durable: bool) -> None:
+    """Record the shards this node's stage run chose (see the module docstring)."""
+    folder = make_dirs_inside(dest, STAGE_DIR)
+    doc = {"format": "shardio-stage-plan", "version": 1, "shards": rels}
+    with atomic_write(os.path.join(folder, PLAN_FILE), durable=durable) as fh:
+        fh.write(json.dumps(doc).encode("utf-8", "surrogateescape"))
+
+
+def read_plan(dest: str) -> set[str] | None:
+    """The shards the last stage run chose, or None when no valid plan is recorded (an area
+    staged by an older release: every shard counts as planned)."""
+    path = os.path.join(dest, STAGE_DIR, PLAN_FILE)
+    try:
+        doc = json.loads(read_regular(path, max_bytes=_MAX_PLAN_BYTES, what="stage plan"))
+    except (OSError, ValueError):
+        return None
+    shards = doc.get("shards") if isinstance(doc, dict) else None
+    if not isinstance(shards, list) or not all(isinstance(r, str) for r in shards):
+        return None
+    return set(shards)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -18,8 +19,8 @@ from shardio.cache.area import check_paths, open_area, storage_errors
 from shardio.cache.copy import leftover_temps, stage_one, temps_of, write_local_metadata
 from shardio.cache.evict import evict_for
 from shardio.cache.plan import choose_shards, node_shard_order
-from shardio.cache.protocol import STAGE_DIR
-from shardio.errors import UsageError
+from shardio.cache.protocol import STAGE_DIR, write_plan
+from shardio.errors import IntegrityError, UsageError
 from shardio.format.manifest import load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.progress import Counters, ProgressCallback, ProgressThread
@@ -145,6 +146,7 @@ def stage_dataset(
         write_local_metadata(src_root, dest_root, manifest, options.durable)
         needed = order.result()
         chosen, from_source = choose_shards(manifest, needed, options.capacity_bytes)
+        write_plan(dest_root, [e.path for e in chosen], durable=options.durable)
         folders = {os.path.dirname(e.path) for e in chosen} | {
             os.path.dirname(e.dali_index) for e in chosen if e.dali_index is not None
         }
@@ -184,12 +186,26 @@ def stage_dataset(
                 )
                 for e in chosen
             ]
+            # A damaged source shard does not stop the others: they are staged, then the
+            # damage is reported (readers fall back to the source; ResilientDataset decides).
+            outcomes, damaged = [], []
             try:
-                outcomes = [f.result() for f in futures]
+                for f in futures:
+                    try:
+                        outcomes.append(f.result())
+                    except IntegrityError as exc:
+                        damaged.append(exc)
             except BaseException:
                 for f in futures:
                     f.cancel()
                 raise
+    if damaged:
+        more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+        raise IntegrityError(
+            errno.EIO,
+            f"{len(damaged)} source shard(s) are damaged and were not staged, the other "
+            f"{len(outcomes)} were: {damaged[0]}{more}",
+        ) from damaged[0]
     if from_source:
         logger.warning(
             "%d shard(s) exceed --capacity and will be read from %s", len(from_source), src_root

@@ -12,8 +12,10 @@ from shardio.errors import UsageError
 
 __all__ = [
     "EXIT_DAMAGED",
+    "EXIT_DEGRADED",
     "EXIT_FAIL",
     "EXIT_OK",
+    "EXIT_REPAIRED",
     "EXIT_USAGE",
     "default_workers",
     "make_streams_safe",
@@ -24,7 +26,12 @@ __all__ = [
     "stdout_is_closed",
 ]
 
+# 0 done (a dataset intact); 1 failed; 2 usage; 3 damage is left (a dataset's bytes, or a
+# staged copy whose source is bad too); 4 `verify --repair` fixed everything it found;
+# 5 a staging area is degraded: copies missing, damaged or stale, but the source they fall
+# back to is intact (training works, reading from the parallel filesystem).
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_DAMAGED = 0, 1, 2, 3
+EXIT_REPAIRED, EXIT_DEGRADED = 4, 5
 
 
 def default_workers(environ: os._Environ[str] | dict[str, str] | None = None) -> int:

@@ -15,13 +15,15 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from shardio._version import __version__
 from shardio.cli.common import (
     EXIT_DAMAGED,
+    EXIT_DEGRADED,
     EXIT_FAIL,
     EXIT_OK,
+    EXIT_REPAIRED,
     EXIT_USAGE,
     default_workers,
     make_streams_safe,
@@ -35,6 +37,10 @@ from shardio.cli.stage import cmd_stage, default_stage_dir
 from shardio.errors import ShardioError, UsageError
 from shardio.runtime.order import ORDERS
 from shardio.units import format_duration, format_size
+
+if TYPE_CHECKING:
+    from shardio.progress import ProgressCallback
+    from shardio.verify import VerifyReport
 
 __all__ = ["default_stage_dir", "default_workers", "main", "parse_part"]
 
@@ -87,12 +93,36 @@ def _build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("merge", help="join the parts of a multi-node pack")
     m.add_argument("dst")
 
-    v = sub.add_parser("verify", help="check every shard and sample checksum")
-    v.add_argument("dst")
+    v = sub.add_parser(
+        "verify",
+        help="check every shard and sample checksum (--repair: fix what is found)",
+        description="Check a dataset, or a staging area's copies, against its manifest; "
+        "with --repair, fix what is found.",
+        epilog="exit codes: 0 intact; 3 damage is left (a dataset's shard or index, or a "
+        "staged copy whose source is bad too); 4 --repair fixed everything it found; 5 a "
+        "staging area is degraded (copies missing, damaged or stale, but the source they fall "
+        "back to is intact: training works, reading from the source); 1 could not check; "
+        "2 usage.",
+    )
+    v.add_argument("dst", help="a dataset, or a staging area (shardio stage)")
     v.add_argument(
         "--quick",
         action="store_true",
         help="check the index and shard sizes only; read no shard data",
+    )
+    v.add_argument(
+        "--repair",
+        action="store_true",
+        help="fix what is found: a staging area's copies are staged again from its source; "
+        "a dataset's damaged or missing shards and index are replaced by verified copies "
+        "from --source",
+    )
+    v.add_argument(
+        "--source",
+        default=None,
+        metavar="SRC",
+        help="with --repair: another copy of the same dataset to copy good shards from "
+        "(needed for a dataset; default for a staging area: the source it was staged from)",
     )
     v.add_argument("--workers", type=int, default=None)
     v.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -143,58 +173,52 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_VERIFY_EXIT = {
+    "intact": EXIT_OK,
+    "repaired": EXIT_REPAIRED,
+    "degraded": EXIT_DEGRADED,
+    "damaged": EXIT_DAMAGED,
+}
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     from shardio.cli.progressbar import ProgressBar
     from shardio.verify import verify_dataset
 
+    if args.source is not None and not args.repair:
+        raise UsageError("--source is for --repair: give both, or neither")
+    if args.repair and args.quick:
+        raise UsageError("--repair reads every byte of what it checks: drop --quick")
     workers = args.workers if args.workers is not None else default_workers()
     bar = None if args.no_progress or args.json else ProgressBar("verifying", unit="shards")
+    if args.repair:
+        return _cmd_repair(args, workers, bar)
     report = verify_dataset(args.dst, quick=args.quick, workers=workers, progress=bar)
-    args.exit_code = EXIT_OK if report.ok else EXIT_DAMAGED  # kept if stdout is closed
+    args.exit_code = _VERIFY_EXIT[report.status]  # kept if stdout is closed
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "ok": report.ok,
-                    "quick": report.quick,
-                    "shards_checked": report.shards_checked,
-                    "bytes_checked": report.bytes_checked,
-                    "seconds": round(report.seconds, 3),
-                    "problems": [
-                        {
-                            "shard": p.path,
-                            "reason": p.reason,
-                            "bad_samples": [
-                                {
-                                    "key": b.key,
-                                    "member": b.ext,
-                                    "expected": b.expected,
-                                    "actual": b.actual,
-                                }
-                                for b in p.bad_members
-                            ],
-                        }
-                        for p in report.problems
-                    ],
-                },
-                indent=1,
-            )
-        )
+        print(json.dumps(report.to_json(), indent=1))
         return int(args.exit_code)
     mode = "quick check of" if report.quick else "verified"
     rate = report.bytes_checked / report.seconds if report.seconds > 0 else 0
     if report.ok:
+        what = "shards"
+        if report.area is not None:
+            staged = report.shards_checked - report.area.not_staged
+            what = f"staged copies of {report.shards_checked:,} shards"
+            if report.area.not_staged:
+                what += f" ({report.area.not_staged:,} not staged here: their source is intact)"
+            shown = staged
+        else:
+            shown = report.shards_checked
         print(
-            f"OK: {mode} {report.shards_checked:,} shards ({format_size(report.bytes_checked)}) "
+            f"OK: {mode} {shown:,} {what} ({format_size(report.bytes_checked)}) "
             f"in {format_duration(report.seconds)}, {format_size(rate)}/s"
         )
         return EXIT_OK
-    for p in report.problems:
-        print_error(f"DAMAGED {p.path}: {p.reason}")
-        for b in p.bad_members:
-            print_error(
-                f"  sample {b.key} member {b.ext}: xxh3 expected {b.expected}, got {b.actual}"
-            )
+    _print_problems(report)
+    if report.area is not None:
+        _print_area_summary(report, args.dst)
+        return int(args.exit_code)
     index_bad = sum(1 for p in report.problems if p.path == report.index_path)
     shards_bad = len(report.problems) - index_bad
     print_error(
@@ -203,6 +227,90 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         + f", {len(report.damaged_samples):,} samples affected"
     )
     return EXIT_DAMAGED
+
+
+def _print_problems(report: VerifyReport) -> None:
+    for p in report.problems:
+        if p.staged:
+            print_error(f"{p.state.upper()} {p.path} (staged copy): {p.reason}")
+        else:
+            print_error(f"DAMAGED {p.path}: {p.reason}")
+        for b in p.bad_members:
+            print_error(
+                f"  sample {b.key} member {b.ext}: xxh3 expected {b.expected}, got {b.actual}"
+            )
+    if report.area is not None:
+        for p in report.area.source_problems:
+            print_error(f"DAMAGED {p.path} (source, read instead of the copy): {p.reason}")
+
+
+def _print_area_summary(report: VerifyReport, dst: str) -> None:
+    area = report.area
+    if area is None:  # pragma: no cover - callers check
+        return
+    copies = sum(1 for p in report.problems if p.staged)
+    head = (
+        f"{copies} of {report.shards_checked:,} staged copies missing, damaged, stale or "
+        "not shardio's"
+    )
+    if report.status == "degraded":
+        print_error(
+            f"DEGRADED: {head}; the source {area.source} is intact for them, so training "
+            f"reads them from there (shardio verify --repair {dst} stages them again)"
+        )
+        return
+    lost = len(area.source_problems)
+    others = sum(1 for p in report.problems if not p.staged)
+    print_error(
+        f"FAILED: {head}"
+        + (f", and {lost} of their source shards in {area.source} are bad too" if lost else "")
+        + (f", and {others} damaged in the staging area's index" if others else "")
+    )
+
+
+def _cmd_repair(args: argparse.Namespace, workers: int, bar: ProgressCallback | None) -> int:
+    from shardio.repair import repair_dataset
+
+    result = repair_dataset(args.dst, source=args.source, workers=workers, progress=bar)
+    args.exit_code = _VERIFY_EXIT[result.status]
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+        return int(args.exit_code)
+    found = result.found
+    if not found.ok:
+        _print_problems(found)
+    for fixed in result.repaired:
+        print(f"repaired {fixed.path} ({fixed.state}): {fixed.how}")
+    for left in result.unrepaired:
+        print_error(f"could not repair {left.path}: {left.why}")
+    if result.status == "intact":
+        print(f"OK: verified {found.shards_checked:,} shards: nothing to repair")
+        return EXIT_OK
+    summary = (
+        f"repaired {_count(result.repaired, found.index_path)}, "
+        f"could not repair {len(result.unrepaired)}"
+    )
+    if result.unrepaired:
+        first = result.unrepaired[0]
+        more = f" (and {len(result.unrepaired) - 1} more)" if len(result.unrepaired) > 1 else ""
+        summary += f": {first.path}: {first.why}{more}"
+    if result.status == "repaired":
+        print(f"REPAIRED: {summary}")
+    elif result.status == "degraded":
+        print_error(f"DEGRADED: {summary}; training reads those shards from {result.source}")
+    else:
+        print_error(f"FAILED: {summary}; damage is left")
+    return int(args.exit_code)
+
+
+def _count(items: Sequence[Any], index_path: str) -> str:
+    """'3 shards', '3 shards and the index', 'the index'."""
+    index = any(i.path == index_path for i in items)
+    shards = len(items) - index
+    text = f"{shards} shard{'s' if shards != 1 else ''}"
+    if index:
+        return f"{text} and the index" if shards else "the index"
+    return text
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:

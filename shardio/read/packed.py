@@ -121,7 +121,8 @@ class PackedDataset:
         cache: a staging area (``shardio stage``) to read verified copies from.
         opener: how bytes are read (default: POSIX calls).
         restage: stage a bad copy again from the source (once per node) instead of only
-            dropping it.
+            dropping it; also a copy written, cut or removed after it was staged (its stamp
+            no longer matches), which is otherwise only passed over for the source.
 
     Attributes:
         resolver: where each shard is read from.
@@ -274,6 +275,16 @@ class PackedDataset:
         rec = self.index.members[member]
         for _attempt in range(3):  # staged copy, a fresh copy, the source
             loc = self.resolver.locate(shard)
+            if (
+                not loc.staged
+                and self.restage
+                and self.resolver.copy_changed(shard)
+                and self.resolver.can_restage()
+            ):
+                # Its stamp no longer matches: stage it again (it is hashed whole under the
+                # shard's lock first) instead of reading the source for the rest of the job.
+                self._recover_copy(shard, "changed since it was staged", NOT_OPENED)
+                loc = self.resolver.locate(shard)
             problem, error, identity = self._read_at(loc, rec, target, verify=verify)
             if problem is None:
                 self._bytes["bytes_cache" if loc.staged else "bytes_source"] += len(target)

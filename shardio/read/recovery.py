@@ -135,7 +135,11 @@ class Recovery:
         self.sleep = sleep
         self.clock = clock
         self.stats = dict.fromkeys(_STATS, 0)
-        self.bad_shards: set[int] = set()
+        self.bad_shards: set[int] = set()  # not retried again in this process
+        # Samples known unreadable here. Substitutes are skipped by sample, not by shard: a
+        # good sample of a shard that failed elsewhere is still taken, so the substitute does
+        # not depend on what this process read before (a resumed run substitutes the same).
+        self.bad_samples: set[int] = set()
         self._pending: list[Event] = []
         journal = policy.journal
         if journal is None and ds.resolver.can_restage():
@@ -262,6 +266,7 @@ class Recovery:
         else:
             tried.append("shard already failed in this process: no more retries")
         self.bad_shards.add(shard)
+        self.bad_samples.add(sample)
         if self.policy.policy == "raise":
             self.stats["raised"] += 1
             self.emit({**base, "event": "raise", "error": str(error), "tried": tried})
@@ -279,12 +284,12 @@ class Recovery:
             if n >= self.policy.max_substitutes:
                 break
             candidate = int(drawn)
-            if candidate == sample or self.ds.shard_of(candidate) in self.bad_shards:
+            if candidate == sample or candidate in self.bad_samples:
                 continue
             try:
                 self._probe(candidate)
             except _Recoverable as exc:
-                self.bad_shards.add(self.ds.shard_of(candidate))
+                self.bad_samples.add(candidate)
                 tried.append(f"substitute {self.ds.key(candidate)!r}: {exc}")
                 continue
             self.stats["skipped"] += 1

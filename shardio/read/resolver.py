@@ -10,6 +10,7 @@ moment it is copied once. Decisions are cached per process; a forked worker star
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 
 from shardio.cache.copy import stage_one
@@ -19,6 +20,7 @@ from shardio.cache.protocol import (
     read_area_marker,
     shard_lock,
     stamp_matches,
+    stamp_path,
 )
 from shardio.errors import ShardioError
 from shardio.format.manifest import Manifest
@@ -65,12 +67,14 @@ class ShardResolver:
         self.cache_root = cache if cache is not None else (root if manifest.staged_from else None)
         self._source = [os.path.join(self.source_root, s.path) for s in manifest.shards]
         self._where: dict[int, Location] = {}
+        self._stamps_checked: set[int] = set()  # shards asked about in copy_changed
         self._pid = os.getpid()
         self.stats = {"hits": 0, "misses": 0, "dropped": 0, "restaged": 0}
 
     def _cache(self) -> dict[int, Location]:
         if self._pid != os.getpid():
             self._where.clear()
+            self._stamps_checked.clear()
             self._pid = os.getpid()
         return self._where
 
@@ -94,6 +98,25 @@ class ShardResolver:
                 self.stats["misses"] += 1
             where[shard] = loc
         return loc
+
+    def copy_changed(self, shard: int) -> bool:
+        """Whether the staged copy of ``shard`` was verified once but was written, cut or
+        removed since: its stamp is there and no longer matches. Such a copy is read from
+        the source by :meth:`locate` like a shard never staged, unless someone stages it
+        again. Answered True at most once per shard and process (one attempt to repair it).
+        """
+        self._cache()
+        if self.cache_root is None or shard in self._stamps_checked:
+            return False
+        self._stamps_checked.add(shard)
+        entry = self.manifest.shards[shard]
+        try:
+            st = os.lstat(stamp_path(self.cache_root, entry.path))
+        except OSError:
+            return False  # never staged (or evicted: eviction removes the stamp first)
+        return stat.S_ISREG(st.st_mode) and not stamp_matches(
+            self.cache_root, entry.path, entry.xxh3_128
+        )
 
     def forget(self, shard: int) -> None:
         """Decide again on the next :meth:`locate` (a copy may have been staged meanwhile)."""

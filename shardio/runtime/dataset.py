@@ -11,7 +11,7 @@ import operator
 import os
 import resource
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,10 +26,13 @@ from shardio.runtime.decode import Decoder, make_decoder
 from shardio.runtime.order import check_order, epoch_order, rank_positions
 from shardio.runtime.ranks import RankInfo, detect_ranks
 
+if TYPE_CHECKING:
+    from shardio.runtime.transport import BatchRing
+
 __all__ = ["ShardDataset", "ShardStreamDataset", "collate_samples"]
 
 MODES = ("map", "stream")
-TRANSPORTS = ("mmap", "shm")
+TRANSPORTS = ("ring", "shm", "mmap")
 STATE_VERSION = 1
 # Recovery events a worker sends with a batch (ResilientDataset); the loader takes them out.
 EVENTS_KEY = "__shardio_events__"
@@ -142,11 +145,19 @@ class ShardDataset(Dataset[dict[str, Any]]):
             samples (either way every rank gets the same count).
         ranks: the rank layout; detected from torch.distributed, SLURM or RANK/WORLD_SIZE
             when None.
-        transport: how undecoded batches reach the training loop. "mmap" (default): the
-            worker verifies each member through its mapping of the shard and sends only
-            (file, offset, size); the receiving process views the same page-cache pages, so
-            no byte is copied. "shm": the worker copies each batch into one shared-memory
-            tensor (fresh shared pages cost a fault each, about half the throughput here).
+        transport: how undecoded batches cross from DataLoader workers to the training
+            loop (with :meth:`loader`). "ring" (default): each worker reads and verifies its
+            batch into one of a few shared-memory slots that :class:`ShardLoader` allocates
+            once per iteration, and sends only offsets; a slot is reused once nothing views
+            its batch any more (a batch the caller keeps is never overwritten; when every
+            slot is held, a batch takes a fresh segment instead). "shm": a fresh
+            shared-memory segment per batch (its pages fault on every batch: slower).
+            "mmap": opt-in, for node-local copies only: the worker verifies each member
+            through its mapping of the shard and sends (file, offset, size); the training
+            process maps the file and views the same page-cache pages, without a copy. A
+            shard truncated or unreadable (EIO on a parallel filesystem) after the check
+            then raises SIGBUS in the training process, and a file replaced in place yields
+            wrong bytes; the mapped page cache also counts in its RSS.
         cache: a staging area (``shardio stage SRC DEST``) to read verified shard copies
             from; shards not staged (yet) are read from ``path``.
         max_open: shard files held open at once per process; None (default) holds every
@@ -179,7 +190,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         ranks: RankInfo | None = None,
         max_open: int | None = None,
         cache: str | os.PathLike[str] | None = None,
-        transport: str = "mmap",
+        transport: str = "ring",
         opener: Opener | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
@@ -222,6 +233,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self._delivered = 0  # samples this process delivered since (direct iteration)
         self._order_cache: tuple[int, np.ndarray[Any, Any]] | None = None
         self._stream_plan: tuple[np.ndarray[Any, Any], int | None] | None = None
+        self._ring: BatchRing | None = None  # the loader's, while it iterates
 
     # -- pickling: workers reopen the dataset lazily (no mmap or descriptors cross) ----------
     def __getnewargs_ex__(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -391,19 +403,26 @@ class ShardDataset(Dataset[dict[str, Any]]):
     def _read_items(self, indices: Sequence[int]) -> Any:
         checked = [self._sample_index(i) for i in indices]
         if self._decoder is None and self.transform is None:
-            return self._read_checked(self._read_raw, checked)
+            return self._to_send(self._read_checked(self._read_raw, checked))
         return collate_samples([self[i] for i in checked])
 
     def _read_raw(self, checked: list[int]) -> Any:
         """Read a batch of checked indices, undecoded, in the transport's form."""
+        worker = get_worker_info()
         if self.transport == "mmap":
             batch = read_batch_mapped(self.packed, checked, verify=self.verify)
-            if get_worker_info() is None:
-                labels_to_tensor(batch)
+            return batch if worker is not None else labels_to_tensor(batch)
+        if worker is not None and self._ring is not None:
+            return self._ring.read(self.packed, checked, worker=worker.id, verify=self.verify)
+        # "shm", a plain DataLoader's worker (no ring) or in-process: a buffer of its own.
+        return read_batch(self.packed, checked, verify=self.verify, shared=worker is not None)
+
+    def _to_send(self, batch: Any) -> Any:
+        """``batch`` as a worker sends it: a ring slot's batch as a small description."""
+        worker = get_worker_info()
+        if worker is None or self._ring is None or not isinstance(batch, dict):
             return batch
-        return read_batch(
-            self.packed, checked, verify=self.verify, shared=get_worker_info() is not None
-        )
+        return self._ring.describe(batch, worker=worker.id)
 
     def loader(self, batch_size: int, num_workers: int = 0, **kwargs: Any) -> Any:
         """The DataLoader shardio recommends: batches built in the workers and moved through

@@ -1,20 +1,23 @@
 """ShardLoader: the DataLoader shardio recommends, with exact mid-epoch resume.
 
-Batches are built inside the workers (one shared-memory buffer per batch) and delivered in a
-deterministic order. The loader counts the samples it has handed to the training loop, so
-``state_dict()`` taken after step k resumes at the first sample not yet delivered, including
-those that sat in prefetch queues when the job died.
+Batches are built inside the workers and delivered in a deterministic order; with the default
+``transport="ring"`` the loader allocates the shared-memory slots the workers read into, once
+per iteration (:mod:`shardio.runtime.transport`). The loader counts the samples it has handed
+to the training loop, so ``state_dict()`` taken after step k resumes at the first sample not
+yet delivered, including those that sat in prefetch queues when the job died.
 """
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, Sampler
 
-from shardio.errors import UsageError
+from shardio.errors import StorageError, UsageError
 from shardio.runtime.dataset import (
     EVENTS_KEY,
     ShardDataset,
@@ -22,8 +25,12 @@ from shardio.runtime.dataset import (
     labels_to_tensor,
     require_int,
 )
+from shardio.runtime.transport import BatchRing, RingBatch, max_batch_bytes
 
 __all__ = ["ShardLoader"]
+
+_PREFETCH = 4  # batches each worker prepares ahead (the DataLoader's prefetch_factor)
+_SPARE_SLOTS = 2  # ring slots per worker beyond those: the batch in use, the one arriving
 
 
 def _identity(batch: Any) -> Any:
@@ -79,6 +86,7 @@ class ShardLoader:
         self.kwargs = kwargs
         self._delivered = 0
         self._epoch = dataset.epoch  # the epoch _delivered counts samples of
+        self._ring_counts: torch.Tensor | None = None  # the last ring's, shared with workers
 
     def _sync_epoch(self) -> None:
         # ds.set_epoch() called directly (the DistributedSampler habit) starts a new epoch.
@@ -98,12 +106,9 @@ class ShardLoader:
     def _dataloader(self, positions: np.ndarray[Any, Any]) -> DataLoader[Any]:
         common: dict[str, Any] = {"num_workers": self.num_workers, **self.kwargs}
         if self.num_workers > 0:
-            common.setdefault("prefetch_factor", 4)
+            common.setdefault("prefetch_factor", _PREFETCH)
         if self.dataset.mode == "stream":
-            usable = len(positions)
-            if self.drop_last:
-                usable = usable // self.batch_size * self.batch_size
-            self.dataset._stream_plan = (positions[:usable], self.batch_size)
+            self.dataset._stream_plan = (self._batched(positions), self.batch_size)
             return DataLoader(self.dataset, batch_size=None, collate_fn=_identity, **common)
         return DataLoader(
             self.dataset,
@@ -114,16 +119,52 @@ class ShardLoader:
             **common,
         )
 
+    def _batched(self, positions: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The positions that make batches (``drop_last`` cuts an incomplete last one)."""
+        if self.drop_last:
+            return positions[: len(positions) // self.batch_size * self.batch_size]
+        return positions
+
+    def _make_ring(self, positions: np.ndarray[Any, Any]) -> BatchRing | None:
+        """The ring of one iteration over ``positions``, when its batches take one."""
+        ds = self.dataset
+        if ds.transport != "ring" or self.num_workers == 0:
+            return None
+        if ds.decode is not None or ds.transform is not None:
+            return None  # decoded samples are collated, not read into a buffer
+        prefetch = self.kwargs.get("prefetch_factor", _PREFETCH)
+        prefetch = 2 if prefetch is None else require_int(prefetch, "prefetch_factor", minimum=0)
+        return BatchRing.allocate(
+            workers=self.num_workers,
+            slots=prefetch + _SPARE_SLOTS,
+            slot_bytes=max_batch_bytes(ds.packed, self._batched(positions), self.batch_size),
+        )
+
+    @property
+    def transport_stats(self) -> dict[str, int]:
+        """Batches of the current (or last) iteration by how they crossed from the workers.
+
+        ``ring``: through a reused slot; ``fallback``: through a fresh shared segment,
+        because every slot of the worker was still viewed (batches kept by the caller) or
+        the batch did not fit. Counted when the worker sends a batch (prefetched ones too).
+        """
+        if self._ring_counts is None:
+            return {"ring": 0, "fallback": 0}
+        ring, fallback = self._ring_counts.sum(dim=0).tolist()
+        return {"ring": int(ring), "fallback": int(fallback)}
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._sync_epoch()
         world = self.dataset.ranks().world_size
         base = self.dataset._consumed + self._delivered * world
         self.dataset._consumed, self._delivered = base, 0
         positions = self.dataset.rank_indices(consumed=base)
+        # Allocated before the DataLoader starts its workers: they get it with the dataset.
+        ring = self.dataset._ring = self._make_ring(positions)
+        self._ring_counts = ring.counts if ring is not None else None
         try:
-            for batch in self._dataloader(positions):
-                if isinstance(batch, WorkerFailure):
-                    raise batch.error
+            for item in self._dataloader(positions):
+                batch = _arrived(item, ring)
                 events = batch.pop(EVENTS_KEY, None)
                 if events is not None:
                     absorb = getattr(self.dataset, "absorb_events", None)
@@ -133,6 +174,7 @@ class ShardLoader:
                 yield labels_to_tensor(batch)
         finally:
             self.dataset._stream_plan = None
+            self.dataset._ring = None
 
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch stands: global positions delivered to the training loop."""
@@ -145,3 +187,14 @@ class ShardLoader:
         self.dataset.load_state_dict(state)
         self._delivered = 0
         self._epoch = self.dataset.epoch
+
+
+def _arrived(item: Any, ring: BatchRing | None) -> Any:
+    """The batch a worker's ``item`` stands for: a failure re-raised, a ring slot's checked."""
+    if isinstance(item, WorkerFailure):
+        raise item.error
+    if isinstance(item, RingBatch):
+        if ring is None:
+            raise StorageError(errno.EPROTO, "ring transport: a ring batch without a ring")
+        return ring.receive(item)
+    return item

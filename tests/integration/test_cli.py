@@ -571,7 +571,15 @@ def test_verify_missing_shard(damaged_copy: pathlib.Path, run_cli) -> None:
     assert rc == 3
     report = json.loads(out)
     assert report["quick"] is True
-    assert report["problems"] == [{"shard": shard, "reason": "missing", "bad_samples": []}]
+    [problem] = report["problems"]
+    # The fields of earlier releases, unchanged; newer ones are only added.
+    assert {k: problem[k] for k in ("shard", "reason", "bad_samples")} == {
+        "shard": shard,
+        "reason": "missing",
+        "bad_samples": [],
+    }
+    assert (problem["state"], problem["staged"]) == ("missing", False)
+    assert (report["status"], report["staging_area"]) == ("damaged", None)
 
 
 def test_verify_missing_dali_index(damaged_copy: pathlib.Path, run_cli) -> None:

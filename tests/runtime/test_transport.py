@@ -1,4 +1,5 @@
-"""Both batch transports deliver the same bytes; mapped columns gather and pickle correctly."""
+"""Every batch transport delivers the same bytes; "ring" is the default; mapped columns gather
+and pickle correctly."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from shardio import ShardDataset, UsageError
 from shardio.runtime.batch import ByteColumn, MappedColumn
 
 
-@pytest.mark.parametrize("transport", ["mmap", "shm"])
+@pytest.mark.parametrize("transport", ["ring", "mmap", "shm"])
 @pytest.mark.parametrize("mode", ["map", "stream"])
 def test_transports_deliver_the_same_bytes(packed, transport, mode):
     ds = ShardDataset(packed.path, mode=mode, seed=3, transport=transport)
@@ -23,8 +24,12 @@ def test_transports_deliver_the_same_bytes(packed, transport, mode):
     assert seen == {k: packed.payload[k] for k in packed.keys}
 
 
+def test_ring_is_the_default_transport(packed_tar):
+    assert ShardDataset(packed_tar.path).transport == "ring"
+
+
 def test_mapped_column_gathers_into_one_buffer_and_survives_pickling(packed_tar):
-    ds = ShardDataset(packed_tar.path, shuffle=False)
+    ds = ShardDataset(packed_tar.path, shuffle=False, transport="mmap")
     batch = ds.__getitems__(list(range(10)))
     column = batch["jpeg"]
     assert isinstance(column, MappedColumn)

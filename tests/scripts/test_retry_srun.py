@@ -1,7 +1,8 @@
 """scripts/slurm/retry_srun.sh with a fake `srun` that fails a given number of times.
 
 `shardio verify` is the real one behind a recording wrapper (SHARDIO_BIN), so the calls
-between tries are checked in order, on a real dataset, intact or damaged.
+between tries are checked in order, on a real dataset or staging area: intact, damaged,
+repaired from a source copy, or left damaged.
 """
 
 from __future__ import annotations
@@ -138,7 +139,16 @@ def test_backoff_doubles(run_script: Callable[..., Any], tmp_path: pathlib.Path)
     assert "waiting 12s before try 4" in result.stderr
 
 
-def test_damaged_dataset_says_what_to_do_and_retries(
+def damage(dataset: pathlib.Path) -> pathlib.Path:
+    """Flip a payload byte of the dataset's first shard; return the shard."""
+    shard = sorted(dataset.glob("shards/*.tar"))[0]
+    data = bytearray(shard.read_bytes())
+    data[700] ^= 0xFF  # inside the first member's payload
+    shard.write_bytes(bytes(data))
+    return shard
+
+
+def test_damaged_dataset_without_a_source_says_what_to_do_and_retries(
     run_script: Callable[..., Any],
     tiny_dataset: pathlib.Path,
     recording_shardio: pathlib.Path,
@@ -146,42 +156,127 @@ def test_damaged_dataset_says_what_to_do_and_retries(
 ) -> None:
     damaged = tmp_path / "damaged-ds"
     shutil.copytree(tiny_dataset, damaged)
-    shard = sorted(damaged.glob("shards/*.tar"))[0]
-    data = bytearray(shard.read_bytes())
-    data[700] ^= 0xFF  # inside the first member's payload
-    shard.write_bytes(bytes(data))
+    shard = damage(damaged)
 
     env = fail_env(tmp_path, 1) | {"SHARDIO_BIN": str(recording_shardio)}
     result = run_script([SCRIPT, "-b", "0", "-d", damaged, "--", "srun", "true"], env=env)
     assert result.rc == 0, result.stderr
-    # verify exits 3; this shardio has no --repair, so nothing is repaired
-    assert names(result.calls) == ["srun", "verify", "verify-help", "srun"]
+    # verify exits 3; a packed dataset without -s has nothing to be repaired from
+    assert names(result.calls) == ["srun", "verify", "srun"]
     assert re.search(rf"DAMAGED \S*{shard.name}: ", result.stderr), result.stderr
-    assert "no 'verify --repair' yet" in result.stderr
-    assert f"check again with 'shardio verify {damaged}'" in result.stderr
+    assert "there is no copy to repair it from: give retry_srun.sh -s SOURCE" in result.stderr
+    assert f"'shardio verify --repair --source SOURCE {damaged}'" in result.stderr
+    assert "Retrying anyway." in result.stderr
 
 
-def test_repair_is_used_once_shardio_offers_it(
-    run_script: Callable[..., Any], tmp_path: pathlib.Path
+def test_damaged_dataset_is_repaired_from_the_source(
+    run_script: Callable[..., Any],
+    tiny_dataset: pathlib.Path,
+    recording_shardio: pathlib.Path,
+    tmp_path: pathlib.Path,
 ) -> None:
-    # A future shardio: `verify --help` lists --repair; verify says damaged, repair fixes it.
-    future = write_exe(
-        tmp_path / "shardio-future",
+    damaged = tmp_path / "damaged-ds"
+    shutil.copytree(tiny_dataset, damaged)
+    shard = damage(damaged)
+
+    env = fail_env(tmp_path, 1) | {"SHARDIO_BIN": str(recording_shardio)}
+    result = run_script(
+        [SCRIPT, "-b", "0", "-d", damaged, "-s", tiny_dataset, "--", "srun", "true"], env=env
+    )
+    assert result.rc == 0, result.stderr
+    assert names(result.calls) == ["srun", "verify", "repair", "srun"]
+    assert result.calls[2] == [
+        "shardio", "verify", "--repair", "--no-progress", "--source", str(tiny_dataset),
+        str(damaged),
+    ]  # fmt: skip
+    assert f"dataset {damaged} repaired" in result.stderr
+    assert f"repaired shards/{shard.name} (damaged)" in result.stderr
+    assert shard.read_bytes() == (tiny_dataset / "shards" / shard.name).read_bytes()
+
+
+@pytest.fixture
+def staged(tiny_dataset: pathlib.Path, tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """(source, staging area): a private copy of the tiny dataset, staged."""
+    from shardio.cache import StageOptions, stage_dataset
+
+    source = tmp_path / "src-ds"
+    shutil.copytree(tiny_dataset, source)
+    area = tmp_path / "area"
+    stage_dataset(source, area, StageOptions(durable=False))
+    return source, area
+
+
+def test_degraded_staging_area_is_repaired_too(
+    run_script: Callable[..., Any],
+    staged: tuple[pathlib.Path, pathlib.Path],
+    recording_shardio: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    source, area = staged
+    copy = sorted(area.glob("shards/*.tar"))[1]
+    copy.unlink()
+
+    env = fail_env(tmp_path, 1) | {"SHARDIO_BIN": str(recording_shardio)}
+    result = run_script([SCRIPT, "-b", "0", "-d", area, "--", "srun", "true"], env=env)
+    assert result.rc == 0, result.stderr
+    assert names(result.calls) == ["srun", "verify", "repair", "srun"]
+    # A staging area is repaired from the source it was staged from: no --source.
+    assert result.calls[2] == ["shardio", "verify", "--repair", "--no-progress", str(area)]
+    assert f"staging area {area} is degraded (its source is intact): repairing" in result.stderr
+    assert f"dataset {area} repaired" in result.stderr
+    assert copy.read_bytes() == (source / "shards" / copy.name).read_bytes()
+
+
+def test_damage_left_after_the_repair_is_logged_and_retried(
+    run_script: Callable[..., Any],
+    staged: tuple[pathlib.Path, pathlib.Path],
+    recording_shardio: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    source, area = staged
+    copy = sorted(area.glob("shards/*.tar"))[0]
+    copy.unlink()
+    damage(source)  # the copy's source shard is bad too
+
+    env = fail_env(tmp_path, 1) | {"SHARDIO_BIN": str(recording_shardio)}
+    result = run_script([SCRIPT, "-b", "0", "-d", area, "--", "srun", "true"], env=env)
+    assert result.rc == 0, result.stderr
+    assert names(result.calls) == ["srun", "verify", "repair", "srun"]
+    assert f"could not repair shards/{copy.name}: source shard" in result.stderr
+    assert f"damage is left in {area} (listed above)" in result.stderr
+    assert "Retrying anyway." in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("repair_rc", "message"),
+    [
+        (0, "nothing left to repair"),
+        (5, "is still degraded (copies listed above could not be made)"),
+        (1, "repair of {ds} failed (exit 1); retrying anyway"),
+    ],
+)
+def test_each_repair_outcome_is_logged(
+    run_script: Callable[..., Any], tmp_path: pathlib.Path, repair_rc: int, message: str
+) -> None:
+    # A stand-in shardio: verify says degraded, the repair exits as given.
+    fake = write_exe(
+        tmp_path / "shardio-fake",
         "#!/usr/bin/env bash\n"
         'line=shardio; for a in "$@"; do line+=$\'\\t\'"$a"; done\n'
         'printf \'%s\\n\' "$line" >>"$SHARDIO_FAKE_LOG"\n'
         'case " $* " in\n'
-        '*" --help "*) echo "  --repair   rebuild damaged shards"; exit 0 ;;\n'
-        '*" --repair "*) echo "repaired 1 shard"; exit 0 ;;\n'
-        '*) echo "DAMAGED shards/shard-000000.tar" >&2; exit 3 ;;\n'
+        f'*" --repair "*) exit {repair_rc} ;;\n'
+        '*) echo "MISSING shards/shard-000000.tar (staged copy): not staged" >&2; exit 5 ;;\n'
         "esac\n",
     )
-    env = fail_env(tmp_path, 1) | {"SHARDIO_BIN": str(future)}
-    result = run_script([SCRIPT, "-b", "0", "-d", "/data/ds", "--", "srun", "true"], env=env)
+    area = tmp_path / "area"
+    (area / ".shardio-stage").mkdir(parents=True)
+    (area / ".shardio-stage" / "area.json").write_text("{}")
+    env = fail_env(tmp_path, 1) | {"SHARDIO_BIN": str(fake)}
+    result = run_script([SCRIPT, "-b", "0", "-d", area, "--", "srun", "true"], env=env)
     assert result.rc == 0, result.stderr
-    assert names(result.calls) == ["srun", "verify", "verify-help", "repair", "srun"]
-    assert result.calls[3] == ["shardio", "verify", "--repair", "--no-progress", "/data/ds"]
-    assert "dataset /data/ds repaired" in result.stderr
+    assert names(result.calls) == ["srun", "verify", "repair", "srun"]
+    assert message.format(ds=area) in result.stderr
 
 
 def test_verify_that_cannot_run_does_not_stop_the_retries(

@@ -6,6 +6,7 @@ real tiny dataset, "trains" with a command that records what it sees, and cleans
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -240,6 +241,8 @@ def steps(calls: list[list[str]]) -> list[str]:
             out.append("train")
         elif "shardio-clean" in call:
             out.append("clean")
+        elif "shardio-repair" in call:
+            out.append("repair")
         elif "stage" in call:
             out.append("stage")
         else:
@@ -312,8 +315,114 @@ def test_failed_staging_stops_before_training_and_cleans(
     env = job_env | {"SHARDIO_DATA": str(tmp_path / "missing-ds")}
     result = run_script(["bash", SBATCH], env=env)
     assert result.rc != 0
-    assert steps(result.calls) == ["stage", "clean"]
+    # The repair step finds no staging area to repair: the job ends, whatever the policy.
+    assert steps(result.calls) == ["stage", "repair", "clean"]
     assert "shardio: error:" in result.stderr
+    assert "shardio-repair: no staging area at" in result.stderr
+    assert "no staging area could be checked or repaired" in result.stderr
+
+    result = run_script(["bash", SBATCH], env=env | {"SHARDIO_POLICY": "skip"})
+    assert result.rc != 0
+    assert steps(result.calls)[-3:] == ["stage", "repair", "clean"]
+
+
+@pytest.fixture
+def bad_source(tiny_dataset: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path:
+    """A copy of the tiny dataset with one damaged shard (a flipped payload byte)."""
+    data = tmp_path / "data" / "tiny-ds"
+    shutil.copytree(tiny_dataset, data)
+    shard = sorted(data.glob("shards/*.tar"))[1]
+    raw = bytearray(shard.read_bytes())
+    raw[700] ^= 0xFF  # inside the first member's payload
+    shard.write_bytes(bytes(raw))
+    return data
+
+
+def test_a_damaged_source_shard_stops_the_job_under_policy_raise(
+    run_script: Callable[..., Any],
+    job_env: dict[str, str],
+    bad_source: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    env = job_env | {"SHARDIO_DATA": str(bad_source), "TRAIN_CMD": "true"}
+    result = run_script(["bash", SBATCH], env=env)
+    assert result.rc != 0
+    assert steps(result.calls) == ["stage", "repair", "clean"]
+    repair = next(c for c in result.calls if "shardio-repair" in c)
+    assert "--kill-on-bad-exit=0" in repair  # one node's outcome stops no other's repair
+    assert repair[-3:] == [str(default_area(tmp_path)), str(private_dir(tmp_path)), str(SHARDIO)]
+    assert "staging failed (exit" in result.stderr
+    assert "could not repair shards/" in result.stderr  # shardio's own report, per node
+    assert "error: damage is left after the repair" in result.stderr
+    assert "set SHARDIO_POLICY=skip to train anyway" in result.stderr
+    assert not private_dir(tmp_path).exists()
+
+
+def test_a_damaged_source_shard_is_skipped_under_policy_skip(
+    run_script: Callable[..., Any],
+    job_env: dict[str, str],
+    bad_source: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    """The stage step aborts on the bad shard; the repair stages every other one; training
+    starts with a warning and finds every good shard staged."""
+    seen = tmp_path / "seen.txt"
+    train = (
+        f'echo "$SHARDIO_POLICY" > {seen}; '
+        f'"$SHARDIO_BIN" verify --json --no-progress "$SHARDIO_STAGE_DIR" >> {seen} || true'
+    )
+    env = job_env | {"SHARDIO_DATA": str(bad_source), "TRAIN_CMD": train}
+    result = run_script(["bash", SBATCH], env=env | {"SHARDIO_POLICY": "skip"})
+    assert result.rc == 0, result.stderr
+    assert steps(result.calls) == ["stage", "repair", "train", "clean"]
+    assert "warning: damage is left after the repair" in result.stderr
+    assert "SHARDIO_POLICY=skip: training starts anyway" in result.stderr
+    policy, report = seen.read_text().split("\n", 1)
+    assert policy == "skip"
+    found = json.loads(report)
+    bad = sorted(bad_source.glob("shards/*.tar"))[1].relative_to(bad_source).as_posix()
+    # Training saw every shard staged but the bad one, and verify says the source is bad.
+    assert [p["shard"] for p in found["problems"]] == [bad]
+    assert found["status"] == "degraded"  # a same-size flip passes the quick source check
+    assert not private_dir(tmp_path).exists()
+
+
+def test_a_policy_that_is_neither_raise_nor_skip_is_refused(
+    run_script: Callable[..., Any], job_env: dict[str, str]
+) -> None:
+    result = run_script(["bash", SBATCH], env=job_env | {"SHARDIO_POLICY": "ignore"})
+    assert result.rc == 2
+    assert "SHARDIO_POLICY must be raise or skip, not 'ignore'" in result.stderr
+    assert result.calls == []
+
+
+def test_a_dataset_damaged_during_training_is_repaired_from_the_repair_source(
+    run_script: Callable[..., Any],
+    job_env: dict[str, str],
+    tiny_dataset: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    data = tmp_path / "data" / "tiny-ds"
+    shutil.copytree(tiny_dataset, data)
+    shard = sorted(data.glob("shards/*.tar"))[0]
+    marker = tmp_path / "damaged-once"
+    # The first try damages a shard of SHARDIO_DATA (a payload byte) and fails.
+    train = (
+        f"if [ ! -e {marker} ]; then touch {marker}; "
+        f'printf "\\377" | dd of={shard} bs=1 seek=700 conv=notrunc status=none; exit 4; fi'
+    )
+    env = job_env | {
+        "SHARDIO_DATA": str(data),
+        "TRAIN_CMD": train,
+        "SHARDIO_REPAIR_SOURCE": str(tiny_dataset),
+    }
+    result = run_script(["bash", SBATCH], env=env)
+    assert result.rc == 0, result.stderr
+    assert steps(result.calls) == ["stage", "train", "stage", "train", "clean"]
+    assert f"repairing {data}: " in result.stderr
+    assert f"--source {tiny_dataset}" in result.stderr
+    assert f"dataset {data} repaired" in result.stderr
+    assert shard.read_bytes() == (tiny_dataset / shard.relative_to(data)).read_bytes()
 
 
 def test_stage_with_make(
@@ -479,13 +588,16 @@ def test_a_planted_private_directory_is_refused_and_left_alone(
             for path in [private, *private.rglob("*")]:
                 os.lchown(path, 4242, 4242)
     before, planted_before = snapshot(private), snapshot(planted)
-    result = run_script(["bash", SBATCH], env=job_env | {"TRAIN_CMD": "true"})
+    env = job_env | {"TRAIN_CMD": "true", "SHARDIO_POLICY": "skip"}
+    result = run_script(["bash", SBATCH], env=env)
     assert result.rc != 0
-    assert steps(result.calls) == ["stage", "clean"]
+    # The repair step leaves it alone too, and even skip does not train from it.
+    assert steps(result.calls) == ["stage", "repair", "clean"]
     assert "shardio: error:" in result.stderr
     assert f"staging directory {private}" in result.stderr
     assert "another user could control it" in result.stderr
-    assert f"{private} is not private to you: left alone" in result.stderr
+    assert f"shardio-repair: {private} is not private to you: left alone" in result.stderr
+    assert f"shardio-clean: {private} is not private to you: left alone" in result.stderr
     assert snapshot(private) == before
     assert snapshot(planted) == planted_before
 

@@ -1,0 +1,613 @@
+"""Repair what ``verify`` finds: staged copies from their source, a dataset's shards from a copy.
+
+Two kinds of destination:
+
+- **A staging area** (``shardio stage``): every staged copy that is missing, damaged, stale
+  or lacks its DALI index is staged again from the area's source (or ``source``), through
+  :func:`shardio.cache.copy.stage_one`, under the shard's lock, so ranks reading or staging
+  the same area meanwhile stay safe; a damaged copy is dropped only if it is still the file
+  verify found bad (:func:`shardio.cache.protocol.drop_if_same`). A symlink or special file
+  where a copy belongs is refused, never read, replaced or removed.
+- **A packed dataset**, with ``source``: another copy of the same dataset (its manifest must
+  list the same shards with the same xxh3-128). A damaged, truncated or missing shard (or
+  index) is copied from it into a temp file beside the bad one, the copy's own bytes are
+  hashed, and only a match is renamed over the bad file. Nothing is written through a
+  symlink, and the dataset's lock (the one ``pack`` holds) is held throughout, so no pack
+  runs meanwhile.
+
+When no copy in a source is good, the ``rebuild`` hook (parity, one day) is tried. What could
+not be repaired is reported with why; the shards touched are verified again at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from shardio.cache.copy import leftover_temps, stage_one, temps_of
+from shardio.cache.protocol import STAGE_DIR, drop_if_same, read_area_marker, shard_lock
+from shardio.errors import FormatError, IntegrityError, ShardioError, StorageError, UsageError
+from shardio.format.checksum import fd_xxh3_128, file_xxh3_128
+from shardio.format.manifest import Manifest, ShardEntry, load_manifest
+from shardio.format.spec import MANIFEST_FILENAME
+from shardio.packing.dest import locked
+from shardio.progress import Counters, ProgressCallback
+from shardio.storage.atomic import atomic_write, create_temp, publish, storage_error, temp_path_for
+from shardio.storage.files import describe_kind, make_dirs_inside, open_regular, read_regular
+from shardio.verify import ShardProblem, VerifyReport, verify_dataset
+
+__all__ = ["Rebuild", "RepairReport", "Repaired", "Unrepaired", "repair_dataset"]
+
+logger = logging.getLogger(__name__)
+
+Rebuild = Callable[[int], bool]
+"""``rebuild(shard) -> bool``: make shard ``shard`` good again in place from a repair source
+of its own (parity): the dataset's own shard, or, for a staging area, its source's. Return
+whether it did; the result is verified before it is trusted."""
+
+_CHUNK = 16 * 1024 * 1024
+_MAX_DALI_BYTES = 256 * 1024 * 1024  # a DALI .idx holds one short line per sample
+
+
+@dataclass(frozen=True)
+class Repaired:
+    """One thing fixed.
+
+    Attributes:
+        path: the shard's (or index's) path in the manifest.
+        state: what verify found ("missing", "damaged", "stale").
+        how: what was done, one line.
+    """
+
+    path: str
+    state: str
+    how: str
+
+
+@dataclass(frozen=True)
+class Unrepaired:
+    """One thing that could not be fixed.
+
+    Attributes:
+        path: the shard's (or index's) path in the manifest.
+        why: one line.
+        damage: bytes are lost for training until it is restored (a dataset's own shard or
+            index, or a staged copy whose source is bad too); False for a staged copy whose
+            source is intact (training reads that).
+    """
+
+    path: str
+    why: str
+    damage: bool
+
+
+@dataclass(frozen=True)
+class RepairReport:
+    """What ``verify --repair`` found, fixed and could not fix.
+
+    Attributes:
+        root: the dataset or staging area repaired.
+        source: where good copies came from.
+        staging_area: ``root`` is a staging area.
+        found: the verify run before repairing (after the index was repaired, if it was).
+        after: the shards touched (and the index), verified again; None if none were.
+        repaired: what was fixed.
+        unrepaired: what could not be fixed, with why.
+        seconds: the whole run.
+    """
+
+    root: str
+    source: str
+    staging_area: bool
+    found: VerifyReport
+    after: VerifyReport | None
+    repaired: tuple[Repaired, ...]
+    unrepaired: tuple[Unrepaired, ...]
+    seconds: float
+
+    @property
+    def status(self) -> str:
+        """ "intact" (nothing to repair), "repaired" (everything found was fixed),
+        "degraded" (staged copies left that the source stands in for) or "damaged"."""
+        after_damaged = self.after is not None and self.after.damaged
+        if any(u.damage for u in self.unrepaired) or after_damaged:
+            return "damaged"
+        if self.unrepaired or (self.after is not None and not self.after.ok):
+            return "degraded"
+        return "repaired" if self.repaired else "intact"
+
+    def to_json(self) -> dict[str, Any]:
+        """``shardio verify --repair --json``: the verify report of what was found, with
+        ``status`` the state after the repair (``found_status`` before it)."""
+        return {
+            **self.found.to_json(),
+            "status": self.status,
+            "found_status": self.found.status,
+            "repair_source": self.source,
+            "repaired": [{"shard": r.path, "state": r.state, "how": r.how} for r in self.repaired],
+            "unrepaired": [
+                {"shard": u.path, "why": u.why, "damage": u.damage} for u in self.unrepaired
+            ],
+        }
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def repair_dataset(
+    root: str | os.PathLike[str],
+    *,
+    source: str | os.PathLike[str] | None = None,
+    workers: int = 1,
+    progress: ProgressCallback | None = None,
+    rebuild: Rebuild | None = None,
+    durable: bool | None = None,
+) -> RepairReport:
+    """Verify ``root`` and repair what is wrong (see the module docstring).
+
+    Args:
+        root: a staging area, or a packed dataset.
+        source: another copy of the same dataset to copy good shards from; required for a
+            packed dataset, default for a staging area: the source it was staged from.
+        workers: processes verifying shards.
+        progress: called with snapshots while the first verify runs.
+        rebuild: tried for a shard when no source copy of it is good (see :data:`Rebuild`).
+        durable: fsync each replacement before renaming it (default: yes for a dataset; no
+            for a staging area, a job-scoped cache, as ``shardio stage`` does).
+
+    Raises:
+        UsageError: no source for a dataset; a source that is not a copy of the same dataset;
+            a staging area without its marker; the dataset is locked by a pack.
+        FormatError: a manifest cannot be read, or the index is broken beyond repair.
+    """
+    start = time.monotonic()
+    root_path = os.fspath(root)
+    manifest = load_manifest(os.path.join(root_path, MANIFEST_FILENAME))
+    if manifest.staged_from is not None:
+        if read_area_marker(root_path) is None:
+            raise UsageError(
+                f"{root_path} has no staging-area marker (.shardio-stage/area.json): "
+                "stage it again with shardio stage SRC DEST"
+            )
+        src = os.fspath(source) if source is not None else manifest.staged_from
+        if source is not None:
+            _check_same_dataset(root_path, manifest, src)
+        job = _Repair(root_path, manifest, src, rebuild, durable=bool(durable))
+        found = job.run(workers, progress, staged=True)
+    else:
+        if source is None:
+            raise UsageError(
+                f"{root_path} is a packed dataset, not a staging area: --repair needs "
+                "--source SRC, another copy of the same dataset to copy good shards from "
+                "(or re-pack it: shardio pack TREE DST --force)"
+            )
+        src = os.fspath(source)
+        _check_same_dataset(root_path, manifest, src)
+        job = _Repair(root_path, manifest, src, rebuild, durable=durable is not False)
+        with _dataset_lock(root_path):
+            job.manifest = load_manifest(os.path.join(root_path, MANIFEST_FILENAME))
+            _check_same_dataset(root_path, job.manifest, src)  # it may have changed
+            found = job.run(workers, progress, staged=False)
+    return RepairReport(
+        root=root_path,
+        source=src,
+        staging_area=manifest.staged_from is not None,
+        found=found,
+        after=job.after,
+        repaired=tuple(job.repaired),
+        unrepaired=tuple(job.unrepaired),
+        seconds=time.monotonic() - start,
+    )
+
+
+@contextlib.contextmanager
+def _dataset_lock(root: str) -> Iterator[None]:
+    """Hold the dataset's exclusive lock (pack's), so no pack or merge runs meanwhile."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(locked(root, shared=False))
+        except UsageError as exc:
+            raise UsageError(
+                f"another shardio process (a pack, merge or repair) is writing to {root}: "
+                "wait for it to finish and retry"
+            ) from exc
+        yield
+
+
+def _check_same_dataset(root: str, manifest: Manifest, src: str) -> None:
+    """Refuse a source that is not another copy of the dataset in ``root``.
+
+    Raises:
+        UsageError: the same directory, or a manifest listing other shards or checksums.
+        FormatError: the source has no readable manifest.
+    """
+    try:
+        same = os.path.samefile(root, src)
+    except OSError:
+        same = False
+    if same:
+        raise UsageError(f"--source {src} is {root} itself: give another copy of the dataset")
+    other = load_manifest(os.path.join(src, MANIFEST_FILENAME))
+    mine = [(s.path, s.size_bytes, s.xxh3_128) for s in manifest.shards]
+    theirs = [(s.path, s.size_bytes, s.xxh3_128) for s in other.shards]
+    if mine != theirs:
+        if len(mine) != len(theirs):
+            detail = f"{len(theirs)} shards, {root} has {len(mine)}"
+        else:
+            a, b = next((a, b) for a, b in zip(mine, theirs, strict=True) if a != b)
+            detail = f"its {b[0]} has xxh3 {b[2]} ({b[1]} bytes), {root}'s {a[0]} has {a[2]}"
+        raise UsageError(
+            f"--source {src} is not a copy of the dataset in {root} ({detail}): "
+            "give another copy of the same dataset"
+        )
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class _Repair:
+    """One repair run: its findings and outcomes, filled in by :meth:`run`."""
+
+    def __init__(
+        self,
+        root: str,
+        manifest: Manifest,
+        source: str,
+        rebuild: Rebuild | None,
+        *,
+        durable: bool,
+    ) -> None:
+        self.root = root
+        self.manifest = manifest
+        self.source = source
+        self.rebuild = rebuild
+        self.durable = durable
+        self.after: VerifyReport | None = None
+        self.repaired: list[Repaired] = []
+        self.unrepaired: list[Unrepaired] = []
+
+    def run(self, workers: int, progress: ProgressCallback | None, *, staged: bool) -> VerifyReport:
+        """Repair the index, verify, repair each problem, verify what was touched; return
+        what the first verify found."""
+        index_touched = self._repair_index()
+        try:
+            found = verify_dataset(self.root, workers=workers, progress=progress)
+        except FormatError as exc:
+            lost = [u for u in self.unrepaired if u.path == self.manifest.index.path]
+            if not lost:
+                raise
+            raise FormatError(f"{exc} (and it could not be repaired: {lost[0].why})") from exc
+        numbers = {e.path: k for k, e in enumerate(self.manifest.shards)}
+        source_bad = {p.path for p in found.area.source_problems} if found.area else set()
+        touched: set[int] = set()
+        for problem in found.problems:
+            shard = numbers.get(problem.path)
+            if shard is None:  # the index: repaired first, or reported there
+                if not index_touched:
+                    self.unrepaired.append(Unrepaired(problem.path, problem.reason, damage=True))
+                continue
+            touched.add(shard)
+            if staged and problem.staged:
+                self._restage(shard, problem, problem.path in source_bad)
+            elif staged:  # an area's index records: its index could not be repaired
+                self.unrepaired.append(
+                    Unrepaired(problem.path, f"{problem.reason}: stage it again", damage=True)
+                )
+            else:
+                self._replace_shard(shard, problem)
+        if touched or index_touched:
+            after = verify_dataset(self.root, workers=workers, shards=touched)
+            self.after = after
+            self._settle(after)
+        return found
+
+    def _settle(self, after: VerifyReport) -> None:
+        """Move what the second verify still finds bad from repaired to unrepaired."""
+        still = {p.path: p for p in after.problems}
+        src_bad = {p.path for p in after.area.source_problems} if after.area else set()
+        kept: list[Repaired] = []
+        for fixed in self.repaired:
+            problem = still.get(fixed.path)
+            if problem is None:
+                kept.append(fixed)
+                continue
+            damage = not problem.staged or problem.path in src_bad
+            self.unrepaired.append(
+                Unrepaired(
+                    fixed.path, f"still {problem.state} after the repair: {problem.reason}", damage
+                )
+            )
+        self.repaired = kept
+
+    # -- the index -------------------------------------------------------------------------
+
+    def _repair_index(self) -> bool:
+        """Replace a missing or damaged index by the source's (verified); whether it was bad."""
+        entry = self.manifest.index
+        path = os.path.join(self.root, entry.path)
+        try:
+            if file_xxh3_128(path, what="index") == entry.xxh3_128:
+                return False
+            state, was = "damaged", "index checksum mismatch"
+        except StorageError as exc:
+            state = "missing" if exc.errno == errno.ENOENT else "damaged"
+            was = str(exc)
+        try:
+            _replace_verified(
+                os.path.join(self.source, entry.path),
+                self.root,
+                entry.path,
+                entry.xxh3_128,
+                entry.size_bytes,
+                durable=self.durable,
+                what="index",
+            )
+        except ShardioError as exc:
+            why = f"{was}; {exc}"
+            self.unrepaired.append(Unrepaired(entry.path, why, damage=True))
+            return True
+        self.repaired.append(Repaired(entry.path, state, f"replaced by {self.source}'s"))
+        return True
+
+    # -- a staging area --------------------------------------------------------------------
+
+    def _restage(self, shard: int, problem: ShardProblem, source_bad: bool) -> None:
+        """Stage shard ``shard`` again from the source (stage_one, under its lock); when the
+        source's copy is bad too, try the rebuild hook, then stage again."""
+        entry = self.manifest.shards[shard]
+        try:
+            how = self._stage_one(entry, problem.identity)
+            if problem.reason.startswith("DALI index") and how.startswith("its bytes"):
+                how = "its DALI index copied again beside it"
+        except ShardioError as exc:
+            if not (source_bad or isinstance(exc, IntegrityError)):  # here, not the source
+                self.unrepaired.append(Unrepaired(entry.path, str(exc), damage=False))
+                return
+            note = self._rebuild(shard)
+            if note:
+                self.unrepaired.append(Unrepaired(entry.path, f"{exc}; {note}", damage=True))
+                return
+            try:
+                how = "rebuilt at the source, then " + self._stage_one(entry, None)
+            except ShardioError as again:
+                why = f"{exc}; rebuilt at the source, then: {again}"
+                self.unrepaired.append(Unrepaired(entry.path, why, damage=True))
+                return
+        self.repaired.append(Repaired(entry.path, problem.state, how))
+
+    def _stage_one(self, entry: ShardEntry, bad_copy: tuple[int, int] | None) -> str:
+        """Stage ``entry`` again; ``bad_copy``: the (device, inode) of the copy verify found
+        damaged, dropped first if it is still the file there (its stamp may still match:
+        bit rot does not change a file's stat)."""
+        dropped = False
+        if bad_copy is not None:
+            with shard_lock(self.root, entry.path):
+                dropped = drop_if_same(self.root, entry.path, bad_copy)
+            if dropped:
+                logger.info("dropped the damaged staged copy %s", entry.path)
+        folders = {os.path.dirname(entry.path)}
+        if entry.dali_index is not None:
+            folders.add(os.path.dirname(entry.dali_index))
+        for folder in sorted(folders):
+            make_dirs_inside(self.root, folder)  # refuses a symlink on the way
+        temps = leftover_temps(self.root, folders | {f"{STAGE_DIR}/ok"})
+        _rel, outcome, _copied = stage_one(
+            self.source,
+            self.root,
+            entry,
+            temps_of(entry, temps),
+            durable=self.durable,
+            counters=Counters(shared=False),
+        )
+        if outcome == "present":  # intact (or staged by another process meanwhile)
+            return "its bytes are intact: verified and stamped again"
+        if outcome == "replaced" or dropped:
+            return f"the damaged copy was dropped and staged again from {self.source}"
+        return f"staged again from {self.source}"
+
+    def _rebuild(self, shard: int) -> str:
+        """Try the rebuild hook on ``shard``: "" when it rebuilt it, else why not."""
+        if self.rebuild is None:
+            return "no rebuild source (parity) for it"
+        try:
+            done = self.rebuild(shard)
+        except Exception as exc:  # a hook's failure is reported with the shard, not raised
+            logger.debug("rebuild of shard %d failed", shard, exc_info=True)
+            return f"rebuilding it failed: {exc}"
+        return "" if done else "it could not be rebuilt"
+
+    # -- a packed dataset ------------------------------------------------------------------
+
+    def _replace_shard(self, shard: int, problem: ShardProblem) -> None:
+        """Replace shard ``shard`` of the dataset by the source's copy (verified), unless its
+        own bytes are intact; restore a missing DALI index beside it."""
+        entry = self.manifest.shards[shard]
+        final = os.path.join(self.root, entry.path)
+        try:
+            _refuse_non_regular(final)
+            how = ""
+            if _digest_or_none(final) != entry.xxh3_128:
+                how = self._copy_from_source(shard, entry)
+            if entry.dali_index is not None and not os.path.lexists(
+                os.path.join(self.root, entry.dali_index)
+            ):
+                _copy_small(self.source, self.root, entry.dali_index, durable=self.durable)
+                how = f"{how}; DALI index restored" if how else "DALI index restored"
+        except ShardioError as exc:
+            self.unrepaired.append(Unrepaired(entry.path, str(exc), damage=True))
+            return
+        if not how:
+            why = f"{problem.reason} (found again; nothing to copy)"
+            self.unrepaired.append(Unrepaired(entry.path, why, damage=True))
+            return
+        self.repaired.append(Repaired(entry.path, problem.state, how))
+
+    def _copy_from_source(self, shard: int, entry: ShardEntry) -> str:
+        """Replace the shard by the source's verified copy; when that copy is bad or
+        missing, try the rebuild hook (its result is verified). Return what was done."""
+        final = os.path.join(self.root, entry.path)
+        try:
+            _replace_verified(
+                os.path.join(self.source, entry.path),
+                self.root,
+                entry.path,
+                entry.xxh3_128,
+                entry.size_bytes,
+                durable=self.durable,
+                what="source copy of shard",
+            )
+        except StorageError as exc:
+            if not (isinstance(exc, IntegrityError) or exc.errno == errno.ENOENT):
+                raise  # writing here failed, not the source
+            note = self._rebuild(shard)
+            if note:
+                raise IntegrityError(exc.errno or errno.EIO, f"{exc}; {note}") from exc
+            _refuse_non_regular(final)
+            if _digest_or_none(final) != entry.xxh3_128:
+                raise IntegrityError(
+                    errno.EIO, f"{exc}; and the rebuilt {entry.path} does not verify"
+                ) from exc
+            return "rebuilt (the copy in the source is bad too)"
+        return f"replaced by the verified copy from {self.source}"
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _refuse_non_regular(path: str) -> None:
+    """Refuse to replace anything but a regular file (or nothing) at ``path``.
+
+    Raises:
+        UsageError: a symlink, directory, FIFO, socket or device is there.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise storage_error(exc, path, "checking") from exc
+    if not stat.S_ISREG(mode):
+        raise UsageError(
+            f"{path} is a {describe_kind(mode)}, not a shard shardio wrote: refusing to write "
+            "through or replace it; remove it yourself and repair again"
+        )
+
+
+def _digest_or_none(path: str) -> str | None:
+    """xxh3-128 of a regular file (read, never through a symlink), None if absent or
+    unreadable."""
+    try:
+        fd = open_regular(path, what="shard", nofollow=True)
+    except StorageError:
+        return None
+    try:
+        return fd_xxh3_128(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _copy_bytes(fin: int, fout: int, limit: int) -> int:
+    """Copy at most ``limit`` bytes from the start of ``fin``; return how many."""
+    total = 0
+    try:
+        while total < limit:
+            n = os.copy_file_range(fin, fout, min(_CHUNK, limit - total))
+            if n == 0:
+                return total
+            total += n
+        return total
+    except OSError as exc:
+        if total or exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    buf = bytearray(min(_CHUNK, max(limit, 1)))
+    view = memoryview(buf)
+    while total < limit:
+        n = os.readv(fin, [view[: min(len(buf), limit - total)]])
+        if n == 0:
+            break
+        written = 0
+        while written < n:
+            written += os.write(fout, view[written:n])
+        total += n
+    return total
+
+
+def _replace_verified(
+    src: str,
+    root: str,
+    rel: str,
+    expected: str,
+    size_bytes: int,
+    *,
+    durable: bool,
+    what: str,
+) -> None:
+    """Copy ``src`` into a temp file beside ``root/rel``, hash the copy's own bytes, and
+    rename it over ``root/rel`` only if it matches ``expected``.
+
+    Raises:
+        UsageError: ``root/rel`` (or a folder on the way) is a symlink or not a regular file.
+        IntegrityError: the source's copy has the wrong size or checksum.
+        StorageError: reading or writing failed.
+    """
+    final = os.path.join(root, rel)
+    _refuse_non_regular(final)
+    make_dirs_inside(root, os.path.dirname(rel))
+    fin = open_regular(src, what=what)
+    try:
+        size = os.fstat(fin).st_size
+        if size != size_bytes:
+            raise IntegrityError(
+                errno.EIO,
+                f"the {what} {src} is {size:,} bytes, its manifest says {size_bytes:,}: it is "
+                "damaged too",
+            )
+        tmp = temp_path_for(final)
+        try:
+            fout = create_temp(tmp, readable=True)
+        except OSError as exc:
+            raise storage_error(exc, final, "repairing") from exc
+        try:
+            try:
+                copied = _copy_bytes(fin, fout, size_bytes + 1)
+                os.lseek(fout, 0, os.SEEK_SET)
+                actual = fd_xxh3_128(fout) if copied == size_bytes else ""
+            finally:
+                os.close(fout)
+            if actual != expected:
+                raise IntegrityError(
+                    errno.EIO,
+                    f"the {what} {src} does not match its manifest checksum (expected "
+                    f"{expected}, got {actual or f'{copied:,} bytes'}): it is damaged too",
+                )
+            _refuse_non_regular(final)  # again: nothing planted meanwhile is replaced
+            publish(tmp, final, durable=durable)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if isinstance(exc, OSError) and not isinstance(exc, ShardioError):
+                raise storage_error(exc, final, "repairing") from exc
+            raise
+    finally:
+        os.close(fin)
+    logger.info("replaced %s by the verified copy %s", final, src)
+
+
+def _copy_small(src_root: str, root: str, rel: str, *, durable: bool) -> None:
+    """Restore a missing small file (a DALI index: no checksum in the manifest) from the
+    source, published atomically, never through a symlink."""
+    data = read_regular(os.path.join(src_root, rel), max_bytes=_MAX_DALI_BYTES, what="DALI index")
+    final = os.path.join(root, rel)
+    make_dirs_inside(root, os.path.dirname(rel))
+    _refuse_non_regular(final)
+    with atomic_write(final, durable=durable) as fh:
+        fh.write(data)
