@@ -2,8 +2,8 @@
 
 Public API (torch-side names load lazily, so packing never imports torch)::
 
-    from shardio import pack, PackOptions, verify_dataset, PackedDataset
-    from shardio import ShardDataset   # imports torch on first use
+    from shardio import pack, PackOptions, verify_dataset, repair_dataset, PackedDataset
+    from shardio import ShardDataset, ResilientDataset   # import torch on first use
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ __all__ = [
     "__version__",
     "merge_parts",
     "pack",
+    "repair_dataset",
     "unpack_dataset",
     "verify_dataset",
 ]
@@ -65,6 +66,7 @@ _LAZY = {
     "VerifyReport": "shardio.verify",
     "verify_dataset": "shardio.verify",
     "unpack_dataset": "shardio.unpack",
+    "repair_dataset": "shardio.repair",
 }
 
 
