@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from shardio.cache.copy import leftover_temps, stage_one, temps_of
+from shardio.cache.copy import copy_verified, leftover_temps, stage_one, temps_of
 from shardio.cache.protocol import STAGE_DIR, drop_if_same, read_area_marker, shard_lock
 from shardio.errors import FormatError, IntegrityError, ShardioError, StorageError, UsageError
 from shardio.format.checksum import fd_xxh3_128, file_xxh3_128
@@ -39,7 +39,7 @@ from shardio.format.manifest import Manifest, ShardEntry, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.packing.dest import locked
 from shardio.progress import Counters, ProgressCallback
-from shardio.storage.atomic import atomic_write, create_temp, publish, storage_error, temp_path_for
+from shardio.storage.atomic import atomic_write, storage_error
 from shardio.storage.files import describe_kind, make_dirs_inside, open_regular, read_regular
 from shardio.verify import ShardProblem, VerifyReport, verify_dataset
 
@@ -515,32 +515,6 @@ def _digest_or_none(path: str) -> str | None:
         os.close(fd)
 
 
-def _copy_bytes(fin: int, fout: int, limit: int) -> int:
-    """Copy at most ``limit`` bytes from the start of ``fin``; return how many."""
-    total = 0
-    try:
-        while total < limit:
-            n = os.copy_file_range(fin, fout, min(_CHUNK, limit - total))
-            if n == 0:
-                return total
-            total += n
-        return total
-    except OSError as exc:
-        if total or exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-            raise
-    buf = bytearray(min(_CHUNK, max(limit, 1)))
-    view = memoryview(buf)
-    while total < limit:
-        n = os.readv(fin, [view[: min(len(buf), limit - total)]])
-        if n == 0:
-            break
-        written = 0
-        while written < n:
-            written += os.write(fout, view[written:n])
-        total += n
-    return total
-
-
 def _replace_verified(
     src: str,
     root: str,
@@ -562,43 +536,17 @@ def _replace_verified(
     final = os.path.join(root, rel)
     _refuse_non_regular(final)
     make_dirs_inside(root, os.path.dirname(rel))
-    fin = open_regular(src, what=what)
-    try:
-        size = os.fstat(fin).st_size
-        if size != size_bytes:
-            raise IntegrityError(
-                errno.EIO,
-                f"the {what} {src} is {size:,} bytes, its manifest says {size_bytes:,}: it is "
-                "damaged too",
-            )
-        tmp = temp_path_for(final)
-        try:
-            fout = create_temp(tmp, readable=True)
-        except OSError as exc:
-            raise storage_error(exc, final, "repairing") from exc
-        try:
-            try:
-                copied = _copy_bytes(fin, fout, size_bytes + 1)
-                os.lseek(fout, 0, os.SEEK_SET)
-                actual = fd_xxh3_128(fout) if copied == size_bytes else ""
-            finally:
-                os.close(fout)
-            if actual != expected:
-                raise IntegrityError(
-                    errno.EIO,
-                    f"the {what} {src} does not match its manifest checksum (expected "
-                    f"{expected}, got {actual or f'{copied:,} bytes'}): it is damaged too",
-                )
-            _refuse_non_regular(final)  # again: nothing planted meanwhile is replaced
-            publish(tmp, final, durable=durable)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            if isinstance(exc, OSError) and not isinstance(exc, ShardioError):
-                raise storage_error(exc, final, "repairing") from exc
-            raise
-    finally:
-        os.close(fin)
+    copy_verified(
+        src,
+        final,
+        expected,
+        size_bytes=size_bytes,
+        durable=durable,
+        counters=Counters(shared=False),
+        what=what,
+        action="repairing",
+        before_publish=lambda: _refuse_non_regular(final),  # nothing planted is replaced
+    )
     logger.info("replaced %s by the verified copy %s", final, src)
 
 

@@ -17,6 +17,7 @@ import logging
 import mmap
 import os
 import stat
+from collections.abc import Callable
 
 import xxhash
 
@@ -182,7 +183,7 @@ def _hash_file(fd: int) -> str:
     return hasher.hexdigest()
 
 
-def _copy_verified(
+def copy_verified(
     src: str,
     dst: str,
     expected: str,
@@ -191,12 +192,20 @@ def _copy_verified(
     durable: bool,
     counters: Counters,
     what: str = "source shard",
+    action: str = "staging",
+    before_publish: Callable[[], None] | None = None,
 ) -> int:
     """Copy src to a temp file in the kernel, hash the copy's own bytes, publish if it matches.
 
     The copy is hashed after it is written (its pages are still in the page cache), so what is
     checked is what will be read, not the source. A source whose size is not ``size_bytes``
     is refused before a byte is copied, and no more than ``size_bytes + 1`` are ever copied.
+    Used by staging and by ``verify --repair``.
+
+    Args:
+        action: what the copy is for, in error messages ("staging", "repairing").
+        before_publish: called after the copy verified, just before the rename (a last
+            check that nothing was planted at ``dst`` meanwhile); may raise to refuse.
     """
     fin = open_regular(src, what=what)
     try:
@@ -213,7 +222,7 @@ def _copy_verified(
         try:
             fout = create_temp(tmp, readable=True)
         except OSError as exc:
-            raise storage_error(exc, dst, "staging") from exc
+            raise storage_error(exc, dst, action) from exc
         try:
             try:
                 total = _copy_range(fin, fout, size_bytes + 1, counters)
@@ -232,12 +241,14 @@ def _copy_verified(
                     f"{what} {src} does not match its manifest checksum "
                     f"(expected {expected}, got {actual}): run shardio verify on the source",
                 )
+            if before_publish is not None:
+                before_publish()
             publish(tmp, dst, durable=durable)
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             if isinstance(exc, OSError) and not isinstance(exc, ShardioError):
-                raise storage_error(exc, dst, "staging") from exc
+                raise storage_error(exc, dst, action) from exc
             raise
     finally:
         os.close(fin)
@@ -317,7 +328,7 @@ def stage_one(
                     logger.warning("staged copy %s is damaged: copying it again", final)
                     drop_staged(dest, rel)
                     outcome = "replaced"
-                copied = _copy_verified(
+                copied = copy_verified(
                     os.path.join(src_root, rel),
                     final,
                     expected,
@@ -343,7 +354,7 @@ def write_local_metadata(src_root: str, dest: str, manifest: Manifest, durable: 
     make_dirs_inside(dest, os.path.dirname(index_rel))
     index_dst = os.path.join(dest, index_rel)
     if _staged_digest(index_dst, "staged index") != manifest.index.xxh3_128:
-        _copy_verified(
+        copy_verified(
             os.path.join(src_root, index_rel),
             index_dst,
             manifest.index.xxh3_128,

@@ -88,14 +88,14 @@ def test_later_epoch_and_other_seed(tiny_src):
 def test_copies_happen_in_the_order_of_first_need(tiny_src, tmp_path, monkeypatch):
     """With one copy stream, the stager copies shards in node_shard_order."""
     copied: list[str] = []
-    original = cache_copy._copy_verified
+    original = cache_copy.copy_verified
 
     def recording(src: str, dst: str, *args, **kwargs):
         if os.sep + "shards" + os.sep in dst:
             copied.append(os.path.relpath(dst, tmp_path / "stage").replace(os.sep, "/"))
         return original(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(cache_copy, "_copy_verified", recording)
+    monkeypatch.setattr(cache_copy, "copy_verified", recording)
     options = StageOptions(
         node=2, num_nodes=NODES, ranks_per_node=RANKS_PER_NODE, seed=SEED, streams=1,
         durable=False,

@@ -13,7 +13,7 @@ the all-reduced sample counts and the recovery counts the training process saw.
 ``--resume`` loads a checkpoint's state first (its step numbering goes on from there);
 ``--sleep-s`` is the time a training step takes.
 
-With the environment variable TORTURE_STALL_COPY=DIR, ``shardio.cache.copy._copy_verified``
+With the environment variable TORTURE_STALL_COPY=DIR, ``shardio.cache.copy.copy_verified``
 is wrapped: once DIR/armed exists (a JSON list of shard paths relative to STAGE), a copy to
 one of those runs, then (its temp file written, not yet published) creates DIR/stalled and
 sleeps, so that the test can SIGKILL the job in the middle of a re-stage.
@@ -48,7 +48,7 @@ def stall_copies(folder: str, stage: str) -> None:
     workers."""
     from shardio.cache import copy as cache_copy
 
-    original = cache_copy._copy_verified
+    original = cache_copy.copy_verified
     original_range = cache_copy._copy_range
 
     def stalled_range(fin: int, fout: int, limit: int, counters: Any) -> int:
@@ -74,7 +74,7 @@ def stall_copies(folder: str, stage: str) -> None:
         finally:
             cache_copy._copy_range = original_range
 
-    cache_copy._copy_verified = wrapped  # type: ignore[assignment]
+    cache_copy.copy_verified = wrapped  # type: ignore[assignment]
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 STAGE_TEST_BARRIER=PATH   wait (after imports) until PATH exists, so processes start together.
 STAGE_TEST_DELAY_S=SEC    sleep this long before each verified copy (shardio.cache.copy's
-                          _copy_verified), so a kill lands in the middle of staging.
+                          copy_verified), so a kill lands in the middle of staging.
 STAGE_TEST_HOLD_AT=K      before publishing the K-th shard copy (1-based), write its temp
                           file completely and then block, so a kill leaves a temp file behind.
 """
@@ -22,13 +22,13 @@ delay_s = float(os.environ.get("STAGE_TEST_DELAY_S", "0"))
 hold_at = int(os.environ.get("STAGE_TEST_HOLD_AT", "0"))
 
 if delay_s > 0:
-    original_copy = cache_copy._copy_verified
+    original_copy = cache_copy.copy_verified
 
     def slow_copy(*args: object, **kwargs: object) -> int:
         time.sleep(delay_s)
         return original_copy(*args, **kwargs)  # type: ignore[arg-type]
 
-    cache_copy._copy_verified = slow_copy  # type: ignore[assignment]
+    cache_copy.copy_verified = slow_copy  # type: ignore[assignment]
 
 if hold_at > 0:
     original_publish = cache_copy.publish
