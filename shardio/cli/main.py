@@ -229,16 +229,21 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_DAMAGED
 
 
+_MEMBERS_SHOWN = 5  # damaged members listed per shard on stderr; --json has every one
+
+
 def _print_problems(report: VerifyReport) -> None:
     for p in report.problems:
         if p.staged:
             print_error(f"{p.state.upper()} {p.path} (staged copy): {p.reason}")
         else:
             print_error(f"DAMAGED {p.path}: {p.reason}")
-        for b in p.bad_members:
-            print_error(
-                f"  sample {b.key} member {b.ext}: xxh3 expected {b.expected}, got {b.actual}"
-            )
+        for b in p.bad_members[:_MEMBERS_SHOWN]:
+            got = "nothing (the file ends first)" if b.actual == "truncated" else b.actual
+            print_error(f"  sample {b.key} member {b.ext}: xxh3 expected {b.expected}, got {got}")
+        hidden = len(p.bad_members) - _MEMBERS_SHOWN
+        if hidden > 0:
+            print_error(f"  ... and {hidden:,} more damaged member(s) (--json lists them all)")
     if report.area is not None:
         for p in report.area.source_problems:
             print_error(f"DAMAGED {p.path} (source, read instead of the copy): {p.reason}")
