@@ -3,27 +3,40 @@
 #
 #   srun --cpu-bind=cores ... scripts/slurm/bind.sh python train.py
 #
-# Run once per task (under srun). The task's GPU is picked by SLURM_LOCALID; its NUMA node
-# is SHARDIO_GPU_NUMA_MAP[GPU] when that map is given, else GPU * NUMA_NODES / GPUS_PER_NODE,
-# which is right when GPUs are spread evenly over NUMA nodes in order (check with
-# `nvidia-smi topo -m`: on some 8-GPU boards the order is not linear, e.g. "3,3,1,1,7,7,5,5").
+# Run once per task (under srun). The task's GPU is the SLURM_LOCALID-th visible one. Its NUMA
+# node and CPUs come from the same map the loader pins its workers with: `shardio topo --json
+# --local-rank $SLURM_LOCALID` (GPUs, their NUMA nodes and the allowed CPUs read from sysfs,
+# GPUs in PCI bus order as CUDA_DEVICE_ORDER=PCI_BUS_ID numbers them), when shardio is found
+# (SHARDIO_BIN, else `shardio` on PATH) and sees an NVIDIA GPU. Otherwise, or when
+# SHARDIO_GPU_NUMA_MAP or SHARDIO_NUMA_NODES is given, the node is SHARDIO_GPU_NUMA_MAP[slot]
+# when that map is given, else slot * NUMA_NODES / GPUS_PER_NODE, which is right when GPUs
+# are spread evenly over NUMA nodes in order (check with `shardio topo` or `nvidia-smi topo
+# -m`: on some 8-GPU boards the order is not linear, e.g. "3,3,1,1,7,7,5,5").
 #
 # Environment (all optional):
-#   SHARDIO_GPUS_PER_NODE  GPUs per node (default 8)
-#   SHARDIO_NUMA_NODES     NUMA nodes per node (default: counted in /sys, else 1)
-#   SHARDIO_GPU_NUMA_MAP   comma-separated NUMA node of GPU 0, 1, ... (overrides the formula)
+#   SHARDIO_BIN            the shardio command (default: shardio on PATH; empty: do not use
+#                          it, use the map or the formula)
+#   SHARDIO_SYSFS          the sysfs root shardio reads (default /sys)
+#   SHARDIO_GPUS_PER_NODE  GPUs per node, for the formula (default 8)
+#   SHARDIO_NUMA_NODES     NUMA nodes per node, for the formula (default: counted in /sys,
+#                          else 1); given, it selects the formula over `shardio topo`
+#   SHARDIO_GPU_NUMA_MAP   comma-separated NUMA node of GPU slot 0, 1, ... (overrides both)
 #   SHARDIO_BIND_GPU       1 (default): CUDA_VISIBLE_DEVICES = this task's GPU only, so the
 #                          program uses cuda:0; 0: leave every GPU visible (the program calls
 #                          torch.cuda.set_device(LOCAL_RANK) itself)
 #   SHARDIO_CPU_BIND       numa (default): run on every core of the GPU's NUMA node and
 #                          allocate memory there (numactl --cpunodebind --membind; replaces
-#                          srun's per-task core mask with that node's cores);
+#                          srun's per-task core mask with that node's cores; when shardio
+#                          finds none of the node's CPUs allowed to the task: numactl
+#                          --physcpubind=<its allowed CPUs> --membind);
 #                          cores: keep srun's --cpu-bind=cores mask, bind memory only
 #                          (numactl --membind); none: no CPU or memory binding
 #   SHARDIO_NUMACTL        numactl command (default numactl; empty: do not use it)
 #   SHARDIO_TASKSET        taskset command, used when numactl is missing (default taskset;
-#                          empty: do not use it)
-#   SHARDIO_SYSFS_NODE_DIR where NUMA nodes are listed (default /sys/devices/system/node)
+#                          empty: do not use it); its CPUs are the task's share of the node
+#                          from `shardio topo`, else the node's cpulist
+#   SHARDIO_SYSFS_NODE_DIR where NUMA nodes are listed (default $SHARDIO_SYSFS/devices/system/
+#                          node)
 #   SHARDIO_BIND_VERBOSE   1: print the binding on stderr
 set -euo pipefail
 
@@ -42,7 +55,7 @@ gpus_per_node="${SHARDIO_GPUS_PER_NODE:-8}"
 if ! is_uint "$gpus_per_node" || ((gpus_per_node == 0)); then
     die "SHARDIO_GPUS_PER_NODE must be a positive integer, got '$gpus_per_node'"
 fi
-sysfs_nodes="${SHARDIO_SYSFS_NODE_DIR:-/sys/devices/system/node}"
+sysfs_nodes="${SHARDIO_SYSFS_NODE_DIR:-${SHARDIO_SYSFS:-/sys}/devices/system/node}"
 
 # The GPU: the LOCALID-th entry of what Slurm made visible to the step (its numbering may be
 # remapped by cgroups), else the LOCALID-th GPU of the node. More tasks than GPUs wrap around.
@@ -68,13 +81,50 @@ fi
 if ! is_uint "$numa_nodes" || ((numa_nodes == 0)); then
     die "SHARDIO_NUMA_NODES must be a positive integer, got '$numa_nodes'"
 fi
-if [[ -n "${SHARDIO_GPU_NUMA_MAP:-}" ]]; then
+have() { [[ -n "$1" ]] && command -v "$1" >/dev/null 2>&1; }
+
+# shardio's map, unless a map or a node count is given: the placement of this local rank
+# (`shardio topo --json` keeps each placement a flat object, read here without jq).
+topo_numa="" topo_cpus="" topo_gpu="" topo_phys=""
+read -r -a shardio_argv <<<"${SHARDIO_BIN-shardio}"
+if [[ -z "${SHARDIO_GPU_NUMA_MAP:-}" && -z "${SHARDIO_NUMA_NODES:-}" ]] &&
+    ((${#shardio_argv[@]} > 0)) && have "${shardio_argv[0]}"; then
+    topo_json="$("${shardio_argv[@]}" topo --json --local-rank "$local_id" 2>/dev/null)" ||
+        topo_json=""
+    entry_re='"placements":[[:space:]]*\[[[:space:]]*\{([^}]*)\}'
+    if [[ "$topo_json" =~ $entry_re ]]; then
+        entry="${BASH_REMATCH[1]}"
+        node_re='"numa_node":[[:space:]]*([0-9]+)'
+        cpus_re='"cpus":[[:space:]]*"([0-9,-]+)"'
+        gpu_re='"gpu_index":[[:space:]]*([0-9]+)'
+        # None of the node's CPUs is this task's (a job's cpuset elsewhere): its own CPUs.
+        phys_re='"numactl":[[:space:]]*"numactl --physcpubind=([0-9,-]+)'
+        if [[ "$entry" =~ $node_re ]]; then topo_numa="${BASH_REMATCH[1]}"; fi
+        if [[ "$entry" =~ $cpus_re ]]; then topo_cpus="${BASH_REMATCH[1]}"; fi
+        if [[ "$entry" =~ $gpu_re ]]; then topo_gpu="${BASH_REMATCH[1]}"; fi
+        if [[ "$entry" =~ $phys_re ]]; then topo_phys="${BASH_REMATCH[1]}"; fi
+    fi
+fi
+if [[ -n "$topo_numa" && -n "$topo_gpu" ]]; then
+    # shardio counted the GPUs in sysfs: its GPU index is the position among the visible ones.
+    if [[ -n "${CUDA_VISIBLE_DEVICES:-}" && "${CUDA_VISIBLE_DEVICES}" != "NoDevFiles" ]]; then
+        if ((topo_gpu < ${#visible[@]})); then gpu="${visible[$topo_gpu]}"; fi
+    else
+        gpu="$topo_gpu"
+    fi
+    numa="$topo_numa"
+    numa_from="shardio topo"
+elif [[ -n "${SHARDIO_GPU_NUMA_MAP:-}" ]]; then
+    topo_cpus="" topo_phys=""
+    numa_from=SHARDIO_GPU_NUMA_MAP
     IFS=, read -r -a numa_map <<<"$SHARDIO_GPU_NUMA_MAP"
     ((slot < ${#numa_map[@]})) ||
         die "SHARDIO_GPU_NUMA_MAP has ${#numa_map[@]} entries, GPU slot $slot needs one"
     numa="${numa_map[$slot]}"
     is_uint "$numa" || die "SHARDIO_GPU_NUMA_MAP entry $slot is not a number: '$numa'"
 else
+    topo_cpus="" topo_phys=""
+    numa_from=formula
     # Slot, not the GPU id: slot k is the node's k-th GPU even when cgroups renumber them.
     numa=$((slot % gpus_per_node * numa_nodes / gpus_per_node))
 fi
@@ -90,16 +140,20 @@ export SHARDIO_BOUND_GPU="$gpu" SHARDIO_BOUND_NUMA_NODE="$numa"
 
 numactl_cmd="${SHARDIO_NUMACTL-numactl}"
 taskset_cmd="${SHARDIO_TASKSET-taskset}"
-have() { [[ -n "$1" ]] && command -v "$1" >/dev/null 2>&1; }
 
 mode="${SHARDIO_CPU_BIND:-numa}"
 launcher=()
 case "$mode" in
 numa)
-    if have "$numactl_cmd"; then
+    if have "$numactl_cmd" && [[ -n "$topo_phys" ]]; then
+        launcher=("$numactl_cmd" "--physcpubind=$topo_phys" "--membind=$numa" --)
+    elif have "$numactl_cmd"; then
         launcher=("$numactl_cmd" "--cpunodebind=$numa" "--membind=$numa" --)
+    elif have "$taskset_cmd" && [[ -n "$topo_cpus" ]]; then
+        # No numactl: pin to this task's share of the node at least; memory then follows
+        # first touch.
+        launcher=("$taskset_cmd" -c "$topo_cpus")
     elif have "$taskset_cmd" && [[ -r "$sysfs_nodes/node$numa/cpulist" ]]; then
-        # No numactl: pin to the node's cores at least; memory then follows first touch.
         read -r cpus <"$sysfs_nodes/node$numa/cpulist"
         launcher=("$taskset_cmd" -c "$cpus")
     fi
@@ -117,6 +171,6 @@ esac
 if [[ "${SHARDIO_BIND_VERBOSE:-0}" == 1 ]]; then
     how="${launcher[*]:-no CPU/memory binding}"
     echo "bind.sh: task ${SLURM_PROCID:-?} local $local_id on $(hostname 2>/dev/null || echo ?):" \
-        "GPU $gpu, NUMA node $numa of $numa_nodes, $how" >&2
+        "GPU $gpu, NUMA node $numa of $numa_nodes ($numa_from), $how" >&2
 fi
 exec "${launcher[@]}" "$@"

@@ -34,6 +34,7 @@ from shardio.cli.common import (
 )
 from shardio.cli.pack import cmd_merge, cmd_pack
 from shardio.cli.stage import cmd_stage, default_stage_dir
+from shardio.cli.topo import add_topo_parser, cmd_topo
 from shardio.errors import ShardioError, UsageError
 from shardio.runtime.order import ORDERS
 from shardio.units import format_duration, format_size
@@ -170,6 +171,8 @@ def _build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("unpack", help="restore the original tree, byte for byte")
     u.add_argument("dst")
     u.add_argument("out")
+
+    add_topo_parser(sub)
     return parser
 
 
@@ -408,6 +411,7 @@ _COMMANDS = {
     "ls": _cmd_ls,
     "unpack": _cmd_unpack,
     "stage": cmd_stage,
+    "topo": cmd_topo,
 }
 
 

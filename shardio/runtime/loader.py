@@ -10,7 +10,8 @@ yet delivered, including those that sat in prefetch queues when the job died.
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
+import weakref
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -25,10 +26,12 @@ from shardio.runtime.dataset import (
     labels_to_tensor,
     require_int,
 )
+from shardio.runtime.placement import worker_pinning
 from shardio.runtime.transport import BatchRing, RingBatch, max_batch_bytes
 
 __all__ = ["ShardLoader"]
 
+_Batches = Generator[dict[str, Any], None, None]
 _PREFETCH = 4  # batches each worker prepares ahead (the DataLoader's prefetch_factor)
 _SPARE_SLOTS = 2  # ring slots per worker beyond those: the batch in use, the one arriving
 
@@ -56,6 +59,9 @@ class ShardLoader:
         batch_size: samples per batch (an int >= 1).
         num_workers: DataLoader worker processes (an int >= 0).
         drop_last: drop this rank's last incomplete batch.
+        pin_workers: pin each worker to the CPUs of this rank's GPU's NUMA node and set its
+            threads (:mod:`shardio.runtime.placement`; a no-op without an NVIDIA GPU);
+            False, or ``SHARDIO_PIN_WORKERS=0``, leaves the workers alone.
         **kwargs: passed to ``torch.utils.data.DataLoader`` (pin_memory, prefetch_factor,
             multiprocessing_context, ...). ``persistent_workers`` is refused: workers must
             see each epoch's start position.
@@ -68,6 +74,7 @@ class ShardLoader:
         batch_size: int,
         num_workers: int = 0,
         drop_last: bool = False,
+        pin_workers: bool = True,
         **kwargs: Any,
     ) -> None:
         batch_size = require_int(batch_size, "batch_size", minimum=1)
@@ -83,10 +90,12 @@ class ShardLoader:
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.drop_last = drop_last
+        self.pin_workers = pin_workers
         self.kwargs = kwargs
         self._delivered = 0
         self._epoch = dataset.epoch  # the epoch _delivered counts samples of
         self._ring_counts: torch.Tensor | None = None  # the last ring's, shared with workers
+        self._live: weakref.ref[_Batches] | None = None  # the last iteration
 
     def _sync_epoch(self) -> None:
         # ds.set_epoch() called directly (the DistributedSampler habit) starts a new epoch.
@@ -107,6 +116,14 @@ class ShardLoader:
         common: dict[str, Any] = {"num_workers": self.num_workers, **self.kwargs}
         if self.num_workers > 0:
             common.setdefault("prefetch_factor", _PREFETCH)
+            if self.pin_workers:  # computed here, in the main process, before workers start
+                pinning = worker_pinning(
+                    num_workers=self.num_workers,
+                    local_rank=self.dataset.ranks().local_rank,
+                    user_init=common.get("worker_init_fn"),
+                )
+                if pinning is not None:
+                    common["worker_init_fn"] = pinning
         if self.dataset.mode == "stream":
             self.dataset._stream_plan = (self._batched(positions), self.batch_size)
             return DataLoader(self.dataset, batch_size=None, collate_fn=_identity, **common)
@@ -154,6 +171,28 @@ class ShardLoader:
         return {"ring": int(ring), "fallback": int(fallback)}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        batches = self._iterate()
+        self._live = weakref.ref(batches)  # weak: an abandoned iteration is still collected
+        return batches
+
+    def close(self) -> None:
+        """End the current iteration, if one is live, and shut down its workers (idempotent).
+
+        The iteration's next ``next()`` raises StopIteration; a new ``iter()`` continues where
+        it stopped, as after any abandoned iteration.
+
+        Raises:
+            UsageError: another thread is inside the iteration's ``next()`` right now.
+        """
+        live = self._live() if self._live is not None else None
+        self._live = None
+        if live is not None:
+            try:
+                live.close()  # runs its finally: the workers are shut down there
+            except ValueError as exc:
+                raise UsageError(f"ShardLoader.close() while another thread reads: {exc}") from exc
+
+    def _iterate(self) -> _Batches:
         self._sync_epoch()
         world = self.dataset.ranks().world_size
         base = self.dataset._consumed + self._delivered * world
@@ -162,8 +201,10 @@ class ShardLoader:
         # Allocated before the DataLoader starts its workers: they get it with the dataset.
         ring = self.dataset._ring = self._make_ring(positions)
         self._ring_counts = ring.counts if ring is not None else None
+        batches = None
         try:
-            for item in self._dataloader(positions):
+            batches = iter(self._dataloader(positions))
+            for item in batches:
                 batch = _arrived(item, ring)
                 events = batch.pop(EVENTS_KEY, None)
                 if events is not None:
@@ -173,6 +214,10 @@ class ShardLoader:
                 self._delivered += len(batch["__key__"])
                 yield labels_to_tensor(batch)
         finally:
+            # Now, not when the garbage collector finds the iterator (a traceback may hold it).
+            shutdown = getattr(batches, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
             self.dataset._stream_plan = None
             self.dataset._ring = None
 

@@ -155,7 +155,14 @@ def test_bind_falls_back_to_taskset_then_to_plain_exec(
     for node, cpus in (("node0", "0-31"), ("node1", "32-63")):
         (sysfs / node).mkdir(parents=True)
         (sysfs / node / "cpulist").write_text(cpus + "\n")
-    env = {"SLURM_LOCALID": "6", "SHARDIO_NUMACTL": "", "SHARDIO_SYSFS_NODE_DIR": str(sysfs)}
+    no_gpu = tmp_path / "sysfs-no-gpu"  # `shardio topo` finds no GPU there: the formula
+    no_gpu.mkdir()
+    env = {
+        "SLURM_LOCALID": "6",
+        "SHARDIO_NUMACTL": "",
+        "SHARDIO_SYSFS_NODE_DIR": str(sysfs),
+        "SHARDIO_SYSFS": str(no_gpu),
+    }
     result = run_script([BIND, *probe_cmd(probe)], env=env)
     assert result.rc == 0, result.stderr
     assert result.calls == [["taskset", "-c", "32-63", *probe_cmd(probe)]]  # 2 nodes counted

@@ -1,0 +1,100 @@
+"""DALILoader: PyTorch batches from a ShardPipeline, one epoch per ``for`` loop.
+
+Built on ``nvidia.dali.plugin.pytorch.DALIGenericIterator`` (or its ragged sibling
+``DALIRaggedIterator`` when the data has one shape per sample, not per batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from shardio.dali._pipeline import ShardPipeline
+
+__all__ = ["OUTPUT_MAP", "DALILoader"]
+
+OUTPUT_MAP = ("data", "label")
+
+
+class DALILoader:
+    """Iterate ``{"data": ..., "label": int64 tensor (B,)}`` batches of a ShardPipeline.
+
+    ``data`` is a dense uint8 tensor ``(B, crop, crop, 3)`` when the pipeline decodes and
+    crops; otherwise (raw bytes, or decoded images of their own sizes) a list of B uint8
+    tensors. With ``decode="mixed"`` the data lies on the pipeline's GPU.
+
+    Each ``for batch in loader`` is one epoch; :meth:`set_epoch` before it selects the epoch
+    (the DistributedSampler habit; nothing advances it by itself, as with ShardDataset). Resume
+    is by epoch: there is no ``state_dict``. A loop left before the epoch's end (``break``, an
+    exception) makes the next loop build a fresh DALI pipeline and start its epoch afresh.
+
+    Errors: on the verified path a damaged member raises shardio's ChecksumMismatchError (a
+    missing or unreadable shard StorageError) from the loop, as it is, when DALI asks for
+    the batch holding it, which is up to ``prefetch_queue_depth`` batches before the loop
+    would reach that batch. On DALI's reader path DALI raises its own RuntimeError.
+
+    Args:
+        pipeline: the pipeline to iterate (the loader closes it in :meth:`close`).
+    """
+
+    def __init__(self, pipeline: ShardPipeline) -> None:
+        self.pipeline = pipeline
+        self._iterator: Any = None
+        self._state = "fresh"  # "fresh", "running" (a pass in progress, or left), "ended"
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next loop reads."""
+        return self.pipeline.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next loop (see :meth:`ShardPipeline.set_epoch`)."""
+        self.pipeline.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        return len(self.pipeline)
+
+    def _make_iterator(self) -> Any:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, DALIRaggedIterator
+
+        kwargs: dict[str, Any] = {
+            "output_map": list(OUTPUT_MAP),
+            "auto_reset": False,  # reset when the next loop starts: after set_epoch()
+            "prepare_first_batch": False,  # nothing is read before the first loop
+            **self.pipeline.iterator_kwargs(),
+        }
+        if self.pipeline.uniform:
+            return DALIGenericIterator([self.pipeline.pipe], **kwargs)
+        ragged = [DALIRaggedIterator.SPARSE_LIST_TAG, DALIRaggedIterator.DENSE_TAG]
+        return DALIRaggedIterator([self.pipeline.pipe], output_types=ragged, **kwargs)
+
+    def _start_pass(self) -> Any:
+        if self._iterator is None:
+            self._iterator = self._make_iterator()
+        elif self._state == "ended":
+            self._iterator.reset()  # DALI reads the next pass's first batches now
+        elif self._state != "fresh":
+            # DALI cannot reset mid-epoch (it holds batches read ahead): start afresh.
+            self._iterator = None
+            self.pipeline.rebuild()
+            self._iterator = self._make_iterator()
+        self._state = "running"
+        return self._iterator
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        iterator = self._start_pass()
+        for outputs in iterator:
+            yield outputs[0]
+        self._state = "ended"
+
+    def close(self) -> None:
+        """Drop the DALI iterator and close the pipeline."""
+        self._iterator = None
+        self.pipeline.close()
+
+    def __enter__(self) -> DALILoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

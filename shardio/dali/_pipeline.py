@@ -1,0 +1,350 @@
+"""ShardPipeline: a built DALI pipeline over a shardio dataset, with its order and rank split.
+
+Two paths. Verified (the default, and every HDF5 dataset): shardio's own reader feeds an
+``external_source`` and checks each member's xxh3-64 first, in ShardDataset's order. Unverified
+(tar with ``verify=False``): DALI's ``fn.readers.webdataset`` reads the shards and their
+``.idx`` files itself, and nothing checks the bytes.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shardio.errors import UsageError
+from shardio.format.manifest import Manifest
+from shardio.read.packed import PackedDataset
+from shardio.runtime.order import check_order
+from shardio.runtime.ranks import RankInfo, detect_ranks
+
+if TYPE_CHECKING:
+    from shardio.dali._source import VerifiedSource
+
+__all__ = ["DALIOptions", "ShardPipeline", "UnverifiedReadWarning"]
+
+DECODERS = (None, "cpu", "mixed")
+SEED_LIMIT = 2**64
+
+
+class UnverifiedReadWarning(UserWarning):
+    """The pipeline hands DALI bytes that shardio did not check (``verify=False``)."""
+
+
+def _int(value: object, what: str, *, minimum: int) -> int:
+    if isinstance(value, bool | np.bool_):
+        raise UsageError(f"{what} must be an integer, not a bool ({value!r})")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise UsageError(f"{what} must be an integer, got {type(value).__name__}") from exc
+    if number < minimum:
+        raise UsageError(f"{what} must be at least {minimum}, got {number}")
+    return int(number)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DALIOptions:
+    """How :func:`shardio.dali.pipeline` builds its pipeline (see there for each field)."""
+
+    batch_size: int
+    num_threads: int = 2
+    device_id: int | None = None
+    shard_id: int | None = None
+    num_shards: int | None = None
+    seed: int = 0
+    shuffle: bool = True
+    order: str | None = None
+    window_shards: int = 4
+    drop_last: bool = False
+    decode: str | None = None
+    crop: int | None = None
+    verify: bool = True
+    cache: str | None = None
+    prefetch_queue_depth: int = 2
+    exts: tuple[str, ...] = ("jpeg",)
+
+    def __post_init__(self) -> None:
+        _int(self.batch_size, "batch_size", minimum=1)
+        _int(self.num_threads, "num_threads", minimum=1)
+        _int(self.prefetch_queue_depth, "prefetch_queue_depth", minimum=1)
+        _int(self.window_shards, "window_shards", minimum=1)
+        if _int(self.seed, "seed", minimum=0) >= SEED_LIMIT:
+            raise UsageError(f"seed must be below 2**64, got {self.seed}")
+        if self.device_id is not None:
+            _int(self.device_id, "device_id", minimum=0)
+        if (self.shard_id is None) != (self.num_shards is None):
+            raise UsageError("give shard_id and num_shards together (or neither: detected)")
+        if self.shard_id is not None and self.num_shards is not None:
+            RankInfo(
+                rank=_int(self.shard_id, "shard_id", minimum=0),
+                world_size=_int(self.num_shards, "num_shards", minimum=1),
+            )
+        if self.order is not None:
+            check_order(self.order)
+        if self.decode not in DECODERS:
+            raise UsageError(f"invalid decode {self.decode!r}: choose None, 'cpu' or 'mixed'")
+        if self.decode == "mixed" and self.device_id is None:
+            raise UsageError(
+                "decode='mixed' decodes with nvJPEG on a GPU: give device_id (a CUDA device), "
+                "or use decode='cpu'"
+            )
+        if self.crop is not None:
+            _int(self.crop, "crop", minimum=1)
+            if self.decode is None:
+                raise UsageError("crop needs decoded images: give decode='cpu' or 'mixed'")
+        if isinstance(self.exts, str) or not self.exts:
+            raise UsageError("exts must be a non-empty tuple of extensions, e.g. ('jpeg',)")
+        for ext in self.exts:
+            if not isinstance(ext, str) or not ext or ext.startswith(".") or ";" in ext:
+                raise UsageError(f"invalid extension {ext!r} in exts (write 'jpeg', not '.jpeg')")
+
+    def ranks(self) -> RankInfo:
+        """shard_id/num_shards as a rank layout, or the detected one (ShardDataset's)."""
+        if self.shard_id is None or self.num_shards is None:
+            return detect_ranks()
+        return RankInfo(rank=self.shard_id, world_size=self.num_shards, source="given")
+
+    def op_seed(self, rank: int, salt: int) -> int:
+        """A seed in [0, 2**31) for a DALI operator, distinct per rank and use."""
+        words = [self.seed & 0xFFFFFFFF, self.seed >> 32, rank, salt]
+        return int(np.random.SeedSequence(words).generate_state(1)[0]) % 2**31
+
+
+class ShardPipeline:
+    """A built DALI pipeline over a shardio dataset (made by :func:`shardio.dali.pipeline`).
+
+    Its outputs are ``(data, label)``: data is the payload bytes (uint8, one 1-D array per
+    sample), or RGB uint8 HWC images when decoded; label is the class index (int64, -1 for
+    an unlabelled dataset).
+
+    Attributes:
+        pipe: the built ``nvidia.dali.Pipeline`` (replaced by :meth:`rebuild`).
+        verified: True when shardio checks every member before DALI sees it.
+        ranks: the rank split (``shard_id``/``num_shards``, or detected like ShardDataset's).
+        reader_name: the DALI reader's name on the unverified path (for DALI's iterators),
+            None on the verified path (its epochs end with ``StopIteration``).
+        manifest: the dataset's manifest.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], options: DALIOptions) -> None:
+        from shardio.dali import _graph  # imports nvidia.dali
+
+        self._graph = _graph
+        self.path = os.fspath(path)
+        self.options = options
+        self.ranks = options.ranks()
+        tar = False
+        self.verified = options.verify
+        self.reader_name: str | None = None
+        self._source: VerifiedSource | None = None
+        self._epoch = 0
+        if options.verify:
+            self._source = self._start_source()
+            self.manifest: Manifest = self._source.packed.manifest
+            tar = self.manifest.shard_format == "tar"
+        else:
+            opened = PackedDataset(self.path, cache=options.cache)
+            try:
+                self.manifest = opened.manifest
+                tar = self.manifest.shard_format == "tar"
+                if tar:
+                    self.reader_name = _graph.READER_NAME
+                    self._paths = self._reader_paths(opened)
+            finally:
+                opened.close()
+            if not tar:
+                self._source = self._start_source()
+        if not options.verify:
+            warnings.warn(
+                UnverifiedReadWarning(
+                    f"{self.path}: verify=False: "
+                    + (
+                        "DALI's webdataset reader reads the tar shards itself"
+                        if tar
+                        else "the HDF5 members are read without their checksum check"
+                    )
+                    + "; no byte is checked against shardio's xxh3-64, so a damaged shard "
+                    "reaches training unnoticed"
+                ),
+                stacklevel=3,
+            )
+        try:
+            self.pipe: Any = self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_source(self) -> VerifiedSource:
+        from shardio.dali._source import VerifiedSource
+
+        o = self.options
+        order = o.order or "random"
+        return VerifiedSource(
+            self.path,
+            batch_size=o.batch_size,
+            ranks=self.ranks,
+            seed=o.seed,
+            order=order if o.shuffle else "sequential",
+            window_shards=o.window_shards,
+            drop_last=o.drop_last,
+            verify=o.verify,
+            cache=o.cache,
+            exts=o.exts,
+        )
+
+    def _reader_paths(self, opened: PackedDataset) -> tuple[list[str], list[str]]:
+        """Shard and .idx paths for DALI's reader: staged copies where verified, shuffled by
+        shard when ``shuffle`` (the same on every rank), since DALI splits ranks by range.
+
+        DALI opens the staged copies itself, without the readers' shared lock: an eviction
+        while the job runs is not held off for them (open files stay readable on POSIX).
+        """
+        if not any(e in opened.index.exts for e in self.options.exts):
+            raise UsageError(
+                f"{self.path}: no member has extension {' or '.join(self.options.exts)}"
+            )
+        resolver = opened.resolver
+        paths, index_paths = [], []
+        for k, entry in enumerate(self.manifest.shards):
+            loc = resolver.locate(k)
+            assert entry.dali_index is not None  # tar shards always carry one
+            staged_idx = (
+                os.path.join(resolver.cache_root, entry.dali_index)
+                if loc.staged and resolver.cache_root is not None
+                else None
+            )
+            paths.append(loc.path)
+            if staged_idx is not None and os.path.isfile(staged_idx):
+                index_paths.append(staged_idx)
+            else:
+                index_paths.append(os.path.join(resolver.source_root, entry.dali_index))
+        if self.options.shuffle:
+            words = [self.options.seed & 0xFFFFFFFF, self.options.seed >> 32, 0xDA11]
+            perm = np.random.default_rng(words).permutation(len(paths)).tolist()
+            paths, index_paths = [paths[i] for i in perm], [index_paths[i] for i in perm]
+        return paths, index_paths
+
+    def _build(self) -> Any:
+        o = self.options
+        common: dict[str, Any] = {
+            "batch_size": o.batch_size,
+            "num_threads": o.num_threads,
+            "device_id": o.device_id,
+            "depth": o.prefetch_queue_depth,
+            "seed": o.op_seed(self.ranks.rank, 1),
+            "decode": o.decode,
+            "crop": o.crop,
+        }
+        if self._source is not None:
+            return self._graph.build_external(self._source, **common)
+        paths, index_paths = self._paths
+        return self._graph.build_reader(
+            paths,
+            index_paths,
+            exts=o.exts,
+            labelled=self.manifest.classes is not None,
+            shard_id=self.ranks.rank,
+            num_shards=self.ranks.world_size,
+            shuffle=o.shuffle,
+            **common,
+        )
+
+    # -- epochs and sizes ----------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass reads (verified path)."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next pass (a pass starting at DALI's iteration 0).
+
+        On the verified path the order is ShardDataset's for (seed, epoch). DALI's reader
+        (unverified path) reshuffles by its own generator every pass: there the epoch is
+        recorded only.
+
+        Raises:
+            UsageError: ``epoch`` is not an integer >= 0.
+        """
+        self._epoch = _int(epoch, "epoch", minimum=0)
+        if self._source is not None:
+            self._source.epoch = self._epoch
+
+    def rank_indices(self) -> np.ndarray[Any, Any]:
+        """Sample indices this rank reads in the current epoch, in order (verified path).
+
+        Raises:
+            UsageError: on the unverified path, whose order is DALI's.
+        """
+        if self._source is None:
+            raise UsageError("the order of DALI's reader (verify=False) is DALI's own")
+        return self._source.rank_indices()
+
+    @property
+    def drop_last(self) -> bool:
+        """Each rank cuts its remainder (True) or pads to equal counts (False)."""
+        return self.options.drop_last
+
+    def samples_per_rank(self) -> int:
+        """Samples every rank delivers per epoch (the same on each rank).
+
+        Verified path: ShardDataset's count (``ceil(N / world)``, padded by repeating samples
+        from the epoch's start, or ``N // world`` with ``drop_last``). Unverified path: whole
+        batches of DALI's reader (its last batch padded by repeating the shard's last sample,
+        or dropped with ``drop_last``).
+        """
+        b, world, n = self.options.batch_size, self.ranks.world_size, self.manifest.num_samples
+        if self._source is not None:
+            return self._source.samples_per_rank()
+        if self.options.drop_last:
+            return n // world // b * b
+        return _ceil_div(_ceil_div(n, world), b) * b
+
+    def __len__(self) -> int:
+        """Batches per epoch on each rank."""
+        return _ceil_div(self.samples_per_rank(), self.options.batch_size)
+
+    def iterator_kwargs(self) -> dict[str, Any]:
+        """Arguments for DALI's framework iterators that end epochs where shardio does."""
+        if self.reader_name is None:
+            return {"size": -1}
+        from nvidia.dali.plugin.base_iterator import LastBatchPolicy
+
+        policy = LastBatchPolicy.DROP if self.options.drop_last else LastBatchPolicy.FILL
+        return {"reader_name": self.reader_name, "last_batch_policy": policy}
+
+    @property
+    def cache_stats(self) -> dict[str, int]:
+        """Where shardio's reader found the shards (verified path; see
+        :attr:`PackedDataset.cache_stats`); empty on DALI's reader path."""
+        return dict(self._source.packed.cache_stats) if self._source is not None else {}
+
+    @property
+    def uniform(self) -> bool:
+        """Every batch's data has one shape (decoded and cropped): a dense tensor."""
+        return self.options.crop is not None
+
+    def rebuild(self) -> None:
+        """Build a fresh DALI pipeline (a pass abandoned mid-epoch cannot be reset)."""
+        self.pipe = None
+        self.pipe = self._build()
+
+    def close(self) -> None:
+        """Drop the DALI pipeline and close the dataset's files."""
+        self.pipe = None
+        if self._source is not None:
+            self._source.close()
+
+    def __enter__(self) -> ShardPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

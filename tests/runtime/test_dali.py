@@ -1,0 +1,307 @@
+"""shardio.dali on CPU-only DALI pipelines: the same samples as ShardDataset, checked bytes.
+
+Every pipeline here runs with ``device_id=None``. The verified path (shardio's reader feeding
+``fn.external_source``) must deliver ShardDataset's samples in ShardDataset's order; DALI's
+own tar reader (``verify=False``) must deliver the dataset's bytes and labels, in its order.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("nvidia.dali")
+
+import shardio.dali as sdali
+from shardio.cache.stage import StageOptions, stage_dataset
+from shardio.errors import ChecksumMismatchError, UsageError
+from shardio.runtime.dataset import ShardDataset
+from shardio.runtime.ranks import RankInfo
+
+pytestmark = pytest.mark.dali
+
+Packed = Any  # tests/runtime/conftest.py's Packed (a conftest is not imported by name)
+
+BATCH = 64  # 600 samples: 9 full batches and one of 24
+
+
+def _epoch(loader: Iterable[dict[str, Any]]) -> tuple[list[bytes], list[int], list[int]]:
+    """One loop of a loader: (bytes per sample, label per sample, batch sizes)."""
+    data: list[bytes] = []
+    labels: list[int] = []
+    sizes: list[int] = []
+    for batch in loader:
+        assert set(batch) == {"data", "label"}
+        label = batch["label"]
+        assert isinstance(label, torch.Tensor) and label.dtype == torch.int64
+        assert label.shape == (len(batch["data"]),)
+        data += [bytes(t.numpy()) for t in batch["data"]]
+        labels += label.tolist()
+        sizes.append(len(batch["data"]))
+    return data, labels, sizes
+
+
+def _expected(
+    packed: Packed, *, seed: int, epoch: int, ranks: RankInfo, drop_last: bool = False
+) -> tuple[list[bytes], list[int]]:
+    """What ShardDataset delivers to ``ranks`` in ``epoch``: (bytes, labels) in order."""
+    ds = ShardDataset(packed.path, seed=seed, ranks=ranks, drop_last=drop_last)
+    try:
+        ds.set_epoch(epoch)
+        samples = [ds[int(i)] for i in ds.rank_indices()]
+    finally:
+        ds.close()
+    for sample in samples:
+        packed.check_sample(sample)
+    return [s["jpeg"] for s in samples], [s["cls"] for s in samples]
+
+
+def _unverified(path: Path, **kwargs: Any) -> sdali.DALILoader:
+    with pytest.warns(sdali.UnverifiedReadWarning, match="no byte is checked"):
+        return sdali.loader(path, verify=False, **kwargs)
+
+
+# -- the verified path: ShardDataset's samples, in its order ----------------------------------
+def test_verified_pipeline_delivers_shard_dataset_samples(packed: Packed) -> None:
+    with sdali.loader(packed.path, batch_size=BATCH, seed=7, shard_id=0, num_shards=1) as loader:
+        assert loader.pipeline.verified
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            data, labels, sizes = _epoch(loader)
+            want = _expected(packed, seed=7, epoch=epoch, ranks=RankInfo())
+            assert data == want[0], f"epoch {epoch}: bytes or order differ from ShardDataset"
+            assert labels == want[1]
+            assert sizes == [BATCH] * 9 + [24]
+            assert len(loader) == len(sizes)
+        assert _epoch(loader)[0] == data  # no set_epoch: the same epoch again
+
+
+def test_no_shuffle_reads_in_dataset_order(packed_tar: Packed) -> None:
+    with sdali.loader(packed_tar.path, batch_size=100, shuffle=False) as loader:
+        data, labels, _ = _epoch(loader)
+    assert data == [packed_tar.payload[k] for k in packed_tar.keys]
+    assert labels == [packed_tar.label[k] for k in packed_tar.keys]
+
+
+@pytest.mark.parametrize(("world", "drop_last"), [(2, False), (7, False), (7, True)])
+def test_ranks_split_like_shard_dataset(packed_hdf5: Packed, world: int, drop_last: bool) -> None:
+    got: list[bytes] = []
+    counts = set()
+    for rank in range(world):
+        ranks = RankInfo(rank=rank, world_size=world)
+        with sdali.loader(
+            packed_hdf5.path,
+            batch_size=32,
+            seed=3,
+            shard_id=rank,
+            num_shards=world,
+            drop_last=drop_last,
+        ) as loader:
+            data, labels, _ = _epoch(loader)
+            assert len(loader) == -(-len(data) // 32)
+        assert (data, labels) == _expected(
+            packed_hdf5, seed=3, epoch=0, ranks=ranks, drop_last=drop_last
+        )
+        counts.add(len(data))
+        got += data
+    n = len(packed_hdf5.keys)
+    assert counts == {n // world if drop_last else -(-n // world)}  # equal on every rank
+    everything = {packed_hdf5.payload[k] for k in packed_hdf5.keys}
+    if world == 2:
+        assert sorted(got) == sorted(everything)  # exactly once
+    elif drop_last:
+        assert len(set(got)) == len(got)  # nothing repeats
+    else:
+        assert set(got) == everything  # padded by repeats, nothing missing
+
+
+def test_ranks_default_to_the_detected_world(
+    packed_tar: Packed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with sdali.loader(packed_tar.path, batch_size=50, seed=5) as loader:
+        assert (loader.pipeline.ranks.rank, loader.pipeline.ranks.world_size) == (1, 3)
+        data, labels, _ = _epoch(loader)
+    assert (data, labels) == _expected(
+        packed_tar, seed=5, epoch=0, ranks=RankInfo(rank=1, world_size=3)
+    )
+
+
+def test_a_loop_left_early_restarts_its_epoch(packed_tar: Packed) -> None:
+    with sdali.loader(packed_tar.path, batch_size=BATCH, seed=1) as loader:
+        for i, _batch in enumerate(loader):
+            if i == 2:
+                break
+        loader.set_epoch(4)
+        data, _, _ = _epoch(loader)
+    assert data == _expected(packed_tar, seed=1, epoch=4, ranks=RankInfo())[0]
+
+
+def test_reads_verified_copies_from_a_staging_area(packed_tar: Packed, tmp_path: Path) -> None:
+    area = tmp_path / "area"
+    stage_dataset(packed_tar.path, area, StageOptions())
+    with sdali.loader(packed_tar.path, batch_size=BATCH, seed=2, cache=area) as loader:
+        data, labels, _ = _epoch(loader)
+        stats = loader.pipeline.cache_stats
+    assert (data, labels) == _expected(packed_tar, seed=2, epoch=0, ranks=RankInfo())
+    assert stats["hits"] == packed_tar.num_shards and stats["misses"] == 0
+    assert stats["bytes_source"] == 0 and stats["bytes_cache"] > 0
+
+
+@pytest.mark.parametrize("fmt", ["tar", "hdf5"])
+def test_a_flipped_byte_raises_checksum_mismatch(
+    fmt: str,
+    request: pytest.FixtureRequest,
+    corrupt_copy: Callable[[Packed, str], tuple[Packed, str, int]],
+) -> None:
+    packed: Packed = request.getfixturevalue(f"packed_{fmt}")
+    key = packed.keys[len(packed.keys) // 2]
+    bad, shard, _ = corrupt_copy(packed, key)
+    with (
+        sdali.loader(bad.path, batch_size=BATCH, shuffle=False) as loader,
+        pytest.raises(ChecksumMismatchError) as info,
+    ):
+        _epoch(loader)
+    assert info.value.key == key
+    assert info.value.path == shard
+    assert info.value.member == "jpeg"
+
+
+# -- DALI's own tar reader: unverified ---------------------------------------------------------
+@pytest.mark.parametrize("world", [1, 2])
+def test_unverified_reader_delivers_the_dataset(packed_tar: Packed, world: int) -> None:
+    got: collections.Counter[tuple[bytes, int]] = collections.Counter()
+    counts = set()
+    for rank in range(world):
+        loader = _unverified(
+            packed_tar.path, batch_size=20, seed=4, shard_id=rank, num_shards=world
+        )
+        with loader:
+            assert not loader.pipeline.verified and loader.pipeline.reader_name
+            data, labels, sizes = _epoch(loader)
+            assert len(loader) == len(sizes)
+        counts.add(len(data))
+        got.update(zip(data, labels, strict=True))
+    want = collections.Counter(
+        (packed_tar.payload[k], packed_tar.label[k]) for k in packed_tar.keys
+    )
+    assert counts == {len(packed_tar.keys) // world}
+    assert got == want
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_unverified_reader_gives_every_rank_the_same_count(
+    packed_tar: Packed, drop_last: bool
+) -> None:
+    world, batch = 7, 16  # 600 samples: ranks of 85 or 86
+    counts = set()
+    for rank in range(world):
+        with _unverified(
+            packed_tar.path, batch_size=batch, shard_id=rank, num_shards=world, drop_last=drop_last
+        ) as loader:
+            data, labels, sizes = _epoch(loader)
+            assert len(loader) == len(sizes)
+            assert loader.pipeline.samples_per_rank() == len(data)
+        assert all(
+            labels[i] == packed_tar.label[_key_of(packed_tar, d)] for i, d in enumerate(data)
+        )
+        counts.add(len(data))
+    assert counts == {80 if drop_last else 96}
+
+
+def _key_of(packed: Packed, data: bytes) -> str:
+    return next(k for k in packed.keys if packed.payload[k] == data)
+
+
+def test_unverified_hdf5_warns_and_reads_in_shard_dataset_order(packed_hdf5: Packed) -> None:
+    with _unverified(packed_hdf5.path, batch_size=BATCH, seed=9) as loader:
+        assert not loader.pipeline.verified and loader.pipeline.reader_name is None
+        data, labels, _ = _epoch(loader)
+    assert (data, labels) == _expected(packed_hdf5, seed=9, epoch=0, ranks=RankInfo())
+
+
+# -- decoding ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("verify", [True, False])
+def test_cpu_decode_and_crop_gives_uint8_batches(packed_tar: Packed, verify: bool) -> None:
+    kwargs: dict[str, Any] = {"batch_size": 50, "decode": "cpu", "crop": 48, "num_threads": 2}
+    if verify:
+        loader = sdali.loader(packed_tar.path, **kwargs)
+    else:
+        loader = _unverified(packed_tar.path, **kwargs)
+    with loader:
+        batches = 0
+        for batch in loader:
+            images = batch["data"]
+            assert isinstance(images, torch.Tensor)
+            assert images.dtype == torch.uint8
+            assert images.shape == (50, 48, 48, 3)
+            assert batch["label"].shape == (50,)
+            batches += 1
+        assert batches == len(loader) == 12
+
+
+def test_cpu_decode_matches_pillow(packed_tar: Packed) -> None:
+    with sdali.loader(packed_tar.path, batch_size=8, decode="cpu", shuffle=False) as loader:
+        batch = next(iter(loader))
+    for i, key in enumerate(packed_tar.keys[:8]):
+        want = np.asarray(Image.open(io.BytesIO(packed_tar.payload[key])).convert("RGB"))
+        got = batch["data"][i].numpy()
+        assert got.shape == want.shape
+        diff = np.abs(got.astype(np.int16) - want.astype(np.int16))
+        assert diff.mean() < 2.0, f"{key}: mean difference {diff.mean():.2f}"
+    assert batch["label"].tolist() == [packed_tar.label[k] for k in packed_tar.keys[:8]]
+
+
+# -- arguments and imports ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"decode": "mixed"}, "device_id"),
+        ({"crop": 224}, "decode"),
+        ({"decode": "gpu"}, "invalid decode"),
+        ({"shard_id": 1}, "together"),
+        ({"shard_id": 2, "num_shards": 2}, "invalid rank"),
+        ({"exts": ("png",)}, "no member has extension png"),
+        ({"exts": (".jpeg",)}, "invalid extension"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"order": "backwards"}, "invalid order"),
+    ],
+)
+def test_bad_arguments_raise_usage_error(
+    packed_tar: Packed, kwargs: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(UsageError, match=match):
+        sdali.pipeline(packed_tar.path, **{"batch_size": 4, **kwargs})
+
+
+def test_import_shardio_imports_neither_dali_nor_torch(
+    child_env: Callable[..., dict[str, str]],
+) -> None:
+    script = """
+import sys
+import shardio
+import shardio.dali
+from shardio import PackedDataset, ShardioError
+print("LOADED", sorted({m.split(".")[0] for m in sys.modules} & {"nvidia", "torch"}))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=child_env(),
+        cwd=os.fspath(Path(__file__).resolve().parents[2]),
+    ).stdout
+    assert "LOADED []" in out
