@@ -350,10 +350,14 @@ class ShardDataset(Dataset[dict[str, Any]]):
         return self.num_samples
 
     def _finish(self, sample: dict[str, Any]) -> dict[str, Any]:
+        key = sample["__key__"]
         if self._decoder is not None:
             sample = self._decoder(sample)
         if self.transform is not None:
             sample = self.transform(sample)
+        if isinstance(sample, dict) and "__key__" not in sample:
+            # The loader counts delivered samples by key (exact resume): keep it.
+            sample = {"__key__": key, **sample}
         return sample
 
     def _sample_index(self, index: object) -> int:

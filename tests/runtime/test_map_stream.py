@@ -268,3 +268,10 @@ def test_batch_columns_are_byte_columns(packed_tar):
     assert isinstance(column, ByteColumn)
     assert [bytes(v) for v in column] == [packed_tar.payload[k] for k in packed_tar.keys[:8]]
     assert bytes(column.tensor(3).numpy()) == packed_tar.payload[packed_tar.keys[3]]
+
+
+def test_a_decoder_that_drops_the_key_still_loads(packed_tar):
+    """The loader counts samples by key: a decode callable need not carry ``__key__``."""
+    ds = ShardDataset(packed_tar.path, decode=lambda s: {"n": len(s["jpeg"])})
+    keys = [k for b in ds.loader(batch_size=32, num_workers=0) for k in b["__key__"]]
+    packed_tar.assert_exactly_once(keys)
