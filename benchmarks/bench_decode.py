@@ -479,17 +479,6 @@ def _wait_quiet(limit_s: float, threshold: float = 0.3) -> float:
             return waited
 
 
-def _warm_up(path: str) -> None:
-    """Read every file under ``path`` so that it sits in the page cache."""
-    buf = bytearray(16 * common.MiB)
-    view = memoryview(buf)
-    for root, _, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(root, name), "rb", buffering=0) as fh:
-                while fh.readinto(view):
-                    pass
-
-
 # --------------------------------------------------------------------------------------------
 # Measuring.
 # --------------------------------------------------------------------------------------------
@@ -565,7 +554,7 @@ def _measure(
 ) -> None:
     job = o.job
     if cache == "warm":
-        _warm_up(data.tree if job.data == "tree" else data.pack)
+        common.warm_up(data.tree if job.data == "tree" else data.pack)
         common.back_free_memory(data.backed_bytes)  # cold runs: after the drop
 
     def drop() -> None:

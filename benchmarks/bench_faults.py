@@ -437,18 +437,6 @@ def _heal(data: Data) -> None:
         raise SystemExit(f"cannot restore the staging area:\n{run.stderr_tail}")
 
 
-def _warm_up(paths: Sequence[str]) -> None:
-    """Read every file under ``paths`` so that it sits in the page cache."""
-    buf = bytearray(16 * common.MiB)
-    view = memoryview(buf)
-    for path in paths:
-        for root, _, files in os.walk(path):
-            for name in files:
-                with open(os.path.join(root, name), "rb", buffering=0) as fh:
-                    while fh.readinto(view):
-                        pass
-
-
 # --------------------------------------------------------------------------------------------
 # Measuring.
 # --------------------------------------------------------------------------------------------
@@ -540,9 +528,9 @@ def _measure(
             _heal(data)
     if cache == "warm":
         if job.data == "stage":
-            _warm_up([data.pack, data.stage])
+            common.warm_up(data.pack, data.stage)
         else:
-            _warm_up([data.pack if job.data == "pack" else data.damaged])
+            common.warm_up(data.pack if job.data == "pack" else data.damaged)
 
     def drop() -> None:
         cold_ok[0] = common.drop_caches() and cold_ok[0]

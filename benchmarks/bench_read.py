@@ -435,17 +435,6 @@ def _shard_files(data_dir: str, fmt: str) -> list[str]:
     )
 
 
-def _warm_up(path: str) -> None:
-    """Read every file under ``path`` so that it sits in the page cache."""
-    buf = bytearray(16 * common.MiB)
-    view = memoryview(buf)
-    for root, _, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(root, name), "rb", buffering=0) as fh:
-                while fh.readinto(view):
-                    pass
-
-
 # --------------------------------------------------------------------------------------------
 # Measuring.
 # --------------------------------------------------------------------------------------------
@@ -522,7 +511,7 @@ def _measure_one(
     cfg = outcome.config
     data = paths[cfg.data]
     if cache == "warm":
-        _warm_up(data)
+        common.warm_up(data)
 
     def drop() -> None:
         cold_ok[0] = common.drop_caches() and cold_ok[0]
@@ -619,7 +608,7 @@ def _syscall_pass(
     the difference is the per-sample cost beyond start-up."""
     cfg = outcome.config
     data = paths[cfg.data]
-    _warm_up(data)
+    common.warm_up(data)
     limit = _syscall_limit(args, num_samples)
     roots = sorted({os.path.realpath(data), os.path.abspath(data)})
     counts = []

@@ -32,6 +32,7 @@ __all__ = [
     "hold_bench_lock",
     "child_handshake",
     "drop_caches",
+    "warm_up",
     "ensure_tree",
     "first_line",
     "import_streaming",
@@ -522,3 +523,15 @@ def import_streaming() -> None:
         pkg.__path__ = list(spec.submodule_search_locations)
         pkg.__spec__ = spec
         sys.modules["streaming"] = pkg
+
+
+def warm_up(*paths: str) -> None:
+    """Read every file under each of ``paths`` so that it sits in the page cache."""
+    buf = bytearray(16 * MiB)
+    view = memoryview(buf)
+    for path in paths:
+        for root, _, files in os.walk(path):
+            for name in files:
+                with open(os.path.join(root, name), "rb", buffering=0) as fh:
+                    while fh.readinto(view):
+                        pass
