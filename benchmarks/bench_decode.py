@@ -907,12 +907,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.hold_bench_lock(args.workdir)
 
     jobs = list(JOBS)
-    if args.only:
-        wanted = set(args.only.split(","))
-        unknown = wanted - set(BY_NAME)
-        if unknown:
-            parser.error(f"unknown --only names {sorted(unknown)}; known: {', '.join(BY_NAME)}")
-        jobs = [j for j in jobs if j.name in wanted]
+    jobs = common.select_named(parser, args.only, jobs)
     try:
         from nvidia.dali import __version__ as dali_version
     except Exception:

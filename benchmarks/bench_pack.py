@@ -454,15 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.hold_bench_lock(args.workdir)
 
     configs = _configs(args.shard_size, args.shard_size_bytes)
-    if args.only:
-        wanted = set(args.only.split(","))
-        unknown = wanted - {c.name for c in configs}
-        if unknown:
-            parser.error(
-                f"unknown --only names {sorted(unknown)}; known: "
-                + ", ".join(c.name for c in configs)
-            )
-        configs = [c for c in configs if c.name in wanted]
+    configs = common.select_named(parser, args.only, configs)
 
     src = _ensure_tree(args)
     num_files, payload = common.tree_payload(src)

@@ -1048,12 +1048,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.hold_bench_lock(args.workdir)
 
     configs = list(CONFIGS)
-    if args.only:
-        wanted = set(args.only.split(","))
-        unknown = wanted - set(BY_NAME)
-        if unknown:
-            parser.error(f"unknown --only names {sorted(unknown)}; known: {', '.join(BY_NAME)}")
-        configs = [c for c in configs if c.name in wanted]
+    configs = common.select_named(parser, args.only, configs)
 
     src = common.ensure_tree(
         REPO,

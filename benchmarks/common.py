@@ -24,6 +24,7 @@ import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any, TypeVar
 
 __all__ = [
     "ChildRun",
@@ -32,6 +33,7 @@ __all__ = [
     "hold_bench_lock",
     "child_handshake",
     "drop_caches",
+    "select_named",
     "warm_up",
     "ensure_tree",
     "first_line",
@@ -54,6 +56,7 @@ __all__ = [
 
 MiB = 1024**2
 RESULTS_TITLE = "# shardio benchmark results"
+T = TypeVar("T")
 
 
 def drop_caches() -> bool:
@@ -535,3 +538,16 @@ def warm_up(*paths: str) -> None:
                 with open(os.path.join(root, name), "rb", buffering=0) as fh:
                     while fh.readinto(view):
                         pass
+
+
+def select_named(parser: Any, only: str, items: Sequence[T]) -> list[T]:
+    """The ``items`` whose ``.name`` is in the comma-separated ``only`` (all when empty);
+    an unknown name is a usage error through ``parser``."""
+    if not only:
+        return list(items)
+    names = [item.name for item in items]  # type: ignore[attr-defined]
+    wanted = set(only.split(","))
+    unknown = wanted - set(names)
+    if unknown:
+        parser.error(f"unknown --only names {sorted(unknown)}; known: {', '.join(names)}")
+    return [item for item in items if item.name in wanted]  # type: ignore[attr-defined]
