@@ -98,7 +98,6 @@ CONFIGS = [
     Config("h5py", "naive h5py (hdf5 shards)", "hdf5", "random", raw_ref="cat-hdf5"),
     Config("dali", "DALI `fn.readers.webdataset` (CPU, in-process)", "tar", "sequential"),
 ]
-BY_NAME = {c.name: c for c in CONFIGS}
 
 
 # --------------------------------------------------------------------------------------------
