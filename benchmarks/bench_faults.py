@@ -240,7 +240,7 @@ def _shard_child(argv: Sequence[str]) -> int:
         "time_s": t_end - t0,
         "first_s": first_s,
         "recovery": dict(ds.recovery_stats),
-        "cache": dict(ds.packed.cache_stats),
+        "cache": dict(ds.read_metrics().counts),
     }
     with open(args.result, "w") as fh:
         json.dump(out, fh)

@@ -37,8 +37,8 @@ from shardio.errors import FormatError, IntegrityError, ShardioError, StorageErr
 from shardio.format.checksum import fd_xxh3_128, file_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
+from shardio.metrics.progress import Counters, ProgressCallback
 from shardio.packing.dest import locked
-from shardio.progress import Counters, ProgressCallback
 from shardio.storage.atomic import atomic_write, storage_error
 from shardio.storage.files import describe_kind, make_dirs_inside, open_regular, read_regular
 from shardio.verify import ShardProblem, VerifyReport, verify_dataset

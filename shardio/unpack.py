@@ -8,6 +8,7 @@ directory) OUT stays as it was, and nothing outside OUT and that directory is wr
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shardio.errors import FormatError, StorageError, UsageError
+from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
 from shardio.read.packed import PackedDataset
 from shardio.storage.atomic import TEMP_MARK, create_temp
 
@@ -168,9 +170,16 @@ def _temp_name(taken: set[bytes], rel_dir: bytes) -> bytes:
 
 
 def _write_tree(
-    ds: PackedDataset, files: list[_File], tree: bytes, shown: Callable[[bytes], str]
+    ds: PackedDataset,
+    files: list[_File],
+    tree: bytes,
+    shown: Callable[[bytes], str],
+    counters: Counters | None = None,
 ) -> int:
-    """Write every file under ``tree`` (each under a temp name, then renamed); return bytes."""
+    """Write every file under ``tree`` (each under a temp name, then renamed); return bytes.
+
+    Each file written is added to ``counters`` (one file, its bytes), when given.
+    """
     taken = {f.rel for f in files}
     for f in files:
         parts = f.rel.split(b"/")
@@ -194,14 +203,28 @@ def _write_tree(
                 exc.errno or errno.EIO, f"cannot write {shown(f.rel)}: {exc.strerror or exc}"
             ) from exc
         nbytes += len(data)
+        if counters is not None:
+            counters.add(1, len(data))
     return nbytes
 
 
-def unpack_dataset(root: str | os.PathLike[str], out: str | os.PathLike[str]) -> UnpackResult:
+def unpack_dataset(
+    root: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    progress: ProgressCallback | None = None,
+) -> UnpackResult:
     """Write every packed file back under ``out`` at its original relative path.
 
     ``out`` must not exist or be an empty directory; it appears (or is replaced by the
     filled directory) only when every file is restored. Missing parents are created.
+
+    Args:
+        root: the dataset directory.
+        out: the directory to restore the tree into.
+        progress: called from a helper thread with (files, bytes) snapshots against the
+            totals the index lists, and once more with a final snapshot when ``out`` is in
+            place (not after a failure).
 
     Raises:
         UsageError: ``out`` exists and is not empty (or is not a directory).
@@ -224,20 +247,33 @@ def unpack_dataset(root: str | os.PathLike[str], out: str | os.PathLike[str]) ->
 
     with PackedDataset(root) as ds:
         files = _plan(ds, ds.index.path)
+        counters = Counters(shared=False)  # one thread writes: no shared memory needed
+        tracker = (
+            ProgressThread(
+                counters,
+                progress,
+                files_total=len(files),
+                # Sizes from the index, whose records _plan checked against the manifest.
+                bytes_total=int(ds.index.members["size"][[f.member for f in files]].sum()),
+            )
+            if progress is not None
+            else contextlib.nullcontext()
+        )
         made = _make_parents(parent)
         tree = b""
         try:
-            tree = _make_private_dir(parent, name)
-            nbytes = _write_tree(ds, files, tree, shown)
-            if keep_mode is not None:
-                os.chmod(tree, keep_mode)
-            try:
-                os.rename(tree, target)  # onto an empty directory too
-            except OSError as exc:
-                raise StorageError(
-                    exc.errno or errno.EIO,
-                    f"cannot move the unpacked tree to {out_shown}: {exc.strerror}",
-                ) from exc
+            with tracker:  # the final snapshot only once OUT is in place
+                tree = _make_private_dir(parent, name)
+                nbytes = _write_tree(ds, files, tree, shown, counters)
+                if keep_mode is not None:
+                    os.chmod(tree, keep_mode)
+                try:
+                    os.rename(tree, target)  # onto an empty directory too
+                except OSError as exc:
+                    raise StorageError(
+                        exc.errno or errno.EIO,
+                        f"cannot move the unpacked tree to {out_shown}: {exc.strerror}",
+                    ) from exc
         except BaseException:
             if tree:
                 shutil.rmtree(tree, ignore_errors=True)

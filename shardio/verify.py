@@ -27,7 +27,7 @@ from shardio.cache.protocol import read_plan, stamp_matches, stamp_path
 from shardio.errors import FormatError, StorageError
 from shardio.format.checksum import file_xxh3_128, hex64, new_file_hasher
 from shardio.format.manifest import ShardEntry
-from shardio.progress import Counters, ProgressCallback, ProgressThread
+from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
 from shardio.read.check import member_digest_problem
 from shardio.read.packed import PackedDataset
 from shardio.storage.files import describe_kind, open_regular

@@ -34,7 +34,7 @@ from shardio.errors import IntegrityError, ShardioError, StorageError, UsageErro
 from shardio.format.checksum import fd_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry
 from shardio.format.spec import MANIFEST_FILENAME
-from shardio.progress import Counters
+from shardio.metrics.progress import Counters
 from shardio.storage.atomic import (
     atomic_write,
     create_temp,

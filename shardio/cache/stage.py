@@ -23,7 +23,7 @@ from shardio.cache.protocol import STAGE_DIR, write_plan
 from shardio.errors import IntegrityError, UsageError
 from shardio.format.manifest import load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
-from shardio.progress import Counters, ProgressCallback, ProgressThread
+from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
 from shardio.runtime.order import check_order
 from shardio.storage.files import make_dirs_inside
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from shardio._version import __version__
+from shardio.cli.bench import add_bench_parser, cmd_bench
 from shardio.cli.common import (
     EXIT_DAMAGED,
     EXIT_DEGRADED,
@@ -40,7 +41,7 @@ from shardio.runtime.order import ORDERS
 from shardio.units import format_duration, format_size
 
 if TYPE_CHECKING:
-    from shardio.progress import ProgressCallback
+    from shardio.metrics.progress import ProgressCallback
     from shardio.verify import VerifyReport
 
 __all__ = ["default_stage_dir", "default_workers", "main", "parse_part"]
@@ -93,6 +94,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("merge", help="join the parts of a multi-node pack")
     m.add_argument("dst")
+    m.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     v = sub.add_parser(
         "verify",
@@ -171,8 +173,10 @@ def _build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("unpack", help="restore the original tree, byte for byte")
     u.add_argument("dst")
     u.add_argument("out")
+    u.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     add_topo_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 
@@ -321,6 +325,59 @@ def _count(items: Sequence[Any], index_path: str) -> str:
     return text
 
 
+_STRIPING_FS = ("lustre", "beegfs")  # the filesystems whose layout shardio sets and reads
+
+
+def _exact_size(size_bytes: int) -> str:
+    """``4 MiB``, ``192 KiB``: a stripe size exactly (they are multiples of 64 KiB)."""
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if size_bytes % unit == 0:
+            return f"{size_bytes // unit} {name}"
+    return f"{size_bytes:,} bytes"
+
+
+def _stripe_words(stripe: str, commands: Any) -> str:
+    """``stripe count 8, stripe size 4 MiB`` for the recorded ``8x4MiB``."""
+    from shardio.storage.striping import StripeSpec, parse_stripe
+
+    try:
+        spec = parse_stripe(stripe)
+    except UsageError:
+        return f"stripe {stripe}"
+    if not isinstance(spec, StripeSpec):  # "pfl": its components are in the command run
+        argv = commands[0] if isinstance(commands, list) and len(commands) == 1 else None
+        if isinstance(argv, list) and len(argv) > 3 and all(isinstance(a, str) for a in argv):
+            return f"progressive file layout ({' '.join(argv[2:-1])})"  # no lfs, setstripe, DIR
+        return "progressive file layout"
+    count = "-1 (all OSTs)" if spec.count == -1 else str(spec.count)
+    return f"stripe count {count}, stripe size {_exact_size(spec.size_bytes)}"
+
+
+def _pack_striping(layout: dict[str, Any]) -> str:
+    """What the manifest recorded about striping when the dataset was packed, in words.
+
+    Lenient: a record this shardio would not write (an older or hand-made manifest) is
+    shown as far as it can be read, never an error.
+    """
+    if not layout:
+        return "not recorded"
+    fs_type, action = layout.get("fs_type"), layout.get("action")
+    stripe, message = layout.get("stripe"), layout.get("message")
+    where = fs_type if isinstance(fs_type, str) and fs_type else "unknown filesystem"
+    if action == "applied" and isinstance(stripe, str):
+        return f"{where}, {_stripe_words(stripe, layout.get('commands'))} (set by shardio)"
+    if action == "failed":
+        why = f" ({message})" if isinstance(message, str) and message else ""
+        return f"{where}, the filesystem's default layout: shardio could not set one{why}"
+    if action == "none":
+        return f"{where}, the directory's own layout (striping turned off with --stripe none)"
+    if action == "skipped":
+        return f"{where}, no striping"
+    if isinstance(message, str) and message:
+        return f"{where}: {message}"
+    return f"{where}, recorded in a form this shardio does not know (see inspect --json)"
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from shardio.read.packed import PackedDataset
     from shardio.storage.fsdetect import detect_fs_type
@@ -329,6 +386,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     with PackedDataset(args.dst) as ds:
         man = ds.manifest
         fs_type = detect_fs_type(args.dst)
+        pack_layout = dict(man.layout)
         info = {
             "path": args.dst,
             "format_version": man.format_version,
@@ -341,8 +399,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             "extensions": sorted(ds.index.exts),
             "label_layout": man.label_layout,
             "classes": len(man.classes) if man.classes is not None else 0,
-            "filesystem": fs_type,
+            "filesystem": fs_type,  # now, where inspect runs
             "stripe_layout": describe_layout(os.path.join(args.dst, "shards"), fs_type=fs_type),
+            # What pack recorded (fs_type, action, stripe, commands, message); null if nothing.
+            "pack_layout": pack_layout or None,
             "created_by": man.created_by,
         }
     if args.json:
@@ -365,8 +425,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(f"classes       {len(man.classes):,} ({man.label_layout}): {shown}")
     else:
         print("classes       none")
-    print(f"filesystem    {fs_type}")
-    print(f"stripe layout {info['stripe_layout']}")
+    now = str(info["stripe_layout"]) if fs_type in _STRIPING_FS else "no striping"
+    now = now.replace("\n", "\n" + " " * 30)  # lfs getstripe may print several lines
+    print(f"stripe layout at pack time:   {_pack_striping(pack_layout)}")
+    print(f"              filesystem now: {fs_type}, {now}")
     print(f"created by    {man.created_by}")
     return EXIT_OK
 
@@ -393,9 +455,11 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _cmd_unpack(args: argparse.Namespace) -> int:
+    from shardio.cli.progressbar import ProgressBar
     from shardio.unpack import unpack_dataset
 
-    result = unpack_dataset(args.dst, args.out)
+    bar = None if args.no_progress else ProgressBar("unpacking")
+    result = unpack_dataset(args.dst, args.out, progress=bar)
     print(
         f"unpacked {result.files:,} files ({format_size(result.bytes)}) into {args.out} "
         f"in {format_duration(result.seconds)}"
@@ -412,6 +476,7 @@ _COMMANDS = {
     "unpack": _cmd_unpack,
     "stage": cmd_stage,
     "topo": cmd_topo,
+    "bench": cmd_bench,
 }
 
 

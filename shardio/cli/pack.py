@@ -75,9 +75,11 @@ def _show_path(path: bytes) -> str:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
+    from shardio.cli.progressbar import ProgressBar
     from shardio.packing.merge import merge_parts
 
-    result = merge_parts(args.dst)
+    bar = None if args.no_progress else ProgressBar("merging", unit="shards")
+    result = merge_parts(args.dst, progress=bar)
     man = result.manifest
     print(
         f"merged {result.num_parts} parts into {args.dst}: {man.num_samples:,} samples, "

@@ -6,7 +6,7 @@ import sys
 import time
 from typing import TextIO
 
-from shardio.progress import ProgressSnapshot
+from shardio.metrics.progress import ProgressSnapshot
 from shardio.units import format_duration, format_size
 
 __all__ = ["ProgressBar"]

@@ -18,6 +18,7 @@ import numpy as np
 
 from shardio.errors import UsageError
 from shardio.format.manifest import Manifest
+from shardio.metrics.read import ReadMetrics
 from shardio.read.packed import PackedDataset
 from shardio.runtime.order import check_order
 from shardio.runtime.ranks import RankInfo, detect_ranks
@@ -321,11 +322,10 @@ class ShardPipeline:
         policy = LastBatchPolicy.DROP if self.options.drop_last else LastBatchPolicy.FILL
         return {"reader_name": self.reader_name, "last_batch_policy": policy}
 
-    @property
-    def cache_stats(self) -> dict[str, int]:
-        """Where shardio's reader found the shards (verified path; see
-        :attr:`PackedDataset.cache_stats`); empty on DALI's reader path."""
-        return dict(self._source.packed.cache_stats) if self._source is not None else {}
+    def read_metrics(self) -> ReadMetrics:
+        """The read figures of shardio's reader (verified path: latency by source, bytes,
+        cache hits, checksum failures); empty on DALI's reader path, which reads alone."""
+        return self._source.packed.metrics.copy() if self._source is not None else ReadMetrics()
 
     @property
     def uniform(self) -> bool:

@@ -179,6 +179,7 @@ class VerifiedSource:
             data.append(np.frombuffer(buf, dtype=np.uint8))
             # The label lives in the checked index (the synthesised cls member holds the same).
             labels.append(np.array(int(rec["label"]), dtype=np.int64))
+        packed.metrics.add("samples", len(samples))
         return data, labels
 
     def _payload_member(self, sample: int) -> int:

@@ -8,6 +8,7 @@ fingerprint for a later ``--resume`` to compare against.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from shardio.format.checksum import file_xxh3_128
 from shardio.format.index import Index, merge_indexes, seal_manifest
 from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
 from shardio.format.spec import INDEX_FILENAME, MANIFEST_FILENAME, REPORT_FILENAME, WORK_DIR
+from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
 from shardio.packing.dest import existing_dir, locked, remove_temps, remove_work_dir
 from shardio.packing.workfiles import (
     PartRecord,
@@ -101,10 +103,19 @@ def _open_fragment(dst: str, part: PartRecord, rec: ShardRecord) -> Index:
     return frag
 
 
-def merge_parts(dst: str, *, durable: bool = True) -> MergeResult:
+def merge_parts(
+    dst: str, *, durable: bool = True, progress: ProgressCallback | None = None
+) -> MergeResult:
     """Merge the finished parts in ``dst`` into one dataset and remove the work files.
 
     Holds an exclusive lock on DST, so no part can still be writing.
+
+    Args:
+        dst: the dataset directory the parts were packed into.
+        durable: fsync what is written (the index, the pack report, the manifest).
+        progress: called from a helper thread with (shards, bytes) snapshots: a shard
+            counts, with its size, once its index fragment is checked; the final
+            snapshot comes when the manifest is written (not after a failure).
 
     Raises:
         UsageError: no parts, parts missing, parts packed with different options, or a
@@ -114,12 +125,31 @@ def merge_parts(dst: str, *, durable: bool = True) -> MergeResult:
     if not os.path.isdir(dst):
         raise UsageError(f"{dst} is not a directory holding packed parts")
     with locked(dst, shared=False):
-        return merge_locked(dst, durable=durable)
+        return merge_locked(dst, durable=durable, progress=progress)
 
 
-def merge_locked(dst: str, *, durable: bool = True) -> MergeResult:
+def merge_locked(
+    dst: str, *, durable: bool = True, progress: ProgressCallback | None = None
+) -> MergeResult:
     """:func:`merge_parts` for a caller that already holds DST's lock."""
     parts = _load_parts(dst)
+    counters = Counters(shared=False)  # counted by this thread only
+    tracker = (
+        ProgressThread(
+            counters,
+            progress,
+            files_total=sum(len(p.shards) for p in parts),
+            bytes_total=sum(rec.size_bytes for p in parts for rec in p.shards),
+        )
+        if progress is not None
+        else contextlib.nullcontext()
+    )
+    with tracker:
+        return _merge(dst, parts, counters, durable=durable)
+
+
+def _merge(dst: str, parts: list[PartRecord], counters: Counters, *, durable: bool) -> MergeResult:
+    """Join ``parts`` into DST's index, pack report and manifest; count shards as joined."""
     remove_temps(dst)  # left by a merge killed mid-write
     shards: list[ShardEntry] = []
     fragments: list[tuple[Index, int]] = []
@@ -141,6 +171,7 @@ def merge_locked(dst: str, *, durable: bool = True) -> MergeResult:
                 first_sample += rec.num_samples
                 num_members += rec.num_members
                 data_bytes += rec.data_bytes
+                counters.add(1, rec.size_bytes)
         index_path = os.path.join(dst, INDEX_FILENAME)
         with atomic_write(index_path, durable=durable) as fh:
             num_samples = merge_indexes(fh, fragments, n_shards=len(shards))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from shardio.errors import PackError, SourceError
 from shardio.format.spec import SHARD_DIR, WORK_DIR
+from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
 from shardio.packing.dest import remove_temps
 from shardio.packing.merge import merge_locked
 from shardio.packing.options import PackOptions, PackResult
@@ -33,7 +34,6 @@ from shardio.packing.workfiles import (
     write_record,
 )
 from shardio.packing.write import ShardJob, init_worker, reusable, write_shard
-from shardio.progress import Counters, ProgressCallback, ProgressThread
 from shardio.storage.files import make_dirs_inside
 from shardio.storage.fsdetect import resolve_fs_type
 from shardio.storage.runner import CommandRunner

@@ -21,6 +21,7 @@ import time
 from shardio.errors import FormatError, PackError, SourceError, UsageError
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME, WORK_DIR
+from shardio.metrics.progress import ProgressCallback
 from shardio.packing.dest import (
     DestState,
     check_owned,
@@ -40,7 +41,6 @@ from shardio.packing.options import PackOptions, PackResult
 from shardio.packing.part import RunContext, alignment_for, fingerprint_of, pack_part, scan_part
 from shardio.packing.replace import commit_replacement, finish_commit, next_dir
 from shardio.packing.workfiles import NEXT_DIR
-from shardio.progress import ProgressCallback
 from shardio.storage.files import make_dirs_inside
 from shardio.storage.runner import CommandRunner, run_command
 

@@ -27,6 +27,7 @@ from shardio.errors import PackError, ShardioError, StorageError
 from shardio.format.checksum import file_xxh3_128, member_xxh3_64
 from shardio.format.index import IndexBuilder, MemberEntry
 from shardio.format.spec import LABEL_EXT
+from shardio.metrics.progress import Counters
 from shardio.packing.plan import ShardPlan, shard_paths
 from shardio.packing.scan import PlannedFile, PlannedSample, Skipped
 from shardio.packing.workfiles import (
@@ -36,7 +37,6 @@ from shardio.packing.workfiles import (
     load_record,
     write_record,
 )
-from shardio.progress import Counters
 from shardio.storage.atomic import atomic_write
 from shardio.storage.files import open_regular
 from shardio.writers.base import ShardWriter, SourceChangedError

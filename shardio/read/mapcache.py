@@ -12,6 +12,7 @@ import mmap
 import os
 from collections import OrderedDict
 
+from shardio.metrics.read import ReadMetrics
 from shardio.read.opener import Opener, PosixOpener
 
 __all__ = ["MapCache"]
@@ -28,12 +29,18 @@ class MapCache:
         max_maps: mappings kept at once (virtual address space is the limit, not memory).
     """
 
-    def __init__(self, opener: Opener | None = None, max_maps: int = 1024) -> None:
+    def __init__(
+        self,
+        opener: Opener | None = None,
+        max_maps: int = 1024,
+        *,
+        metrics: ReadMetrics | None = None,
+    ) -> None:
         self.opener: Opener = opener if opener is not None else PosixOpener()
         self.max_maps = max_maps
+        self.metrics = metrics if metrics is not None else ReadMetrics()
         self._maps: OrderedDict[str, mmap.mmap | None] = OrderedDict()
         self._pid = os.getpid()
-        self.opens = 0
 
     def view(self, path: str) -> memoryview:
         """A writable (private) view of the whole file at ``path``."""
@@ -45,7 +52,7 @@ class MapCache:
             mm = self._maps[path]
             return memoryview(mm) if mm is not None else memoryview(bytearray())
         mm = self.opener.map(path)
-        self.opens += 1
+        self.metrics.add("map_opens")
         self._maps[path] = mm
         self._trim()
         return memoryview(mm) if mm is not None else memoryview(bytearray())

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from shardio.format.checksum import hex64
 from shardio.format.index import Index
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
+from shardio.metrics.read import ReadMetrics
 from shardio.read.check import member_digest_problem
 from shardio.read.mapcache import MapCache
 from shardio.read.opener import Opener, PosixOpener, read_fully
@@ -39,6 +41,10 @@ _ADVISE_GAP = 128 * 1024
 Event = dict[str, Any]
 
 
+def _failure_counter(problem: str) -> str:
+    return "checksum_failures" if problem == "checksum mismatch" else "read_errors"
+
+
 class FilePool:
     """Open read-only descriptors, at most ``max_open`` at a time (least recently used is
     closed first). Opens lazily, so it can be created before a fork and used after.
@@ -46,14 +52,17 @@ class FilePool:
     Args:
         opener: opens and closes the files.
         max_open: the bound on open descriptors.
+        metrics: counts the opens (``opens_staged``, ``opens_source``).
     """
 
-    def __init__(self, opener: Opener, max_open: int = 64) -> None:
+    def __init__(
+        self, opener: Opener, max_open: int = 64, metrics: ReadMetrics | None = None
+    ) -> None:
         self.opener = opener
         self.max_open = max_open
+        self.metrics = metrics if metrics is not None else ReadMetrics()
         self._fds: OrderedDict[str, int] = OrderedDict()
         self._pid = os.getpid()
-        self.opens = 0
 
     def fd(self, path: str, *, staged: bool = False) -> int:
         """Return an open descriptor for ``path``.
@@ -83,7 +92,7 @@ class FilePool:
             except StorageError:
                 self.opener.close(fd)
                 raise
-        self.opens += 1
+        self.metrics.add("opens_staged" if staged else "opens_source")
         self._fds[path] = fd
         if len(self._fds) > self.max_open:
             _, old = self._fds.popitem(last=False)
@@ -123,10 +132,14 @@ class PackedDataset:
         restage: stage a bad copy again from the source (once per node) instead of only
             dropping it; also a copy written, cut or removed after it was staged (its stamp
             no longer matches), which is otherwise only passed over for the source.
+        timed: time every member read into the latency histograms of ``metrics`` (False
+            keeps only the counters).
 
     Attributes:
         resolver: where each shard is read from.
         on_event: called with a dict for each recovery event (a dropped or re-staged copy).
+        metrics: this process's read counters and latency histograms (the one place the
+            pool, the map cache, the resolver, the reader and the recovery steps count).
     """
 
     def __init__(
@@ -137,6 +150,7 @@ class PackedDataset:
         cache: str | os.PathLike[str] | None = None,
         opener: Opener | None = None,
         restage: bool = False,
+        timed: bool = True,
     ) -> None:
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
@@ -148,25 +162,23 @@ class PackedDataset:
             os.path.join(self.root, self.manifest.index.path), manifest=self.manifest
         )
         self.opener: Opener = opener if opener is not None else PosixOpener()
+        self.metrics = ReadMetrics()
+        self.timed = timed
         self.resolver = ShardResolver(
-            self.manifest, self.root, os.fspath(cache) if cache is not None else None
+            self.manifest,
+            self.root,
+            os.fspath(cache) if cache is not None else None,
+            metrics=self.metrics,
         )
         self.restage = restage
         self.on_event: Callable[[Event], None] | None = None
-        self._bytes = {"bytes_cache": 0, "bytes_source": 0}
-        self.pool = FilePool(self.opener, max_open)
-        self.maps = MapCache(self.opener)
+        self.pool = FilePool(self.opener, max_open, self.metrics)
+        self.maps = MapCache(self.opener, metrics=self.metrics)
 
     @property
     def cache_root(self) -> str | None:
         """The staging area read from, or None."""
         return self.resolver.cache_root
-
-    @property
-    def cache_stats(self) -> dict[str, int]:
-        """Per-process counts: ``hits``/``misses`` (shards opened from the cache / the
-        source), ``bytes_cache``/``bytes_source``, ``dropped`` (bad copies), ``restaged``."""
-        return {**self.resolver.stats, **self._bytes}
 
     def __len__(self) -> int:
         return len(self.index)
@@ -232,6 +244,8 @@ class PackedDataset:
     ) -> tuple[str | None, OSError | None, tuple[int, int]]:
         """Read one member from ``loc``; return (problem, OS error, identity of the file).
 
+        A read that succeeds is timed (open included, check excluded) and counted by source.
+
         A failed staged copy stays open: while this process holds it, its inode cannot be
         reused by a fresh copy, so the identity compared before dropping it stays unique.
         The caller closes it once the copy is dealt with.
@@ -239,6 +253,7 @@ class PackedDataset:
         identity = NOT_OPENED
         problem: str | None = None
         error: OSError | None = None
+        began = time.perf_counter_ns() if self.timed else 0
         try:
             fd = self.pool.fd(loc.path, staged=loc.staged)
             if loc.staged:
@@ -247,12 +262,19 @@ class PackedDataset:
         except OSError as exc:
             problem, error = f"unreadable: {exc.strerror or exc}", exc
         else:
+            took = time.perf_counter_ns() - began if self.timed else 0
             if got != len(target):
                 problem = "truncated"
             elif verify and member_digest_problem(target, int(rec["xxh3_64"])) is not None:
                 problem = "checksum mismatch"
-        if problem is not None and not loc.staged:
-            self.pool.discard(loc.path)  # a replaced file is reopened on the next read
+            else:
+                self.metrics.record_read(staged=loc.staged, nbytes=got, ns=took)
+        if problem is not None:
+            self.metrics.add(
+                "checksum_failures" if problem == "checksum mismatch" else "read_errors"
+            )
+            if not loc.staged:
+                self.pool.discard(loc.path)  # a replaced file is reopened on the next read
         return problem, error, identity
 
     def read_member_into(
@@ -287,7 +309,6 @@ class PackedDataset:
                 loc = self.resolver.locate(shard)
             problem, error, identity = self._read_at(loc, rec, target, verify=verify)
             if problem is None:
-                self._bytes["bytes_cache" if loc.staged else "bytes_source"] += len(target)
                 return
             if not loc.staged:
                 failure = self._source_error(
@@ -391,6 +412,7 @@ class PackedDataset:
             loc = self.resolver.locate(shard)
             problem: str | None = None
             error: OSError | None = None
+            began = time.perf_counter_ns() if self.timed else 0
             try:
                 view = self.maps.view(loc.path)
             except OSError as exc:
@@ -404,8 +426,12 @@ class PackedDataset:
             ):
                 problem = "checksum mismatch"
             if problem is None:
-                self._bytes["bytes_cache" if loc.staged else "bytes_source"] += size
+                took = time.perf_counter_ns() - began if self.timed else 0
+                self.metrics.record_read(staged=loc.staged, nbytes=size, ns=took)
                 return loc.path, view[off : off + size]
+            self.metrics.add(
+                "checksum_failures" if problem == "checksum mismatch" else "read_errors"
+            )
             self.maps.discard(loc.path)
             if not loc.staged:
                 data = memoryview(bytes(view[off : min(off + size, len(view))]))
@@ -439,6 +465,7 @@ class PackedDataset:
         rec = self.index.records([sample])[0]
         shard = int(rec["shard"])
         out: dict[str, Any] = {"__key__": self.index.key(sample)}
+        self.metrics.add("samples")
         exts = self.index.exts
         for m in self.index.sample_member_range(sample):
             ext = exts[int(self.index.members[m]["ext_id"])]

@@ -15,8 +15,9 @@ in this order:
 
 Nothing retries forever: retries are counted, waits are capped, and an optional wall-clock
 budget (``budget_s``, from the policy's creation, shared by every worker of the job) stops
-repairs once spent. Every event is logged once, counted in :attr:`Recovery.stats`, queued
-for the training process (:meth:`Recovery.drain_events`) and appended to the journal.
+repairs once spent. Every event is logged once, counted in the reader's metrics
+(:class:`~shardio.metrics.read.ReadMetrics`), queued for the training process
+(:meth:`Recovery.drain_events`) and appended to the journal.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ __all__ = ["POLICIES", "Recovery", "RecoveryPolicy"]
 logger = logging.getLogger(__name__)
 
 POLICIES = ("raise", "skip")
-_STATS = ("retries", "restaged", "dropped", "rebuilt", "skipped", "raised", "recovered")
 
 T = TypeVar("T")
 
@@ -134,7 +134,7 @@ class Recovery:
         self.rebuild = rebuild
         self.sleep = sleep
         self.clock = clock
-        self.stats = dict.fromkeys(_STATS, 0)
+        self.metrics = ds.metrics  # counts retries, rebuilds, substitutes, ... with the reads
         self.bad_shards: set[int] = set()  # not retried again in this process
         # Samples known unreadable here. Substitutes are skipped by sample, not by shard: a
         # good sample of a shard that failed elsewhere is still taken, so the substitute does
@@ -154,11 +154,7 @@ class Recovery:
 
     # -- events ------------------------------------------------------------------------------
     def _on_reader_event(self, event: Event) -> None:
-        kind = event.get("event")
-        if kind == "restage":
-            self.stats["restaged" if event.get("outcome") == "copied" else "recovered"] += 1
-        elif kind == "drop":
-            self.stats["dropped"] += 1
+        # The resolver counted the re-stage or the drop already.
         self.emit(event)
 
     def emit(self, event: Event) -> None:
@@ -235,13 +231,13 @@ class Recovery:
                     break
                 self.sleep(min(wait, self.policy.max_backoff_s))
                 wait *= 2
-                self.stats["retries"] += 1
+                self.metrics.add("retries")
                 try:
                     self._probe(sample)
                 except _Recoverable as exc:
                     tried.append(f"retry {attempt}: {exc}")
                     continue
-                self.stats["recovered"] += 1
+                self.metrics.add("recovered")
                 self.emit({**base, "event": "retry", "attempt": attempt, "error": str(error)})
                 return sample
             if self.rebuild is None:
@@ -258,7 +254,7 @@ class Recovery:
                     except _Recoverable as exc:
                         tried.append(f"read after rebuild: {exc}")
                     else:
-                        self.stats["rebuilt"] += 1
+                        self.metrics.add("rebuilds")
                         self.emit({**base, "event": "rebuild", "error": str(error)})
                         return sample
                 elif not tried[-1].startswith("rebuild"):
@@ -268,7 +264,7 @@ class Recovery:
         self.bad_shards.add(shard)
         self.bad_samples.add(sample)
         if self.policy.policy == "raise":
-            self.stats["raised"] += 1
+            self.metrics.add("unavailable")
             self.emit({**base, "event": "raise", "error": str(error), "tried": tried})
             raise SampleUnavailableError(
                 f"sample {key!r} of shard {rel} cannot be read: " + "; ".join(tried),
@@ -292,7 +288,7 @@ class Recovery:
                 self.bad_samples.add(candidate)
                 tried.append(f"substitute {self.ds.key(candidate)!r}: {exc}")
                 continue
-            self.stats["skipped"] += 1
+            self.metrics.add("substitutes")
             self.emit(
                 {
                     **base,
@@ -303,7 +299,7 @@ class Recovery:
                 }
             )
             return candidate
-        self.stats["raised"] += 1
+        self.metrics.add("unavailable")
         self.emit({**base, "event": "raise", "error": str(error), "tried": tried})
         raise SampleUnavailableError(
             f"sample {base['key']!r} of shard {base['shard']} cannot be read and no substitute "

@@ -24,7 +24,8 @@ from shardio.cache.protocol import (
 )
 from shardio.errors import ShardioError
 from shardio.format.manifest import Manifest
-from shardio.progress import Counters
+from shardio.metrics.progress import Counters
+from shardio.metrics.read import ReadMetrics
 from shardio.storage.files import make_dirs_inside
 
 __all__ = ["Location", "ShardResolver"]
@@ -56,12 +57,19 @@ class ShardResolver:
         cache: a staging area to read verified copies from; a staging area given as
             ``root`` is its own cache.
 
-    Attributes:
-        stats: per-process counts: ``hits``/``misses`` (shards located in the cache / at the
-            source), ``dropped`` (bad copies dropped), ``restaged`` (copies staged again).
+        metrics: counts ``cache_hits``/``cache_misses`` (shards located in the staging area /
+            at the source while one is in use), ``drops`` and ``restages`` (bad copies
+            dropped, staged again).
     """
 
-    def __init__(self, manifest: Manifest, root: str, cache: str | None) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        root: str,
+        cache: str | None,
+        *,
+        metrics: ReadMetrics | None = None,
+    ) -> None:
         self.manifest = manifest
         self.source_root = manifest.staged_from or root
         self.cache_root = cache if cache is not None else (root if manifest.staged_from else None)
@@ -69,7 +77,7 @@ class ShardResolver:
         self._where: dict[int, Location] = {}
         self._stamps_checked: set[int] = set()  # shards asked about in copy_changed
         self._pid = os.getpid()
-        self.stats = {"hits": 0, "misses": 0, "dropped": 0, "restaged": 0}
+        self.metrics = metrics if metrics is not None else ReadMetrics()
 
     def _cache(self) -> dict[int, Location]:
         if self._pid != os.getpid():
@@ -92,10 +100,11 @@ class ShardResolver:
                 self.cache_root, entry.path, entry.xxh3_128
             ):
                 loc = Location(os.path.join(self.cache_root, entry.path), staged=True)
-                self.stats["hits"] += 1
+                self.metrics.add("cache_hits")
             else:
                 loc = Location(self._source[shard], staged=False)
-                self.stats["misses"] += 1
+                if self.cache_root is not None:
+                    self.metrics.add("cache_misses")
             where[shard] = loc
         return loc
 
@@ -131,7 +140,7 @@ class ShardResolver:
         with shard_lock(self.cache_root, rel):
             removed = drop_if_same(self.cache_root, rel, identity)
         self._cache()[shard] = Location(self._source[shard], staged=False)
-        self.stats["dropped"] += 1
+        self.metrics.add("drops")
         return removed
 
     def can_restage(self) -> bool:
@@ -168,6 +177,6 @@ class ShardResolver:
             raise
         self._cache()[shard] = Location(os.path.join(self.cache_root, entry.path), staged=True)
         if outcome != "present":
-            self.stats["restaged"] += 1
+            self.metrics.add("restages")
             return "copied"
         return "present"

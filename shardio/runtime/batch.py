@@ -271,6 +271,7 @@ def read_batch(
         strict=True,
     ):
         ds.read_member_into(m, view[lo:hi], shard=shard, sample=sample, verify=verify)
+    ds.metrics.add("samples", n)
     batch: dict[str, Any] = {"__key__": [index.key(int(i)) for i in indices]}
     if ds.manifest.classes is not None:
         batch[LABEL_EXT] = torch.from_numpy(samples["label"].astype(np.int64))
@@ -324,6 +325,7 @@ def read_batch_mapped(
         starts[pos] = int(members[m]["offset"])
         sizes[pos] = len(view)
         present[pos] = True
+    ds.metrics.add("samples", n)
     batch: dict[str, Any] = {"__key__": [index.key(int(i)) for i in indices]}
     if labelled:
         # An ndarray pickles inline; a tensor would cost a shared-memory segment per batch

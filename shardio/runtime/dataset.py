@@ -19,6 +19,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from shardio.errors import ShardioError, UsageError
 from shardio.format.spec import LABEL_EXT
+from shardio.metrics.read import ReadDelta, ReadMetrics
 from shardio.read.opener import Opener
 from shardio.read.packed import PackedDataset
 from shardio.runtime.batch import read_batch, read_batch_mapped
@@ -36,6 +37,9 @@ TRANSPORTS = ("ring", "shm", "mmap")
 STATE_VERSION = 1
 # Recovery events a worker sends with a batch (ResilientDataset); the loader takes them out.
 EVENTS_KEY = "__shardio_events__"
+# The read metrics a worker drained after reading a batch (a ReadDelta); the loader takes them
+# out and merges them into the rank's figures.
+METRICS_KEY = "__shardio_metrics__"
 SEED_LIMIT = 2**64  # the order generator takes the seed as two 32-bit words
 # The integers a state holds (every key :meth:`ShardDataset._state` writes but ``order``), with
 # the least value each may take.
@@ -91,10 +95,15 @@ class WorkerFailure:
 
     torch re-raises worker errors by building a new exception from a message, which loses
     the type and the attributes of a ChecksumMismatchError; the loader re-raises this one.
+
+    Attributes:
+        error: the exception.
+        metrics: the worker's read metrics up to the failure (its checksum failures, ...).
     """
 
-    def __init__(self, error: BaseException) -> None:
+    def __init__(self, error: BaseException, metrics: ReadDelta | None = None) -> None:
         self.error = error
+        self.metrics = metrics
 
 
 def labels_to_tensor(batch: dict[str, Any]) -> dict[str, Any]:
@@ -158,6 +167,9 @@ class ShardDataset(Dataset[dict[str, Any]]):
             shard truncated or unreadable (EIO on a parallel filesystem) after the check
             then raises SIGBUS in the training process, and a file replaced in place yields
             wrong bytes; the mapped page cache also counts in its RSS.
+        metrics: time every member read into the read-latency histograms and send the
+            workers' figures with their batches (``loader.metrics()``); False keeps only
+            the counters of each process.
         cache: a staging area (``shardio stage SRC DEST``) to read verified shard copies
             from; shards not staged (yet) are read from ``path``.
         max_open: shard files held open at once per process; None (default) holds every
@@ -192,6 +204,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         cache: str | os.PathLike[str] | None = None,
         transport: str = "ring",
         opener: Opener | None = None,
+        metrics: bool = True,
     ) -> None:
         if transport not in TRANSPORTS:
             raise UsageError(
@@ -221,19 +234,23 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self._decoder = make_decoder(decode)
         self.cache = os.fspath(cache) if cache is not None else None
         self.opener = opener
+        self.timed = bool(metrics)
         self._ds: PackedDataset | None = PackedDataset(
-            self.path, max_open=self.max_open, cache=self.cache, opener=opener
+            self.path, max_open=self.max_open, cache=self.cache, opener=opener, timed=self.timed
         )
         self.num_samples = len(self._ds)
         self._shard_sizes = np.array(
             [s.num_samples for s in self._ds.manifest.shards], dtype=np.int64
         )
+        self._closed_metrics: ReadMetrics | None = None
         self.epoch = 0
         self._consumed = 0  # global positions of this epoch delivered before this run
         self._delivered = 0  # samples this process delivered since (direct iteration)
         self._order_cache: tuple[int, np.ndarray[Any, Any]] | None = None
         self._stream_plan: tuple[np.ndarray[Any, Any], int | None] | None = None
         self._ring: BatchRing | None = None  # the loader's, while it iterates
+        self._ship_metrics = False  # set by the loader: workers send their figures
+        self._received = ReadMetrics()  # what workers sent (the training process's sum)
 
     # -- pickling: workers reopen the dataset lazily (no mmap or descriptors cross) ----------
     def __getnewargs_ex__(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -253,9 +270,41 @@ class ShardDataset(Dataset[dict[str, Any]]):
         """The underlying packed dataset, opened in this process on first use."""
         if self._ds is None:
             self._ds = PackedDataset(
-                self.path, max_open=self.max_open, cache=self.cache, opener=self.opener
+                self.path,
+                max_open=self.max_open,
+                cache=self.cache,
+                opener=self.opener,
+                timed=self.timed,
             )
+            if self._closed_metrics is not None:  # figures of a closed reader go on
+                self._ds.metrics.merge(self._closed_metrics)
+                self._closed_metrics = None
         return self._ds
+
+    # -- metrics -----------------------------------------------------------------------------
+    def read_metrics(self) -> ReadMetrics:
+        """This rank's read figures: its workers' (sent with their batches) plus this
+        process's own reads. A copy."""
+        out = self._received.copy()
+        if self._ds is not None:
+            out.merge(self._ds.metrics)
+        elif self._closed_metrics is not None:
+            out.merge(self._closed_metrics)
+        return out
+
+    def absorb_metrics(self, delta: object) -> None:
+        """Add a worker's figures (called by the loader with each batch's).
+
+        Raises:
+            UsageError: ``delta`` is malformed.
+        """
+        self._received.absorb(delta)
+
+    def _drain_metrics(self) -> ReadDelta | None:
+        """In a worker of the loader: this process's figures since its last batch."""
+        if not self._ship_metrics or self._ds is None or get_worker_info() is None:
+            return None
+        return self._ds.metrics.drain()
 
     @property
     def classes(self) -> tuple[str, ...] | None:
@@ -401,14 +450,19 @@ class ShardDataset(Dataset[dict[str, Any]]):
             try:
                 return self._read_items(indices)
             except ShardioError as exc:
-                return WorkerFailure(exc)
+                return WorkerFailure(exc, self._drain_metrics())
         return self._read_items(indices)
 
     def _read_items(self, indices: Sequence[int]) -> Any:
         checked = [self._sample_index(i) for i in indices]
         if self._decoder is None and self.transform is None:
-            return self._to_send(self._read_checked(self._read_raw, checked))
-        return collate_samples([self[i] for i in checked])
+            batch = self._read_checked(self._read_raw, checked)
+        else:
+            batch = collate_samples([self[i] for i in checked])
+        delta = self._drain_metrics()
+        if delta is not None and isinstance(batch, dict):
+            batch[METRICS_KEY] = delta  # travels with the batch: no channel of its own
+        return self._to_send(batch)
 
     def _read_raw(self, checked: list[int]) -> Any:
         """Read a batch of checked indices, undecoded, in the transport's form."""
@@ -436,8 +490,9 @@ class ShardDataset(Dataset[dict[str, Any]]):
         return ShardLoader(self, batch_size=batch_size, num_workers=num_workers, **kwargs)
 
     def close(self) -> None:
-        """Close shard files and the index."""
+        """Close shard files and the index (the read figures are kept)."""
         if self._ds is not None:
+            self._closed_metrics = self._ds.metrics.copy()
             self._ds.close()
             self._ds = None
 

@@ -10,6 +10,7 @@ yet delivered, including those that sat in prefetch queues when the job died.
 from __future__ import annotations
 
 import errno
+import time
 import weakref
 from collections.abc import Generator, Iterator
 from typing import Any
@@ -19,8 +20,11 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from shardio.errors import StorageError, UsageError
+from shardio.metrics.snapshot import MetricsSnapshot, snapshot
+from shardio.metrics.steps import StepTimer
 from shardio.runtime.dataset import (
     EVENTS_KEY,
+    METRICS_KEY,
     ShardDataset,
     WorkerFailure,
     labels_to_tensor,
@@ -95,7 +99,9 @@ class ShardLoader:
         self._delivered = 0
         self._epoch = dataset.epoch  # the epoch _delivered counts samples of
         self._ring_counts: torch.Tensor | None = None  # the last ring's, shared with workers
+        self._transport_done = {"ring": 0, "fallback": 0}  # of the iterations before it
         self._live: weakref.ref[_Batches] | None = None  # the last iteration
+        self.steps = StepTimer()
 
     def _sync_epoch(self) -> None:
         # ds.set_epoch() called directly (the DistributedSampler habit) starts a new epoch.
@@ -170,6 +176,25 @@ class ShardLoader:
         ring, fallback = self._ring_counts.sum(dim=0).tolist()
         return {"ring": int(ring), "fallback": int(fallback)}
 
+    def metrics(self) -> MetricsSnapshot:
+        """This rank's data path so far, over every iteration of this loader.
+
+        Read figures (latency by source, bytes, opens, cache hits, checksum failures,
+        retries, repairs) are those of every worker, sent with the batches, plus this
+        process's own reads; step time, wait and stall fraction are measured where the
+        training loop takes each batch. A batch's reads count once the batch is delivered.
+        """
+        ranks = self.dataset.ranks()
+        current = self.transport_stats
+        transport = {k: v + current[k] for k, v in self._transport_done.items()}
+        return snapshot(
+            self.dataset.read_metrics(),
+            self.steps,
+            rank=ranks.rank,
+            world_size=ranks.world_size,
+            transport=transport,
+        )
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         batches = self._iterate()
         self._live = weakref.ref(batches)  # weak: an abandoned iteration is still collected
@@ -199,20 +224,29 @@ class ShardLoader:
         self.dataset._consumed, self._delivered = base, 0
         positions = self.dataset.rank_indices(consumed=base)
         # Allocated before the DataLoader starts its workers: they get it with the dataset.
+        if self._ring_counts is not None:
+            last = self.transport_stats
+            self._transport_done = {k: v + last[k] for k, v in self._transport_done.items()}
         ring = self.dataset._ring = self._make_ring(positions)
         self._ring_counts = ring.counts if ring is not None else None
+        self.dataset._ship_metrics = self.dataset.timed
         batches = None
+        clock = time.perf_counter_ns
         try:
+            self.steps.start()
             batches = iter(self._dataloader(positions))
-            for item in batches:
-                batch = _arrived(item, ring)
-                events = batch.pop(EVENTS_KEY, None)
-                if events is not None:
-                    absorb = getattr(self.dataset, "absorb_events", None)
-                    if absorb is not None:
-                        absorb(events)
+            while True:
+                asked = clock()
+                try:
+                    item = next(batches)
+                except StopIteration:
+                    break
+                batch = self._arrived(item, ring)
                 self._delivered += len(batch["__key__"])
-                yield labels_to_tensor(batch)
+                batch = labels_to_tensor(batch)
+                now = clock()
+                self.steps.batch(wait_ns=now - asked, samples=len(batch["__key__"]), now_ns=now)
+                yield batch
         finally:
             # Now, not when the garbage collector finds the iterator (a traceback may hold it).
             shutdown = getattr(batches, "_shutdown_workers", None)
@@ -220,6 +254,22 @@ class ShardLoader:
                 shutdown()
             self.dataset._stream_plan = None
             self.dataset._ring = None
+            self.dataset._ship_metrics = False
+
+    def _arrived(self, item: Any, ring: BatchRing | None) -> dict[str, Any]:
+        """The batch a worker's ``item`` stands for, its figures and events taken out."""
+        if isinstance(item, WorkerFailure) and item.metrics is not None:
+            self.dataset.absorb_metrics(item.metrics)
+        batch = _arrived(item, ring)
+        delta = batch.pop(METRICS_KEY, None)
+        if delta is not None:
+            self.dataset.absorb_metrics(delta)
+        events = batch.pop(EVENTS_KEY, None)
+        if events is not None:
+            absorb = getattr(self.dataset, "absorb_events", None)
+            if absorb is not None:
+                absorb(events)
+        return batch  # type: ignore[no-any-return]
 
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch stands: global positions delivered to the training loop."""

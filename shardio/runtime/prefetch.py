@@ -53,6 +53,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -60,6 +61,9 @@ import numpy as np
 import torch
 
 from shardio.errors import UsageError
+from shardio.metrics.read import ReadMetrics
+from shardio.metrics.snapshot import MetricsSnapshot, snapshot
+from shardio.metrics.steps import StepTimer
 from shardio.runtime.batch import ByteColumn, MappedColumn
 
 __all__ = ["DeviceByteColumn", "GPUPrefetcher"]
@@ -300,6 +304,20 @@ def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
     return False
 
 
+def _samples_in(batch: Any) -> int:
+    """Samples in a batch: its keys, else the first dimension of its first tensor."""
+    if isinstance(batch, Mapping):
+        keys = batch.get("__key__")
+        if isinstance(keys, list):
+            return len(keys)
+        batch = list(batch.values())
+    if isinstance(batch, list | tuple):
+        for leaf in batch:
+            if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
+                return int(leaf.shape[0])
+    return int(batch.shape[0]) if isinstance(batch, torch.Tensor) and batch.dim() > 0 else 0
+
+
 def _resolve_device(device: str | torch.device) -> torch.device:
     try:
         dev = torch.device(device)
@@ -334,6 +352,8 @@ class GPUPrefetcher:
         device: where batches are delivered.
         depth: batches prepared ahead.
         stream: the side CUDA stream of the copies (None on the CPU).
+        steps: step time and the wait for each batch, measured where the training loop
+            takes it from the prefetcher (see :meth:`metrics`).
     """
 
     def __init__(
@@ -351,6 +371,7 @@ class GPUPrefetcher:
         self._stop = threading.Event()
         self._state: dict[str, Any] | None = None  # with the last batch delivered
         self._pulled_state: dict[str, Any] | None = None  # with the last batch taken
+        self.steps = StepTimer()
 
     # -- passes ----------------------------------------------------------------------------------
     def __iter__(self) -> GPUPrefetcher:
@@ -369,9 +390,36 @@ class GPUPrefetcher:
             daemon=True,  # a forgotten close() must not keep the interpreter from exiting
         )
         self._thread.start()
+        self.steps.start()
         return self
 
+    def metrics(self) -> MetricsSnapshot:
+        """The data path as the training loop sees it through the prefetcher.
+
+        Read figures are the wrapped :class:`ShardLoader`'s (none for another iterable);
+        step time, wait and stall fraction are measured at :meth:`__next__`, so a batch
+        whose copy to the device was not finished counts as a stall.
+        """
+        dataset = getattr(self.loader, "dataset", None)
+        read_metrics = getattr(dataset, "read_metrics", None)
+        ranks = getattr(dataset, "ranks", None)
+        where = ranks() if callable(ranks) else None
+        return snapshot(
+            read_metrics() if callable(read_metrics) else ReadMetrics(),
+            self.steps,
+            rank=where.rank if where is not None else 0,
+            world_size=where.world_size if where is not None else 1,
+            transport=getattr(self.loader, "transport_stats", None),
+        )
+
     def __next__(self) -> Any:
+        asked = time.perf_counter_ns()
+        batch = self._next()
+        now = time.perf_counter_ns()
+        self.steps.batch(wait_ns=now - asked, samples=_samples_in(batch), now_ns=now)
+        return batch
+
+    def _next(self) -> Any:
         thread = self._thread
         if thread is None:
             raise StopIteration

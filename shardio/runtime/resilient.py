@@ -5,7 +5,7 @@ dataset it wraps (map or stream mode, in DataLoader workers, with ``ds.loader(..
 and exact resume) and applies a :class:`~shardio.read.recovery.RecoveryPolicy` to every
 sample that fails: see :mod:`shardio.read.recovery` for the steps. Workers send their
 recovery events with the batches; the training process counts them in
-:attr:`ResilientDataset.recovery_stats`.
+:attr:`ResilientDataset.recovery_stats` (a view of the rank's read metrics).
 """
 
 from __future__ import annotations
@@ -18,12 +18,22 @@ from typing import Any
 import xxhash
 
 from shardio.errors import UsageError
+from shardio.metrics.read import ReadMetrics
 from shardio.read.recovery import Recovery, RecoveryPolicy
 from shardio.runtime.dataset import EVENTS_KEY, ShardDataset, ShardStreamDataset
 
 __all__ = ["ResilientDataset"]
 
 _MAX_EVENTS_KEPT = 10_000  # the journal has them all; memory stays bounded
+# Event kind -> the read counter that counts it.
+_RECOVERY_COUNTERS = {
+    "retry": "recovered",
+    "restage": "restages",
+    "drop": "drops",
+    "rebuild": "rebuilds",
+    "skip": "substitutes",
+    "raise": "unavailable",
+}
 
 
 class ResilientDataset(ShardDataset):
@@ -39,9 +49,8 @@ class ResilientDataset(ShardDataset):
 
     Attributes:
         recovery_policy: the policy in force.
-        recovery_stats: events seen by the training process, by kind (``retry``,
-            ``restage``, ``drop``, ``rebuild``, ``skip``, ``raise``), from every worker.
-        recovery_events: those events (the last 10,000), each a dict as in the journal.
+        recovery_events: the events seen by the training process (the last 10,000), each a
+            dict as in the journal, from every worker.
     """
 
     def __new__(cls, dataset: Any, *args: Any, **kwargs: Any) -> ResilientDataset:
@@ -76,9 +85,10 @@ class ResilientDataset(ShardDataset):
             except TypeError as exc:
                 raise UsageError(f"ResilientDataset: {exc}") from exc
         self.__dict__.update(dataset.__getstate__())
+        self._received = ReadMetrics()  # its own figures, not the wrapped dataset's
+        self._closed_metrics = None
         self.recovery_policy = chosen
         self.rebuild = rebuild
-        self.recovery_stats: Counter[str] = Counter()
         self.recovery_events: list[dict[str, Any]] = []
         self._recovery: Recovery | None = None
         self._recovery_pid = -1
@@ -115,10 +125,16 @@ class ResilientDataset(ShardDataset):
                 self.absorb_events(events)
         return batch
 
+    @property
+    def recovery_stats(self) -> Counter[str]:
+        """Recoveries by kind, from every worker: ``retry`` (a retry read the sample),
+        ``restage``, ``drop``, ``rebuild``, ``skip`` (substituted) and ``raise``; a view of
+        the rank's read metrics (``loader.metrics().counters``)."""
+        counts = self.read_metrics().counts
+        return Counter({kind: counts[name] for kind, name in _RECOVERY_COUNTERS.items()})
+
     def absorb_events(self, events: list[dict[str, Any]]) -> None:
         """Count events from a worker's batch (called by the loader)."""
-        for event in events:
-            self.recovery_stats[str(event.get("event"))] += 1
         self.recovery_events.extend(events)
         del self.recovery_events[:-_MAX_EVENTS_KEPT]
 

@@ -36,7 +36,7 @@ from shardio.errors import ShardioError, StorageError
 from shardio.format.spec import LABEL_EXT
 from shardio.read.packed import PackedDataset
 from shardio.runtime.batch import ByteColumn, payload_rows, read_batch, shared_uint8
-from shardio.runtime.dataset import EVENTS_KEY, WorkerFailure
+from shardio.runtime.dataset import EVENTS_KEY, METRICS_KEY, WorkerFailure
 
 __all__ = ["BatchRing", "RingBatch", "max_batch_bytes"]
 
@@ -86,7 +86,8 @@ class RingBatch:
         labels: int64 labels, or None for an unlabelled dataset.
         columns: (extension, offsets, present) per payload field, as in :class:`ByteColumn`
             (offsets into the slot).
-        extras: the batch's other entries (recovery events), passed on as they are.
+        extras: the batch's other entries (recovery events, read metrics), passed on as
+            they are.
     """
 
     ring: int
@@ -355,9 +356,9 @@ class BatchRing:
             return "labels are not int64 of one per sample"
         problem = _columns_problem(message.columns, n, message.nbytes)
         if problem is None and not (
-            isinstance(message.extras, dict) and set(message.extras) <= {EVENTS_KEY}
+            isinstance(message.extras, dict) and set(message.extras) <= {EVENTS_KEY, METRICS_KEY}
         ):
-            problem = "extras hold other entries than recovery events"
+            problem = "extras hold other entries than recovery events and read metrics"
         return problem
 
 

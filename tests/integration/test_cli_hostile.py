@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from shardio.cli.progressbar import ProgressBar
-from shardio.progress import ProgressSnapshot
+from shardio.metrics.progress import ProgressSnapshot
 
 W1 = ("--workers", "1", "--no-progress")
 NUM_FILES = 3000  # ~110-byte paths: ~330 KB of `ls` output, five times a pipe's buffer

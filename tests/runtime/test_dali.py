@@ -154,10 +154,10 @@ def test_reads_verified_copies_from_a_staging_area(packed_tar: Packed, tmp_path:
     stage_dataset(packed_tar.path, area, StageOptions())
     with sdali.loader(packed_tar.path, batch_size=BATCH, seed=2, cache=area) as loader:
         data, labels, _ = _epoch(loader)
-        stats = loader.pipeline.cache_stats
+        stats = loader.pipeline.read_metrics().counts
     assert (data, labels) == _expected(packed_tar, seed=2, epoch=0, ranks=RankInfo())
-    assert stats["hits"] == packed_tar.num_shards and stats["misses"] == 0
-    assert stats["bytes_source"] == 0 and stats["bytes_cache"] > 0
+    assert stats["cache_hits"] == packed_tar.num_shards and stats["cache_misses"] == 0
+    assert stats["bytes_source"] == 0 and stats["bytes_staged"] > 0
 
 
 @pytest.mark.parametrize("fmt", ["tar", "hdf5"])

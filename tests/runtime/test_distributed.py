@@ -89,6 +89,16 @@ def test_gloo_job_splits_an_epoch_across_ranks(packed_tar, scripts_dir, child_en
         assert repeated == collections.Counter(order_keys[:padding])
         # Same seed, same job size: the same keys on every rank, in the same order.
         assert [r[mode]["keys"] for r in second] == [r[mode]["keys"] for r in first]
+        # Each rank's metrics (2 workers each, sent with the batches) add up to the epoch.
+        figures = [r[mode]["metrics"] for r in first]
+        assert [m["rank"] for m in figures] == list(range(world))
+        assert all(m["world_size"] == world for m in figures)
+        assert [m["samples"] for m in figures] == [per_rank] * world
+        assert [m["samples_read"] for m in figures] == [per_rank] * world
+        payload = sum(len(packed_tar.payload[k]) for k in union)
+        assert sum(m["bytes_read"] for m in figures) == payload
+        assert sum(m["read_latency"]["source"]["count"] for m in figures) == len(union)
+        assert sum(m["counters"]["members"] for m in figures) == len(union)
 
 
 # -------------------------------------------------------------------- rank detection

@@ -33,8 +33,8 @@ from shardio.cache import StageOptions, stage_dataset
 from shardio.cache.copy import leftover_temps, stage_one, temps_of
 from shardio.cache.protocol import stamp_matches, stamp_path, write_stamp
 from shardio.format.checksum import file_xxh3_128
+from shardio.metrics.progress import Counters
 from shardio.packing.run import PackOptions, pack
-from shardio.progress import Counters
 from shardio.read.journal import read_journal
 from shardio.read.packed import PackedDataset
 from shardio.runtime.dataset import ShardDataset

@@ -64,11 +64,11 @@ def test_capacity_stages_what_is_needed_first(big_src, tmp_path, run_cli, helper
     try:
         for i in range(len(big_src.keys)):
             big_src.check_sample(ds[i])
-        stats = ds.packed.cache_stats
-        assert stats["hits"] == len(staged) and stats["misses"] == len(rest), stats
-        assert stats["bytes_cache"] == _payload_bytes(big_src, staged), stats
+        stats = ds.packed.metrics.counts
+        assert stats["cache_hits"] == len(staged) and stats["cache_misses"] == len(rest), stats
+        assert stats["bytes_staged"] == _payload_bytes(big_src, staged), stats
         assert stats["bytes_source"] == _payload_bytes(big_src, rest), stats
-        assert stats["dropped"] == 0
+        assert stats["drops"] == 0
     finally:
         ds.close()
 
@@ -98,7 +98,7 @@ def test_eviction_skips_a_shard_a_reader_holds(big_src, tmp_path, run_cli):
     try:
         sample = big_src.samples_in(held)[0]
         big_src.check_sample(_as_dict(reader.read_sample(sample)))
-        assert reader.cache_stats["hits"] == 1  # read from the staged copy, under LOCK_SH
+        assert reader.metrics.counts["cache_hits"] == 1  # read from the staged copy, under LOCK_SH
 
         rc, out, err = run_cli("stage", big_src.path, dest, "--capacity", str(capacity),
                                "--epoch", "1", "--no-progress")  # fmt: skip
@@ -120,7 +120,7 @@ def test_eviction_skips_a_shard_a_reader_holds(big_src, tmp_path, run_cli):
         # The reader goes on reading its open copy.
         for i in big_src.samples_in(held):
             big_src.check_sample(_as_dict(reader.read_sample(i)))
-        assert reader.cache_stats["dropped"] == 0
+        assert reader.metrics.counts["drops"] == 0
     finally:
         reader.close()
 
@@ -128,8 +128,8 @@ def test_eviction_skips_a_shard_a_reader_holds(big_src, tmp_path, run_cli):
     try:
         for i in range(len(big_src.keys)):
             big_src.check_sample(ds[i])
-        assert ds.packed.cache_stats["hits"] == len(second) + 1
-        assert ds.packed.cache_stats["misses"] == big_src.num_shards - len(second) - 1
+        assert ds.packed.metrics.counts["cache_hits"] == len(second) + 1
+        assert ds.packed.metrics.counts["cache_misses"] == big_src.num_shards - len(second) - 1
     finally:
         ds.close()
 

@@ -185,6 +185,6 @@ def test_hdf5_shards_stage_without_idx(make_source, tmp_path):
     try:
         for i in range(len(src.keys)):
             src.check_sample(ds[i])
-        assert ds.packed.cache_stats["hits"] == src.num_shards
+        assert ds.packed.metrics.counts["cache_hits"] == src.num_shards
     finally:
         ds.close()

@@ -80,9 +80,9 @@ def test_read_through_never_serves_a_written_copy(big_src, tmp_path, root):
     try:
         for i in big_src.samples_in(rel):
             big_src.check_sample(ds[i])
-        stats = ds.packed.cache_stats
-        assert stats["hits"] == 0 and stats["misses"] == 1, stats
-        assert stats["bytes_cache"] == 0, stats
+        stats = ds.packed.metrics.counts
+        assert stats["cache_hits"] == 0 and stats["cache_misses"] == 1, stats
+        assert stats["bytes_staged"] == 0, stats
     finally:
         ds.close()
 
@@ -104,15 +104,15 @@ def test_read_through_drops_a_silently_corrupted_copy(big_src, tmp_path, run_cli
     )
     try:
         big_src.check_sample(ds[sample])
-        stats = dict(ds.packed.cache_stats)
-        assert stats["dropped"] == 1, stats
-        assert stats["hits"] == 1, stats
+        stats = dict(ds.packed.metrics.counts)
+        assert stats["drops"] == 1, stats
+        assert stats["cache_hits"] == 1, stats
         assert not (dest / rel).exists(), "the bad copy is still in the cache"
         assert rel not in big_src.stamped(dest), "the bad copy's stamp is still there"
         for i in big_src.samples_in(rel):  # the rest of the shard: from the source
             big_src.check_sample(ds[i])
-        assert ds.packed.cache_stats["dropped"] == 1
-        assert ds.packed.cache_stats["bytes_source"] > 0
+        assert ds.packed.metrics.counts["drops"] == 1
+        assert ds.packed.metrics.counts["bytes_source"] > 0
     finally:
         ds.close()
 
@@ -131,8 +131,8 @@ def test_clean_copies_are_read_from_the_cache(big_src, tmp_path):
     try:
         for i in range(0, len(big_src.keys), 3):
             big_src.check_sample(ds[i])
-        stats = ds.packed.cache_stats
-        assert stats["hits"] == big_src.num_shards and stats["misses"] == 0, stats
-        assert stats["bytes_source"] == 0 and stats["dropped"] == 0, stats
+        stats = ds.packed.metrics.counts
+        assert stats["cache_hits"] == big_src.num_shards and stats["cache_misses"] == 0, stats
+        assert stats["bytes_source"] == 0 and stats["drops"] == 0, stats
     finally:
         ds.close()

@@ -4,7 +4,7 @@ Usage: python dist_epoch.py DATASET OUT_DIR RANK WORLD_SIZE PORT
 
 Ranks come from the process group only (no RANK/WORLD_SIZE/SLURM variables are set), so
 ShardDataset must detect them through torch.distributed. Writes OUT_DIR/rank-R.json with the
-keys of every mode's epoch and the all-reduced sample counts.
+keys of every mode's epoch, the all-reduced sample counts and the rank's ``loader.metrics()``.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ def main() -> None:
             "total": int(total),
             "min": int(low),
             "max": int(high),
+            "metrics": loader.metrics().to_dict(),
         }
     dist.barrier()
     dist.destroy_process_group()

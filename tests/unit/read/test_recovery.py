@@ -50,7 +50,7 @@ def test_transient_eio_is_retried_with_backoff(dataset: pathlib.Path) -> None:
         rec = _recovery(ds, waits, retries=3, backoff_s=0.1, max_backoff_s=0.15)
         assert rec.read_batch(_read(ds), range(5)) == expected
         assert waits == [0.1, 0.15]  # doubled, capped
-        assert rec.stats["retries"] == 2
+        assert rec.metrics["retries"] == 2
         assert [e["event"] for e in rec.drain_events()] == ["retry"]
         assert rec.drain_events() == []
 
@@ -69,7 +69,7 @@ def test_raise_names_shard_sample_and_everything_tried(dataset: pathlib.Path) ->
     assert len(err.tried) == 4  # the read, 2 retries, no rebuild source
     assert "retry 2" in str(err)
     assert "no repair source" in str(err)
-    assert rec.stats["raised"] == 1
+    assert rec.metrics["unavailable"] == 1
 
 
 def test_skip_substitutes_deterministically_and_journals(
@@ -89,9 +89,9 @@ def test_skip_substitutes_deterministically_and_journals(
             rec = _recovery(ds, [], policy="skip", retries=1, journal=str(journal))
             got = rec.read_batch(_read(ds), batch)
             runs.append([s["__key__"] for s in got])
-            assert rec.stats["skipped"] == 2
+            assert rec.metrics["substitutes"] == 2
             # the second bad sample of the shard is not retried again
-            assert rec.stats["retries"] == 1
+            assert rec.metrics["retries"] == 1
     assert runs[0] == runs[1]
     assert len(runs[0]) == 3
     events = read_journal(journal)
@@ -118,7 +118,7 @@ def test_rebuild_hook_is_tried_before_the_policy(dataset: pathlib.Path) -> None:
         )
         rec.read_batch(_read(ds), [0])
     assert calls == [0]
-    assert rec.stats["rebuilt"] == 1
+    assert rec.metrics["rebuilds"] == 1
 
 
 def test_spent_budget_skips_retries(dataset: pathlib.Path) -> None:
@@ -129,7 +129,7 @@ def test_spent_budget_skips_retries(dataset: pathlib.Path) -> None:
         rec = _recovery(ds, waits, retries=3, budget_s=0.0, policy="skip")
         rec.read_batch(_read(ds), [0])
     assert waits == []
-    assert rec.stats["skipped"] == 1
+    assert rec.metrics["substitutes"] == 1
 
 
 def test_journal_refuses_a_symlink_and_training_goes_on(

@@ -1,0 +1,30 @@
+"""Metrics of the data path: counters, latency histograms, snapshots and their exporters.
+
+Torch-free. The read path counts into :class:`ReadMetrics`; the training side times steps
+and waits in :class:`StepTimer`; ``loader.metrics()`` returns a :class:`MetricsSnapshot`,
+which :class:`LogReporter`, :class:`JsonlWriter` and :class:`PrometheusExporter` report
+every interval from a thread of their own.
+"""
+
+from __future__ import annotations
+
+from shardio.metrics.export import JsonlWriter, LogReporter
+from shardio.metrics.histogram import LatencyHistogram, LatencySummary
+from shardio.metrics.prometheus import PrometheusExporter
+from shardio.metrics.read import ReadDelta, ReadMetrics
+from shardio.metrics.snapshot import MetricsSnapshot, combine, snapshot
+from shardio.metrics.steps import StepTimer
+
+__all__ = [
+    "JsonlWriter",
+    "LatencyHistogram",
+    "LatencySummary",
+    "LogReporter",
+    "MetricsSnapshot",
+    "PrometheusExporter",
+    "ReadDelta",
+    "ReadMetrics",
+    "StepTimer",
+    "combine",
+    "snapshot",
+]

@@ -1,0 +1,364 @@
+"""Periodic reporters of metrics snapshots: the thread they share, a log line, a JSON line.
+
+A reporter takes a *source*, any zero-argument callable that returns a
+:class:`~shardio.metrics.snapshot.MetricsSnapshot` (``loader.metrics`` is one), and reports
+what it returns every ``interval_s`` from a thread of its own named
+``shardio-metrics-<kind>``. The thread starts in :meth:`PeriodicReporter.start` (or
+``__enter__``), never earlier; :meth:`PeriodicReporter.close` (or ``__exit__``) stops and joins
+it, then reports once more, so the last figures of a run are never lost.
+
+Metrics must never stop training: a source or sink that fails is logged once per distinct
+error (repeats go to the debug level) and the reporter carries on at the next interval.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import math
+import os
+import stat
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import ClassVar, TypeVar
+
+from shardio.errors import StorageError, UsageError
+from shardio.metrics.snapshot import MetricsSnapshot
+from shardio.storage.atomic import storage_error
+from shardio.storage.files import describe_kind
+
+__all__ = ["JsonlWriter", "LogReporter", "PeriodicReporter", "SnapshotSource"]
+
+logger = logging.getLogger(__name__)
+
+SnapshotSource = Callable[[], MetricsSnapshot]
+_R = TypeVar("_R", bound="PeriodicReporter")
+# Distinct errors remembered for "log once"; past this, new ones go to the debug level too
+# (a message that embeds a changing value must not grow the set without bound).
+_MAX_DISTINCT_ERRORS = 64
+
+
+def check_interval(interval_s: object) -> float:
+    """``interval_s`` as a float, checked to be a finite number of seconds above zero.
+
+    Raises:
+        UsageError: it is not.
+    """
+    if (
+        not isinstance(interval_s, int | float)
+        or isinstance(interval_s, bool)
+        or not math.isfinite(interval_s)
+        or interval_s <= 0
+    ):
+        raise UsageError(f"interval_s must be a number of seconds > 0, not {interval_s!r}")
+    return float(interval_s)
+
+
+class PeriodicReporter:
+    """Calls a source every ``interval_s`` from a thread and hands the snapshot to :meth:`emit`.
+
+    Subclasses set :attr:`kind`, implement :meth:`emit`, and may acquire what they write to
+    in :meth:`open` and release it in :meth:`release`.
+
+    Attributes:
+        source: the zero-argument callable that returns a snapshot.
+        interval_s: seconds between reports.
+    """
+
+    kind: ClassVar[str] = "reporter"
+    failure_logger: ClassVar[logging.Logger] = logger
+
+    def __init__(self, source: SnapshotSource, *, interval_s: float) -> None:
+        """Check the arguments; nothing starts before :meth:`start`.
+
+        Raises:
+            UsageError: ``source`` is not callable or ``interval_s`` is not > 0.
+        """
+        if not callable(source):
+            raise UsageError(f"a metrics source must be callable, not {type(source).__name__}")
+        self.source = source
+        self.interval_s = check_interval(interval_s)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._report_lock = threading.Lock()  # one report at a time (thread, report(), close)
+        self._errors_lock = threading.Lock()
+        self._errors_seen: set[tuple[str, str, str]] = set()
+        self._state = "new"  # "new" -> "running" -> "closed"
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self: _R) -> _R:
+        """Acquire the sink and start the reporting thread (again: a no-op).
+
+        Raises:
+            UsageError: the reporter was closed.
+            StorageError: the sink cannot be opened (subclasses say which).
+        """
+        if self._state == "closed":
+            raise UsageError(f"this metrics {self.kind} reporter is closed; make a new one")
+        if self._state == "running":
+            return self
+        self.open()
+        self._state = "running"
+        thread = threading.Thread(target=self._run, name=f"shardio-metrics-{self.kind}")
+        # A daemon thread: a reporter nobody closed must not keep the job alive at exit.
+        thread.daemon = True
+        try:
+            thread.start()
+        except BaseException:
+            self._state = "closed"
+            self.release()
+            raise
+        self._thread = thread
+        return self
+
+    def close(self) -> None:
+        """Stop and join the thread, report one last time, release the sink (again: a no-op).
+
+        Never raises for a failing source or sink (that is logged), so it is safe in a
+        ``finally`` of a training loop.
+        """
+        if self._state != "running":
+            self._state = "closed"
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        try:
+            self.report()
+        finally:
+            self._state = "closed"
+            try:
+                self.release()
+            except Exception as exc:
+                self.log_failure(f"closing the metrics {self.kind} reporter", exc)
+
+    def __enter__(self: _R) -> _R:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def running(self) -> bool:
+        """Whether the reporter was started and not yet closed."""
+        return self._state == "running"
+
+    # -- reporting ------------------------------------------------------------------------
+    def report(self) -> bool:
+        """Take a snapshot and report it now, in the calling thread.
+
+        Returns:
+            Whether it was reported; a failure is logged (once per distinct error).
+
+        Raises:
+            UsageError: the reporter is not running.
+        """
+        if self._state != "running":
+            raise UsageError(f"this metrics {self.kind} reporter is not running; start() it")
+        with self._report_lock:
+            try:
+                snap = self.source()
+            except Exception as exc:  # a broken source must not break training
+                self.log_failure("taking a metrics snapshot", exc)
+                return False
+            try:
+                self.emit(snap)
+            except Exception as exc:
+                self.log_failure(f"reporting metrics ({self.kind})", exc)
+                return False
+        return True
+
+    def log_failure(self, action: str, exc: BaseException) -> None:
+        """Log a failure at warning level the first time it is seen, at debug level after."""
+        key = (action, type(exc).__qualname__, str(exc))
+        with self._errors_lock:
+            first = key not in self._errors_seen and len(self._errors_seen) < _MAX_DISTINCT_ERRORS
+            if first:
+                self._errors_seen.add(key)
+        if first:
+            self.failure_logger.warning(
+                "%s failed (logged once; metrics go on): %s: %s",
+                action,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+        else:
+            self.failure_logger.debug("%s failed again: %s: %s", action, type(exc).__name__, exc)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.report()
+
+    # -- what subclasses provide ----------------------------------------------------------
+    def open(self) -> None:
+        """Acquire what the reports go to (called by :meth:`start`, before the thread)."""
+
+    def emit(self, snap: MetricsSnapshot) -> None:
+        """Report one snapshot (called from the thread, or from :meth:`close`)."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Release what :meth:`open` acquired (called by :meth:`close`, after the thread)."""
+
+
+class LogReporter(PeriodicReporter):
+    """Logs :meth:`MetricsSnapshot.line` every ``interval_s``.
+
+    Example:
+        >>> with LogReporter(loader.metrics, interval_s=60):  # doctest: +SKIP
+        ...     train(loader)
+    """
+
+    kind: ClassVar[str] = "log"
+
+    def __init__(
+        self,
+        source: SnapshotSource,
+        *,
+        interval_s: float = 60.0,
+        logger: logging.Logger | None = None,
+        level: int = logging.INFO,
+    ) -> None:
+        """Args:
+            source: returns the snapshot to log.
+            interval_s: seconds between lines.
+            logger: where the lines go (default: this module's logger).
+            level: their level.
+
+        Raises:
+            UsageError: an argument is invalid.
+        """
+        super().__init__(source, interval_s=interval_s)
+        if not isinstance(level, int) or isinstance(level, bool):
+            raise UsageError(f"level must be a logging level (an int), not {level!r}")
+        self.logger = logger if logger is not None else logging.getLogger(__name__)
+        self.level = level
+
+    def emit(self, snap: MetricsSnapshot) -> None:
+        """Log the snapshot's one-line summary."""
+        self.logger.log(self.level, "%s", snap.line())
+
+
+class JsonlWriter(PeriodicReporter):
+    """Appends one JSON line per interval to a file: :meth:`MetricsSnapshot.to_dict`, plus
+    ``"job"`` when given.
+
+    The file is opened in :meth:`start` for appending (``O_APPEND | O_CREAT | O_NOFOLLOW``):
+    an existing file is never truncated, and a symlink, FIFO, directory or device is refused.
+    Each line is written whole with one ``write`` (no buffering to lose), not fsynced.
+
+    Attributes:
+        path: the file.
+        job: the job name added to each line (None: none).
+    """
+
+    kind: ClassVar[str] = "jsonl"
+
+    def __init__(
+        self,
+        source: SnapshotSource,
+        path: str | os.PathLike[str],
+        *,
+        interval_s: float = 10.0,
+        job: str | None = None,
+    ) -> None:
+        """Args:
+            source: returns the snapshot to write.
+            path: the JSON-lines file (created if missing, appended to otherwise).
+            interval_s: seconds between lines.
+            job: a job name to add to every line.
+
+        Raises:
+            UsageError: an argument is invalid.
+        """
+        super().__init__(source, interval_s=interval_s)
+        name = os.fspath(path)
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"JsonlWriter needs a file path, not {path!r}")
+        if job is not None and not isinstance(job, str):
+            raise UsageError(f"job must be a string, not {job!r}")
+        self.path = name
+        self.job = job
+        self._fd: int | None = None
+        self._torn = False  # the last write stopped mid-line: start the next on a new line
+
+    def open(self) -> None:
+        """Open the file for appending.
+
+        Raises:
+            StorageError: it is a symlink or not a regular file, or cannot be opened.
+        """
+        self._fd = open_for_append(self.path, what="metrics log")
+
+    def emit(self, snap: MetricsSnapshot) -> None:
+        """Append the snapshot as one JSON line."""
+        if self._fd is None:  # pragma: no cover - emit runs only between open and release
+            raise UsageError("JsonlWriter is not open")
+        data = snap.to_dict()
+        if self.job is not None:
+            data["job"] = self.job
+        line = json.dumps(data, separators=(",", ":")) + "\n"
+        if self._torn:
+            line = "\n" + line
+        view = memoryview(line.encode())
+        self._torn = True
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            raise storage_error(exc, self.path, "appending to") from exc
+        self._torn = False
+
+    def release(self) -> None:
+        """Close the file."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
+def open_for_append(path: str, *, what: str) -> int:
+    """Open (or create, mode 0644) a regular file for appending, never through a symlink.
+
+    Raises:
+        StorageError: ``path`` is a symlink or not a regular file, or cannot be opened.
+    """
+    flags = (
+        os.O_WRONLY
+        | os.O_APPEND
+        | os.O_CREAT
+        | os.O_NOFOLLOW
+        | os.O_NONBLOCK  # a FIFO fails at once (ENXIO) instead of waiting for a reader
+        | os.O_NOCTTY
+        | os.O_CLOEXEC
+    )
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StorageError(
+                exc.errno, f"{what} {path} is a symlink: shardio does not write through symlinks"
+            ) from exc
+        if exc.errno in (errno.ENXIO, errno.EISDIR):
+            kind = "FIFO (named pipe)" if exc.errno == errno.ENXIO else "directory"
+            raise StorageError(exc.errno, f"{what} {path} is a {kind}, not a regular file") from exc
+        raise storage_error(exc, path, f"opening {what}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as exc:
+        os.close(fd)
+        raise storage_error(exc, path, f"opening {what}") from exc
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise StorageError(
+            errno.EINVAL, f"{what} {path} is a {describe_kind(mode)}, not a regular file"
+        )
+    return fd

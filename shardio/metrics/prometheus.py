@@ -1,0 +1,504 @@
+"""PrometheusExporter: metrics snapshots as Prometheus metrics, one HTTP port per node.
+
+Every rank of a node runs an exporter. Local rank 0 is the node's reporter: it serves
+``/metrics`` over HTTP when given a port, and writes the exposition to a textfile for
+node_exporter when given one. The other local ranks write their latest snapshot into a
+spool directory every interval, which local rank 0 reads at each scrape, so one port (or one
+textfile) per node reports every local rank, each under its own ``rank`` label. Without a
+spool directory each process reports only itself.
+
+The spool directory is private (mode 0700, owned by the user) and its files are written
+atomically (temp file, then rename) without following a symlink; files older than ten
+intervals (a rank that ended or died) are passed over. Metric names, all ``shardio_*`` with
+labels ``rank`` and ``job``:
+
+- counters: ``shardio_samples_delivered_total``, ``shardio_batches_delivered_total``,
+  ``shardio_samples_read_total``, ``shardio_bytes_read_total{source=staged|source}``, and
+  every read counter (:data:`shardio.metrics.read.COUNTERS`) as ``shardio_<name>_total``;
+- gauges: ``shardio_samples_per_second``, ``shardio_bytes_per_second``,
+  ``shardio_stall_fraction``, ``shardio_step_mean_seconds``, ``shardio_step_std_seconds``,
+  ``shardio_snapshot_timestamp_seconds``;
+- histograms: ``shardio_read_latency_seconds{source=staged|source}`` (member reads),
+  ``shardio_wait_seconds`` (the loop's wait per batch), ``shardio_step_seconds``.
+
+Histogram buckets are 100 µs ... 10 s in 1-2.5-5 steps, each an edge of
+:class:`~shardio.metrics.histogram.LatencyHistogram`, so their counts are exact.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import re
+import socket
+import stat
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, TypeVar
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from shardio.errors import StorageError, UsageError
+from shardio.metrics.export import PeriodicReporter, SnapshotSource
+from shardio.metrics.snapshot import MetricsSnapshot
+from shardio.storage.atomic import atomic_write, storage_error
+from shardio.storage.files import describe_kind, open_regular
+
+__all__ = ["BUCKETS_S", "PrometheusExporter", "metric_families"]
+
+logger = logging.getLogger(__name__)
+
+# Prometheus `le` bounds in seconds; every one is a LatencyHistogram bucket edge.
+BUCKETS_S: tuple[float, ...] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+# A spool file not rewritten for this many intervals belongs to a rank that is gone.
+STALE_INTERVALS = 10
+_SPOOL_NAME = re.compile(r"local-rank-([0-9]+)\.json\Z")
+_MAX_SPOOL_BYTES = 1 << 20  # a snapshot is a few KB; anything larger is not one
+_METRIC_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+_HTTP_TIMEOUT_S = 10  # a client that stalls mid-request cannot hold the server thread longer
+_LABELS = ("rank", "job")
+_P = TypeVar("_P", bound="PrometheusExporter")
+
+
+def _client() -> Any:
+    try:
+        import prometheus_client
+        import prometheus_client.core
+        import prometheus_client.utils
+    except ImportError as exc:
+        raise UsageError(
+            "PrometheusExporter needs prometheus_client: pip install shardio[metrics]"
+        ) from exc
+    return prometheus_client
+
+
+def metric_families(labelled: Sequence[tuple[MetricsSnapshot, str]]) -> list[Any]:
+    """The Prometheus metric families of snapshots, each labelled by its rank and a job.
+
+    Args:
+        labelled: (snapshot, job name) pairs; their (job, rank) pairs must be distinct.
+
+    Returns:
+        ``prometheus_client`` metric families (see the module docstring for the names).
+
+    Raises:
+        UsageError: prometheus_client is not installed.
+    """
+    client = _client()
+    core = client.core
+    floats = client.utils.floatToGoString
+
+    def counter(name: str, doc: str, extra: Sequence[str] = ()) -> Any:
+        return core.CounterMetricFamily(name, doc, labels=[*_LABELS, *extra])
+
+    def gauge(name: str, doc: str) -> Any:
+        return core.GaugeMetricFamily(name, doc, labels=list(_LABELS))
+
+    def histogram(name: str, doc: str, extra: Sequence[str] = ()) -> Any:
+        return core.HistogramMetricFamily(name, doc, labels=[*_LABELS, *extra])
+
+    delivered = counter("shardio_samples_delivered", "Samples delivered to the training loop.")
+    batches = counter("shardio_batches_delivered", "Batches delivered to the training loop.")
+    read = counter("shardio_samples_read", "Samples read by the rank's workers.")
+    nbytes = counter("shardio_bytes_read", "Payload bytes read, by source.", ["source"])
+    gauges = {
+        "samples_per_s": gauge("shardio_samples_per_second", "Samples delivered per second."),
+        "bytes_per_s": gauge("shardio_bytes_per_second", "Payload bytes read per second."),
+        "stall_fraction": gauge(
+            "shardio_stall_fraction", "Share of the time the loop waited for data."
+        ),
+        "step_mean_s": gauge("shardio_step_mean_seconds", "Mean training step time."),
+        "step_std_s": gauge("shardio_step_std_seconds", "Standard deviation of the step time."),
+        "time_s": gauge("shardio_snapshot_timestamp_seconds", "When the figures were taken."),
+    }
+    read_latency = histogram(
+        "shardio_read_latency_seconds", "Latency of member reads, by source.", ["source"]
+    )
+    wait = histogram("shardio_wait_seconds", "Time the training loop waited for each batch.")
+    step = histogram("shardio_step_seconds", "Training step time (compute plus wait).")
+    fixed = [delivered, batches, read, nbytes, *gauges.values(), read_latency, wait, step]
+    taken = {family.name for family in fixed}
+    counters: dict[str, Any] = {}
+
+    for snap, job in labelled:
+        labels = [str(snap.rank), job]
+        delivered.add_metric(labels, snap.samples)
+        batches.add_metric(labels, snap.batches)
+        read.add_metric(labels, snap.samples_read)
+        nbytes.add_metric([*labels, "staged"], snap.bytes_staged)
+        nbytes.add_metric([*labels, "source"], snap.bytes_source)
+        for field, family in gauges.items():
+            family.add_metric(labels, getattr(snap, field))
+        for name, value in sorted(snap.counters.items()):
+            # CounterMetricFamily drops a "_total" suffix: drop it first to see clashes.
+            metric = f"shardio_{name.removesuffix('_total')}"
+            if metric in taken or not _METRIC_NAME.match(metric):
+                continue  # a name from a foreign spool file must not break the scrape
+            if metric not in counters:
+                counters[metric] = counter(metric, f"Read counter {name!r} (see ReadMetrics).")
+            counters[metric].add_metric(labels, value)
+        for hist_name, family, extra in (
+            ("read_staged", read_latency, ["staged"]),
+            ("read_source", read_latency, ["source"]),
+            ("wait", wait, []),
+            ("step", step, []),
+        ):
+            hist = snap.histograms.get(hist_name)
+            if hist is None:
+                continue
+            total = hist.count
+            buckets = [
+                (floats(bound), count)
+                for bound, count in zip(BUCKETS_S, hist.cumulative(BUCKETS_S), strict=True)
+            ]
+            buckets.append(("+Inf", total))
+            family.add_metric([*labels, *extra], buckets, hist.sum_ns / 1e9)
+    return [*fixed[:4], *counters.values(), *fixed[4:]]
+
+
+class _SnapshotCollector:
+    """A prometheus_client collector of the node's snapshots (see the exporter)."""
+
+    def __init__(self, exporter: PrometheusExporter) -> None:
+        self._exporter = exporter
+
+    def collect(self) -> Iterable[Any]:
+        return metric_families(self._exporter.node_snapshots())
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = _HTTP_TIMEOUT_S
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        logger.debug("metrics http: " + fmt, *args)
+
+
+class _MetricsServer(WSGIServer):
+    def __init__(self, address: tuple[str, int], family: int) -> None:
+        self.address_family = family  # read by the base class when it makes the socket
+        super().__init__(address, _QuietHandler)
+
+
+class PrometheusExporter(PeriodicReporter):
+    """Reports snapshots to Prometheus: over HTTP, into a textfile, or both (see the module
+    docstring for the node layout and the metric names).
+
+    Example:
+        >>> exporter = PrometheusExporter(  # doctest: +SKIP
+        ...     loader.metrics, port=9464, local_rank=local_rank, spool_dir=spool, job="vit"
+        ... )
+        >>> with exporter:  # doctest: +SKIP
+        ...     train(loader)
+
+    Attributes:
+        port: the port asked for (None: no HTTP); :attr:`bound_port` is the one served.
+        addr: the address to serve on.
+        textfile: the ``.prom`` file written each interval (None: none).
+        job: the ``job`` label ("" when None).
+        local_rank: this process's rank on its node; local rank 0 serves the node.
+        spool_dir: where the local ranks leave their snapshots (None: no sharing).
+    """
+
+    kind: ClassVar[str] = "prometheus"
+    failure_logger: ClassVar[logging.Logger] = logger
+
+    def __init__(
+        self,
+        source: SnapshotSource,
+        *,
+        port: int | None = None,
+        addr: str = "0.0.0.0",
+        textfile: str | os.PathLike[str] | None = None,
+        job: str | None = None,
+        local_rank: int = 0,
+        spool_dir: str | os.PathLike[str] | None = None,
+        interval_s: float = 15.0,
+    ) -> None:
+        """Check the arguments; nothing is served or written before :meth:`start`.
+
+        Args:
+            source: returns this rank's snapshot.
+            port: the HTTP port local rank 0 serves (0: any free one); other local ranks
+                ignore it.
+            addr: the address to serve on.
+            textfile: a path ending in ``.prom`` that local rank 0 rewrites each interval.
+            job: the ``job`` label.
+            local_rank: this process's rank on its node.
+            spool_dir: a directory shared by the node's ranks (created, mode 0700).
+            interval_s: seconds between snapshots.
+
+        Raises:
+            UsageError: an argument is invalid, or prometheus_client is not installed.
+        """
+        super().__init__(source, interval_s=interval_s)
+        if port is not None and (
+            not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535
+        ):
+            raise UsageError(f"port must be 0..65535 or None, not {port!r}")
+        if not isinstance(addr, str) or not addr:
+            raise UsageError(f"addr must be a host name or address, not {addr!r}")
+        if not isinstance(local_rank, int) or isinstance(local_rank, bool) or local_rank < 0:
+            raise UsageError(f"local_rank must be an integer >= 0, not {local_rank!r}")
+        if job is not None and not isinstance(job, str):
+            raise UsageError(f"job must be a string, not {job!r}")
+        self.textfile = None if textfile is None else os.fspath(textfile)
+        if self.textfile is not None and not (
+            self.textfile.endswith(".prom") and os.path.basename(self.textfile) != ".prom"
+        ):
+            raise UsageError(
+                f"textfile {self.textfile} must end in .prom (node_exporter reads only those)"
+            )
+        self.port = port
+        self.addr = addr
+        self.job = job
+        self.local_rank = local_rank
+        self.spool_dir = None if spool_dir is None else os.fspath(spool_dir)
+        client = _client()
+        self._registry = client.CollectorRegistry(auto_describe=False)
+        self._registry.register(_SnapshotCollector(self))
+        self._make_app = client.make_wsgi_app
+        self._generate = client.generate_latest
+        self._latest: MetricsSnapshot | None = None
+        self._server: _MetricsServer | None = None
+        self._server_thread: threading.Thread | None = None
+
+    @property
+    def serves_node(self) -> bool:
+        """Whether this process reports for its node (local rank 0)."""
+        return self.local_rank == 0
+
+    @property
+    def bound_port(self) -> int | None:
+        """The port being served (None when not serving)."""
+        server = self._server
+        return None if server is None else int(server.server_address[1])
+
+    def start(self: _P) -> _P:
+        """Prepare the spool and textfile, serve HTTP, report once at once, then every
+        ``interval_s``.
+
+        Raises:
+            UsageError: the spool directory is a symlink or not one shardio made, or the
+                reporter was closed.
+            StorageError: the spool directory or textfile cannot be written, or the port
+                cannot be served.
+        """
+        if self.running:
+            return self
+        super().start()
+        # At once, so a scrape right after start() has figures and local rank 0 sees the
+        # others' spool files without waiting an interval.
+        self.report()
+        return self
+
+    # -- the sink ------------------------------------------------------------------------
+    def open(self) -> None:
+        """Create or check the spool directory and the textfile; start serving HTTP."""
+        if self.spool_dir is not None:
+            prepare_spool_dir(self.spool_dir)
+        if not self.serves_node:
+            if self.port is not None or self.textfile is not None:
+                logger.debug(
+                    "local rank %d: the port and textfile are local rank 0's; this rank "
+                    "only writes its spool file",
+                    self.local_rank,
+                )
+            return
+        if self.textfile is not None:
+            check_replaceable(self.textfile, what="metrics textfile", parent=True)
+        if self.port is not None:
+            self._serve(self.port)
+
+    def _serve(self, port: int) -> None:
+        try:
+            family = socket.getaddrinfo(
+                self.addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0][0]
+            server = _MetricsServer((self.addr, port), family)
+        except OSError as exc:
+            raise StorageError(
+                exc.errno or errno.EADDRNOTAVAIL,
+                f"cannot serve metrics on {self.addr}:{port}: {exc.strerror or exc}",
+            ) from exc
+        server.set_app(self._make_app(self._registry))
+        thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.5},
+            name="shardio-metrics-http",
+            daemon=True,
+        )
+        thread.start()
+        self._server, self._server_thread = server, thread
+        logger.info("serving shardio metrics on http://%s:%d/metrics", self.addr, self.bound_port)
+
+    def emit(self, snap: MetricsSnapshot) -> None:
+        """Keep the snapshot for scrapes, leave it in the spool, rewrite the textfile."""
+        self._latest = snap
+        if self.spool_dir is not None:
+            try:
+                self._write_spool(self.spool_dir, snap)
+            except Exception as exc:  # the textfile below still gets written
+                self.log_failure("writing the metrics spool file", exc)
+        if self.serves_node and self.textfile is not None:
+            check_replaceable(self.textfile, what="metrics textfile")
+            with atomic_write(self.textfile, durable=False) as fh:
+                fh.write(self._generate(self._registry))
+
+    def release(self) -> None:
+        """Stop serving HTTP."""
+        server, thread = self._server, self._server_thread
+        self._server = self._server_thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join()
+
+    # -- the spool -----------------------------------------------------------------------
+    def _write_spool(self, spool_dir: str, snap: MetricsSnapshot) -> None:
+        record = {"local_rank": self.local_rank, "job": self.job, "snapshot": snap.to_dict()}
+        path = os.path.join(spool_dir, f"local-rank-{self.local_rank}.json")
+        with atomic_write(path, durable=False) as fh:
+            fh.write(json.dumps(record, separators=(",", ":")).encode())
+
+    def node_snapshots(self) -> list[tuple[MetricsSnapshot, str]]:
+        """This rank's latest snapshot and, on local rank 0 with a spool, the other local
+        ranks' fresh ones, each with its job label; one per (job, rank)."""
+        own_job = self.job or ""
+        found: list[tuple[MetricsSnapshot, str]] = []
+        if self._latest is not None:
+            found.append((self._latest, own_job))
+        if self.serves_node and self.spool_dir is not None:
+            others = self._read_spool(self.spool_dir, own_job)
+            found.extend(sorted(others, key=lambda pair: -pair[0].time_s))
+        seen: set[tuple[str, int]] = set()
+        out = []
+        for snap, job in found:
+            if (job, snap.rank) not in seen:
+                seen.add((job, snap.rank))
+                out.append((snap, job))
+        return out
+
+    def _read_spool(self, spool_dir: str, own_job: str) -> list[tuple[MetricsSnapshot, str]]:
+        try:
+            names = os.listdir(spool_dir)
+        except OSError as exc:
+            self.log_failure(f"listing the metrics spool {spool_dir}", exc)
+            return []
+        out = []
+        oldest = time.time() - STALE_INTERVALS * self.interval_s
+        for name in sorted(names):
+            match = _SPOOL_NAME.match(name)
+            if match is None or int(match.group(1)) == self.local_rank:
+                continue
+            path = os.path.join(spool_dir, name)
+            try:
+                record = _read_spool_file(path, oldest)
+                if record is None:
+                    continue
+                job = record.get("job")
+                snap = MetricsSnapshot.from_dict(record["snapshot"])
+            except Exception as exc:  # one bad file must not fail the scrape
+                self.log_failure(f"reading metrics spool file {path}", exc)
+                continue
+            out.append((snap, job if isinstance(job, str) else own_job))
+        return out
+
+
+def _read_spool_file(path: str, oldest: float) -> dict[str, Any] | None:
+    """A spool file's record, or None when it is gone or older than ``oldest``."""
+    try:
+        fd = open_regular(path, what="metrics spool file", nofollow=True)
+    except StorageError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise
+    try:
+        st = os.fstat(fd)
+        if st.st_mtime < oldest:
+            return None
+        if st.st_size > _MAX_SPOOL_BYTES:
+            raise StorageError(errno.EFBIG, f"metrics spool file {path} is too large")
+        data = os.read(fd, _MAX_SPOOL_BYTES)
+    finally:
+        os.close(fd)
+    record = json.loads(data)
+    if not isinstance(record, dict) or "snapshot" not in record:
+        raise UsageError(f"metrics spool file {path} holds no snapshot")
+    return record
+
+
+def prepare_spool_dir(path: str) -> None:
+    """Create the spool directory (mode 0700), or check that it is one made so earlier.
+
+    Raises:
+        UsageError: it is a symlink, not a directory, or not private to this user.
+        StorageError: it cannot be created.
+    """
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass  # made earlier, or by another local rank a moment ago: checked below
+    except OSError as exc:
+        raise storage_error(exc, path, "creating the metrics spool directory") from exc
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise storage_error(exc, path, "checking the metrics spool directory") from exc
+    if stat.S_ISLNK(st.st_mode):
+        raise UsageError(
+            f"metrics spool directory {path} is a symlink: shardio does not write through symlinks"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(
+            f"metrics spool directory {path} is a {describe_kind(st.st_mode)}, not a directory"
+        )
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise UsageError(
+            f"metrics spool directory {path} is not one shardio made (owner uid {st.st_uid}, "
+            f"mode {stat.S_IMODE(st.st_mode):04o}); shardio makes it private (0700) to its user"
+        )
+
+
+def check_replaceable(path: str, *, what: str, parent: bool = False) -> None:
+    """Check that ``path`` is absent or a regular file, so renaming over it replaces no
+    symlink, directory or device; with ``parent``, that its directory exists.
+
+    Raises:
+        StorageError: it is not.
+    """
+    if parent:
+        head = os.path.dirname(path) or "."
+        if not os.path.isdir(head):
+            raise StorageError(errno.ENOENT, f"{what} {path}: no directory {head}")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise storage_error(exc, path, f"checking {what}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise StorageError(
+            errno.EINVAL,
+            f"{what} {path} is a {describe_kind(st.st_mode)}, not a regular file: "
+            "shardio replaces only regular files",
+        )

@@ -1,0 +1,184 @@
+"""ReadMetrics: the one set of counters and latency histograms of a process's reads.
+
+Every part of the read path counts here and nowhere else: the file pool (opens), the map
+cache (map opens), the resolver (cache hits and misses, dropped and re-staged copies), the
+reader (bytes, samples and read latency by source, checksum failures, read errors) and the
+recovery steps (retries, substitutes, rebuilds). A DataLoader worker drains its figures into
+a :class:`ReadDelta` that travels with the batch it read (no channel of its own); the
+training process merges the deltas into one ReadMetrics per rank.
+
+A forked child starts from zero: its parent's figures stay the parent's.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from shardio.errors import UsageError
+from shardio.metrics.histogram import LatencyHistogram
+
+__all__ = ["COUNTERS", "SOURCES", "ReadDelta", "ReadMetrics"]
+
+# Where a read was served from: a verified staged copy (node-local) or the source (the
+# parallel filesystem).
+SOURCES = ("staged", "source")
+COUNTERS = (
+    "samples",  # samples read (a batch's samples, counted once the batch is read)
+    "members",  # member reads (files inside samples)
+    "bytes_staged",
+    "bytes_source",
+    "opens_staged",  # shard files opened (pool), by source
+    "opens_source",
+    "map_opens",  # shard files mapped (the opt-in mmap transport)
+    "cache_hits",  # shards located in the staging area
+    "cache_misses",  # shards read from the source while a staging area is in use
+    "checksum_failures",  # members whose bytes differed from the index (any source)
+    "read_errors",  # failed, short or truncated reads (any source)
+    "retries",  # recovery: a sample read again
+    "recovered",  # recovery: a retry that read the sample
+    "restages",  # a bad staged copy staged again from the source
+    "restage_failures",
+    "drops",  # a bad staged copy passed over for the source
+    "rebuilds",  # a source shard rebuilt by the rebuild hook
+    "substitutes",  # policy "skip": a sample replaced by another
+    "unavailable",  # policy "raise": a sample given up on
+)
+_LIVE: weakref.WeakSet[ReadMetrics] = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class ReadDelta:
+    """What a worker read since its last batch: counters and histograms, compact.
+
+    Attributes:
+        counts: (name, value) pairs of the counters that moved.
+        latency: (source, histogram wire form) pairs of the histograms that moved.
+    """
+
+    counts: tuple[tuple[str, int], ...]
+    latency: tuple[tuple[str, Any], ...]
+
+
+class ReadMetrics:
+    """Counters and per-source read-latency histograms of one process (or, merged, a rank).
+
+    Attributes:
+        counts: the counters, by name (:data:`COUNTERS`).
+        latency: read-latency histograms by source (:data:`SOURCES`).
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.latency: dict[str, LatencyHistogram] = {s: LatencyHistogram() for s in SOURCES}
+        _LIVE.add(self)
+
+    def reset(self) -> None:
+        """Back to zero."""
+        self.counts = dict.fromkeys(COUNTERS, 0)
+        self.latency = {s: LatencyHistogram() for s in SOURCES}
+
+    def add(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to counter ``name``."""
+        self.counts[name] += n
+
+    def record_read(self, *, staged: bool, nbytes: int, ns: int) -> None:
+        """One member read of ``nbytes`` that took ``ns`` nanoseconds."""
+        counts = self.counts
+        counts["members"] += 1
+        if staged:
+            counts["bytes_staged"] += nbytes
+            self.latency["staged"].record(ns)
+        else:
+            counts["bytes_source"] += nbytes
+            self.latency["source"].record(ns)
+
+    def __getitem__(self, name: str) -> int:
+        return self.counts[name]
+
+    @property
+    def bytes_read(self) -> int:
+        """Payload bytes read from either source."""
+        return self.counts["bytes_staged"] + self.counts["bytes_source"]
+
+    def all_latency(self) -> LatencyHistogram:
+        """Read latency of every source together."""
+        out = LatencyHistogram()
+        for hist in self.latency.values():
+            out.merge(hist)
+        return out
+
+    def merge(self, other: ReadMetrics) -> None:
+        """Add ``other``'s figures to these."""
+        for name, value in other.counts.items():
+            self.counts[name] += value
+        for source, hist in other.latency.items():
+            self.latency[source].merge(hist)
+
+    def copy(self) -> ReadMetrics:
+        """An independent copy."""
+        out = ReadMetrics()
+        out.merge(self)
+        return out
+
+    # -- worker -> training process -------------------------------------------------------
+    def drain(self) -> ReadDelta | None:
+        """The figures since the last drain, which are zeroed; None when nothing moved."""
+        counts = tuple((k, v) for k, v in self.counts.items() if v)
+        latency = tuple((s, h.to_wire()) for s, h in self.latency.items() if h.max_ns)
+        if not counts and not latency:
+            return None
+        self.reset()
+        return ReadDelta(counts, latency)
+
+    def absorb(self, delta: object) -> None:
+        """Add a worker's :class:`ReadDelta` (checked: it crossed a process boundary).
+
+        Raises:
+            UsageError: ``delta`` is not a well-formed ReadDelta.
+        """
+        if not isinstance(delta, ReadDelta):
+            raise UsageError(f"read metrics: expected a ReadDelta, got {type(delta).__name__}")
+        counts: dict[str, int] = {}
+        latency: dict[str, LatencyHistogram] = {}
+        try:
+            for name, value in delta.counts:
+                if name not in self.counts or not _is_count(value):
+                    raise UsageError(f"read metrics: bad counter {name!r}={value!r}")
+                counts[name] = value
+            for source, wire in delta.latency:
+                if source not in self.latency:
+                    raise UsageError(f"read metrics: unknown source {source!r}")
+                latency[source] = LatencyHistogram.from_wire(wire)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"read metrics: malformed delta: {exc}") from exc
+        for name, value in counts.items():
+            self.counts[name] += value
+        for source, hist in latency.items():
+            self.latency[source].merge(hist)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled into a spawned worker: the worker counts its own reads from zero.
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        del state
+        self.__init__()  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        moved = {k: v for k, v in self.counts.items() if v}
+        return f"ReadMetrics({moved})"
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def _reset_in_child() -> None:
+    for metrics in list(_LIVE):
+        metrics.reset()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
