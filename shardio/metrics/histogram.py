@@ -29,6 +29,15 @@ BUCKET_BOUNDS_NS: tuple[int, ...] = (
 )
 N_BUCKETS = len(BUCKET_BOUNDS_NS) + 1
 _NO_MIN = 2**63 - 1
+_BOUNDS: list[Any] = []  # the bounds as a numpy array, made on first use
+
+
+def _BOUNDS_ARRAY() -> Any:  # noqa: N802 - a constant made lazily
+    if not _BOUNDS:
+        import numpy as np
+
+        _BOUNDS.append(np.array(BUCKET_BOUNDS_NS, dtype=np.int64))
+    return _BOUNDS[0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +96,21 @@ class LatencyHistogram:
         self.sum_ns += ns
         self.max_ns = max(self.max_ns, ns)
         self.min_ns = min(self.min_ns, ns)
+
+    def record_many(self, values_ns: Any) -> None:
+        """Add many durations at once (an int64 numpy array, or anything array-like)."""
+        import numpy as np  # here: recording one value needs no numpy
+
+        values = np.asarray(values_ns, dtype=np.int64)
+        if values.size == 0:
+            return
+        where = np.searchsorted(_BOUNDS_ARRAY(), values, side="left")
+        for i, c in enumerate(np.bincount(where, minlength=N_BUCKETS).tolist()):
+            if c:
+                self.counts[i] += c
+        self.sum_ns += int(values.sum())
+        self.max_ns = max(self.max_ns, int(values.max()))
+        self.min_ns = min(self.min_ns, int(values.min()))
 
     @property
     def count(self) -> int:

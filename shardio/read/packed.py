@@ -262,13 +262,13 @@ class PackedDataset:
         except OSError as exc:
             problem, error = f"unreadable: {exc.strerror or exc}", exc
         else:
-            took = time.perf_counter_ns() - began if self.timed else 0
+            took = time.perf_counter_ns() - began if self.timed else None
             if got != len(target):
                 problem = "truncated"
             elif verify and member_digest_problem(target, int(rec["xxh3_64"])) is not None:
                 problem = "checksum mismatch"
             else:
-                self.metrics.record_read(staged=loc.staged, nbytes=got, ns=took)
+                self.metrics.record_read(loc.staged, got, took)
         if problem is not None:
             self.metrics.add(
                 "checksum_failures" if problem == "checksum mismatch" else "read_errors"
@@ -426,8 +426,8 @@ class PackedDataset:
             ):
                 problem = "checksum mismatch"
             if problem is None:
-                took = time.perf_counter_ns() - began if self.timed else 0
-                self.metrics.record_read(staged=loc.staged, nbytes=size, ns=took)
+                took = time.perf_counter_ns() - began if self.timed else None
+                self.metrics.record_read(loc.staged, size, took)
                 return loc.path, view[off : off + size]
             self.metrics.add(
                 "checksum_failures" if problem == "checksum mismatch" else "read_errors"

@@ -160,6 +160,17 @@ def test_reads_verified_copies_from_a_staging_area(packed_tar: Packed, tmp_path:
     assert stats["bytes_source"] == 0 and stats["bytes_staged"] > 0
 
 
+def test_loader_metrics_count_the_verified_reads_and_the_loop(packed_tar: Packed) -> None:
+    with sdali.loader(packed_tar.path, batch_size=BATCH, seed=2) as loader:
+        data, _labels, _ = _epoch(loader)
+        snap = loader.metrics()
+    assert snap.samples == snap.samples_read == len(data) == len(packed_tar.keys)
+    assert snap.batches == -(-len(data) // BATCH)
+    assert snap.read_latency["source"].count == len(data)
+    assert snap.bytes_read == sum(len(d) for d in data)
+    assert 0.0 <= snap.stall_fraction <= 1.0
+
+
 @pytest.mark.parametrize("fmt", ["tar", "hdf5"])
 def test_a_flipped_byte_raises_checksum_mismatch(
     fmt: str,

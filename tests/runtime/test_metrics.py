@@ -4,6 +4,7 @@ ranks' figures summed, against real files, real DataLoader workers and a slow op
 from __future__ import annotations
 
 import pickle
+from array import array
 
 import pytest
 
@@ -146,9 +147,9 @@ def test_metrics_off_keeps_counts_local_and_times_nothing(packed_tar) -> None:
     loader0 = ds0.loader(batch_size=50)
     _epoch(loader0)
     snap0 = loader0.metrics()
-    assert snap0.samples_read == len(packed_tar.keys)
-    assert snap0.read_latency["source"].count == len(packed_tar.keys)
-    assert snap0.read_latency["source"].max_s == 0.0
+    assert snap0.samples_read == snap0.counters["members"] == len(packed_tar.keys)
+    assert snap0.bytes_read == _payload_bytes(packed_tar, packed_tar.keys)
+    assert snap0.read_latency["all"].count == 0
 
 
 def test_a_plain_dataloader_sees_no_metrics_entry(packed_tar) -> None:
@@ -192,6 +193,12 @@ def test_a_forged_delta_is_refused() -> None:
         sink.absorb(ReadDelta((), (("source", (((999, 1),), 0, 0, 0)),)))
     with pytest.raises(UsageError):
         sink.absorb(ReadDelta((), (("source", "junk"),)))
+    with pytest.raises(UsageError, match="read times"):
+        sink.absorb(ReadDelta((), (), (("source", array("q", [5, -1])),)))
+    with pytest.raises(UsageError, match="read times"):
+        sink.absorb(ReadDelta((), (), (("source", [5, 6]),)))
+    with pytest.raises(UsageError, match="unknown source"):
+        sink.absorb(ReadDelta((), (), (("nfs", array("q", [5])),)))
     assert sink.counts == ReadMetrics().counts  # nothing half-merged
 
 
@@ -210,3 +217,29 @@ def test_snapshots_round_trip_and_combine() -> None:
     assert total.read_latency["all"].max_s == pytest.approx(0.008)
     restored = pickle.loads(pickle.dumps(snaps[0]))
     assert restored.to_dict() == snaps[0].to_dict()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_reporter_thread_reading_meanwhile_loses_nothing(packed_tar, workers) -> None:
+    import threading
+
+    ds = ShardDataset(packed_tar.path, ranks=SINGLE)
+    loader = ds.loader(batch_size=10, num_workers=workers)
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(loader.metrics().read_latency["all"].count)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        keys = _epoch(loader)
+    finally:
+        stop.set()
+        watcher.join()
+    snap = loader.metrics()
+    assert len(seen) > 1
+    assert snap.read_latency["all"].count == snap.counters["members"] == len(keys)
+    assert seen == sorted(seen)  # figures only grow
