@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from typing import Any
 
-from shardio.cli.common import EXIT_OK
+from shardio.cli.common import EXIT_OK, default_workers
 from shardio.errors import UsageError
 
 __all__ = ["add_bench_parser", "cmd_bench"]
@@ -31,7 +32,12 @@ def add_bench_parser(sub: argparse._SubParsersAction[Any]) -> None:
     )
     b.add_argument("dataset", help="a packed dataset (shardio pack)")
     b.add_argument("--mode", choices=["map", "stream"], default="map", help="default map")
-    b.add_argument("--workers", type=int, default=4, help="DataLoader workers (default 4)")
+    b.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="DataLoader workers (default: 4, or the CPUs of the job when fewer)",
+    )
     b.add_argument("--batch", type=int, default=32, help="samples per batch (default 32)")
     b.add_argument(
         "--compute-ms",
@@ -66,7 +72,18 @@ def add_bench_parser(sub: argparse._SubParsersAction[Any]) -> None:
     )
 
 
+def _check_plot_path(path: str) -> None:
+    """Refuse a --plot path that cannot be written, before a run of many minutes."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"--plot {path}: no directory {parent}")
+    if os.path.isdir(path):
+        raise UsageError(f"--plot {path}: is a directory (name the PNG file to write)")
+
+
 def _check_numbers(args: argparse.Namespace) -> None:
+    if args.workers is None:
+        args.workers = min(4, default_workers())
     if args.workers < 0:
         raise UsageError(f"--workers must be >= 0, got {args.workers}")
     if args.batch < 1:
@@ -98,6 +115,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     peers = [parse_compare(text) for text in args.compare]
     if args.plot is not None:
         require_matplotlib()  # now, not after a run of many minutes
+        _check_plot_path(args.plot)
     runs = run_bench(args.dataset, settings, compare=peers)
     shown = {
         "dataset": args.dataset,
@@ -105,12 +123,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "compare": [str(p) for p in peers],
         "plot": args.plot,
     }
+    # The report first: a plot that cannot be written must not lose the figures of the run.
+    if args.json:
+        print(json.dumps(report_dict(runs, shown), indent=1), flush=True)
+    else:
+        print(format_report(runs, shown), flush=True)
     if args.plot is not None:
         write_plot(runs, args.plot)
-    if args.json:
-        print(json.dumps(report_dict(runs, shown), indent=1))
-        return EXIT_OK
-    print(format_report(runs, shown))
-    if args.plot is not None:
-        print(f"plot written to {args.plot}")
+        if not args.json:
+            print(f"plot written to {args.plot}")
     return EXIT_OK
