@@ -151,3 +151,20 @@ def packed_small(small_tree: pathlib.Path, tmp_path_factory: pytest.TempPathFact
         return cache[key]
 
     return get
+
+
+FAKEBIN_LUSTRE = pathlib.Path(__file__).resolve().parent / "integration" / "fakebin_lustre"
+
+
+@pytest.fixture
+def lustre_env(tmp_path: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:
+    """Environment with the recording fake lfs first on PATH, and its log path."""
+    fake = FAKEBIN_LUSTRE / "lfs"
+    if not os.access(fake, os.X_OK):
+        fake.chmod(0o755)
+    log = tmp_path / "lfs.log"
+    env = {
+        "PATH": f"{FAKEBIN_LUSTRE}{os.pathsep}{os.environ.get('PATH', '')}",
+        "SHARDIO_FAKE_LOG": str(log),
+    }
+    return env, log

@@ -21,7 +21,6 @@ from shardio.errors import UsageError
 from shardio.format.spec import FORMAT_VERSION
 from shardio.read.packed import PackedDataset
 
-FAKEBIN_LUSTRE = pathlib.Path(__file__).resolve().parent / "fakebin_lustre"
 SUFFIX = {"tar": ".tar", "hdf5": ".h5"}
 
 
@@ -632,20 +631,6 @@ def test_unpack_of_damaged_dataset_fails_with_one_line(
 
 
 # --------------------------------------------------------------------------- Lustre layout
-
-
-@pytest.fixture
-def lustre_env(tmp_path: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:
-    """Environment with the recording fake lfs first on PATH, and its log path."""
-    fake = FAKEBIN_LUSTRE / "lfs"
-    if not os.access(fake, os.X_OK):
-        fake.chmod(0o755)
-    log = tmp_path / "lfs.log"
-    env = {
-        "PATH": f"{FAKEBIN_LUSTRE}{os.pathsep}{os.environ.get('PATH', '')}",
-        "SHARDIO_FAKE_LOG": str(log),
-    }
-    return env, log
 
 
 def _calls(log: pathlib.Path) -> list[list[str]]:

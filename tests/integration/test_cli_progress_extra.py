@@ -28,7 +28,6 @@ from shardio.metrics.progress import ProgressSnapshot
 from shardio.packing.merge import merge_parts
 from shardio.unpack import unpack_dataset
 
-FAKEBIN_LUSTRE = pathlib.Path(__file__).resolve().parent / "fakebin_lustre"
 GOLDEN_V1 = pathlib.Path(__file__).resolve().parents[1] / "data" / "format_v1" / "tar"
 W1 = ("--workers", "1", "--no-progress")
 
@@ -210,20 +209,6 @@ def test_merge_no_progress_draws_nothing(unmerged: pathlib.Path) -> None:
 
 
 # --------------------------------------------------------------------------- inspect
-
-
-@pytest.fixture
-def lustre_env(tmp_path: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:
-    """Environment with the recording fake lfs first on PATH, and its log path."""
-    fake = FAKEBIN_LUSTRE / "lfs"
-    if not os.access(fake, os.X_OK):
-        fake.chmod(0o755)
-    log = tmp_path / "lfs.log"
-    env = {
-        "PATH": f"{FAKEBIN_LUSTRE}{os.pathsep}{os.environ.get('PATH', '')}",
-        "SHARDIO_FAKE_LOG": str(log),
-    }
-    return env, log
 
 
 def _layout_lines(out: str) -> list[str]:

@@ -1,0 +1,57 @@
+"""Iterate a ShardLoader for some epochs, with markers on stderr for an strace log.
+
+Usage: python epoch_syscalls.py DATASET MODE CACHE EPOCHS WORKERS BATCH_SIZE
+
+MODE is "map" or "stream"; CACHE is a staging area or "-" for none. The training process
+writes ``SHARDIO-MARK epoch-start E`` / ``epoch-end E`` around each epoch; each DataLoader
+worker writes ``SHARDIO-MARK worker W epoch E`` when it starts, so every traced call can be
+put down to the process that made it. Prints, as JSON on stdout, the samples read per epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from torch.utils.data import get_worker_info
+
+from shardio.runtime.dataset import ShardDataset
+from shardio.runtime.ranks import RankInfo
+
+
+def mark(text: str) -> None:
+    os.write(2, f"SHARDIO-MARK {text}\n".encode())
+
+
+def announce(worker: int) -> None:
+    """worker_init_fn: name this process in the log (its calls follow under its pid)."""
+    info = get_worker_info()
+    assert info is not None
+    mark(f"worker {worker} epoch {info.dataset.epoch}")
+
+
+def main() -> None:
+    path, mode, cache = sys.argv[1], sys.argv[2], sys.argv[3]
+    epochs, workers, batch_size = (int(a) for a in sys.argv[4:7])
+    ds = ShardDataset(
+        path, mode=mode, cache=None if cache == "-" else cache, ranks=RankInfo(), seed=3
+    )
+    loader = ds.loader(
+        batch_size, num_workers=workers, pin_workers=False, worker_init_fn=announce
+    )
+    counts = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        mark(f"epoch-start {epoch}")
+        n = 0
+        for batch in loader:
+            n += len(batch["__key__"])
+        mark(f"epoch-end {epoch}")
+        counts.append(n)
+    ds.close()
+    print(json.dumps(counts))
+
+
+if __name__ == "__main__":
+    main()
