@@ -24,11 +24,12 @@ directory private to the user and job.
 Modules: ``area`` (recognise, create, clean an area; the default DEST), ``stamps`` (the
 area's records: marker, stamps, lock paths), ``copy`` (per-shard locks, the verified copy),
 ``evict`` (capacity eviction), ``plan`` (which shards, in which order), ``stage`` (options
-and the run).
+and the run), ``ahead`` (:class:`EpochStager`: the next epoch's shards in the background).
 """
 
 from __future__ import annotations
 
+from shardio.cache.ahead import EpochStager
 from shardio.cache.area import clean_stage, default_stage_dir
 from shardio.cache.plan import node_shard_order
 from shardio.cache.stage import (
@@ -44,6 +45,7 @@ __all__ = [
     "MAX_NODES",
     "MAX_RANKS_PER_NODE",
     "MAX_STREAMS",
+    "EpochStager",
     "StageOptions",
     "StageResult",
     "clean_stage",

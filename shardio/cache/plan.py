@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from shardio.format.manifest import Manifest, ShardEntry
-from shardio.runtime.order import epoch_order
 
 if TYPE_CHECKING:
     from shardio.cache.stage import StageOptions
@@ -16,37 +15,46 @@ __all__ = ["choose_shards", "node_shard_order"]
 def node_shard_order(manifest: Manifest, options: StageOptions) -> list[int]:
     """The shards this node's ranks read in the epoch, in the order they first need them.
 
-    Uses the same order and rank split as ShardDataset (epoch_order + rank_positions), with
-    global rank = node * ranks_per_node + local rank, computed for this node's ranks only:
-    memory is the node's share of the epoch, whatever the number of ranks.
+    Uses the order spec and rank layout ShardDataset uses (:func:`shardio.order.rank_stream`),
+    for this node's ranks only (global rank = node * ranks_per_node + local rank). Without a
+    partition every node reads from nearly every shard; with ``partition=node`` (or
+    ``rotating``) only its own share, about 1/N of the shards. With ``options.ahead``, the
+    shards the next epochs add follow (a rotating order moves some shards every epoch).
     """
     # Imported here: stage_dataset runs this beside its first I/O, so that numpy's import
     # (a good part of a cold start) overlaps the copy of the index.
     import numpy as np
 
+    from shardio.order import Layout, rank_stream
+
     sizes = np.array([s.num_samples for s in manifest.shards], dtype=np.int64)
-    order = epoch_order(
-        shard_sizes=sizes,
-        seed=options.seed,
-        epoch=options.epoch,
-        order=options.order,
-        window_shards=options.window_shards,
-    )
-    n = len(order)
     world = options.num_nodes * options.ranks_per_node
     first = options.node * options.ranks_per_node
-    # rank_positions: rank r reads positions r, r + W, ... of the order padded (by repeating
-    # it from its start) to a multiple of W, or cut to one with drop_last.
-    steps = n // world if options.drop_last else -(-n // world)
-    if steps == 0:
-        return []
-    ranks = np.arange(first, first + options.ranks_per_node, dtype=np.int64)
-    # Time order: step 0 of every rank of the node, then step 1, ...
-    positions = (np.arange(steps, dtype=np.int64)[:, None] * world + ranks[None, :]).ravel()
-    samples = order[positions % n]  # a position past the end is padding: order[p - n], ...
-    shards = np.searchsorted(np.cumsum(sizes), samples, side="right")
-    _, first_seen = np.unique(shards, return_index=True)
-    return [int(shards[i]) for i in np.sort(first_seen)]
+    out: list[int] = []
+    seen: set[int] = set()
+    # The epoch's shards in order of first need, then those the next epochs (``ahead``) add.
+    for epoch in range(options.epoch, options.epoch + options.ahead + 1):
+        streams = [
+            rank_stream(
+                sizes,
+                options.spec,
+                epoch,
+                Layout(rank=first + i, world_size=world, ranks_per_node=options.ranks_per_node),
+            )
+            for i in range(options.ranks_per_node)
+        ]
+        if not streams or len(streams[0]) == 0:
+            continue
+        # Time order: step 0 of every rank of the node, then step 1, ...
+        samples = np.stack([stream.materialise() for stream in streams], axis=1).ravel()
+        shards = np.searchsorted(np.cumsum(sizes), samples, side="right")
+        _, first_seen = np.unique(shards, return_index=True)
+        for i in np.sort(first_seen).tolist():
+            shard = int(shards[i])
+            if shard not in seen:
+                seen.add(shard)
+                out.append(shard)
+    return out
 
 
 def choose_shards(

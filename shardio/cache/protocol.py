@@ -46,6 +46,7 @@ from shardio.storage.atomic import atomic_write, storage_error
 from shardio.storage.files import (
     describe_kind,
     make_dirs_inside,
+    open_regular,
     read_regular,
     real_dir,
     unlink_inside,
@@ -56,12 +57,14 @@ __all__ = [
     "AREA_FORMAT",
     "AREA_VERSION",
     "STAGE_DIR",
+    "StampCache",
     "drop_if_same",
     "drop_staged",
     "lock_for_reading",
     "lock_path",
     "read_area_marker",
     "read_plan",
+    "read_staged_for",
     "shard_lock",
     "staged_identity",
     "stamp_matches",
@@ -176,6 +179,71 @@ def stamp_matches(dest: str, rel: str, xxh3_128: str) -> bool:
     )
 
 
+class StampCache:
+    """:func:`stamp_matches` for a reader that asks again every epoch: each stamp is read
+    once, then only ``lstat``'ed while it stays the same file.
+
+    A stamp is only ever published by rename (a new inode) or removed, never written in
+    place, and any write would change its ctime: while the ``lstat`` of the stamp (device,
+    inode, size, ctime, mtime) is the one recorded when it was read, its content is the one
+    read. The copy itself is still ``lstat``'ed against it on every call, so a question costs
+    two ``lstat`` calls instead of an ``lstat``, an open, two ``fstat`` and a close. A stamp
+    that is a symlink or a special file never matches (and is never opened through a symlink).
+    """
+
+    def __init__(self) -> None:
+        self._read: dict[str, tuple[tuple[int, ...], object]] = {}
+
+    def matches(self, dest: str, rel: str, xxh3_128: str) -> bool:
+        """Whether DEST holds a verified copy of ``rel`` unchanged since (as
+        :func:`stamp_matches`)."""
+        key = _stat_key(os.path.join(dest, rel))
+        if key is None:
+            return False
+        path = stamp_path(dest, rel)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            self._read.pop(path, None)
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns, st.st_mtime_ns)
+        known = self._read.get(path)
+        if known is None or known[0] != identity:
+            try:
+                # Read after the lstat: what is kept under ``identity`` is that file or a
+                # newer one, whose own identity differs, so it is read again next time.
+                known = (identity, _read_stamp(path))
+            except (OSError, ValueError):
+                return False
+            self._read[path] = known
+        stamp = known[1]
+        return bool(
+            isinstance(stamp, dict)
+            and stamp.get("xxh3_128") == xxh3_128
+            and stamp.get("stat") == key
+        )
+
+
+def _read_stamp(path: str) -> object:
+    """The JSON of a stamp: one open and one fstat (``open_regular``), never through a
+    symlink."""
+    fd = open_regular(path, what="stamp", nofollow=True)
+    try:
+        data = b""
+        while len(data) <= _MAX_RECORD_BYTES:  # published whole: one read is the usual case
+            chunk = os.read(fd, _MAX_RECORD_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > _MAX_RECORD_BYTES:
+        raise ValueError(f"stamp {path} is larger than a stamp can be")
+    return json.loads(data)
+
+
 def write_stamp(dest: str, rel: str, xxh3_128: str, durable: bool) -> None:
     """Record that the copy of ``rel`` in ``dest`` was verified against ``xxh3_128``.
 
@@ -280,12 +348,29 @@ PLAN_FILE = "plan.json"
 _MAX_PLAN_BYTES = 256 * 1024 * 1024
 
 
-def write_plan(dest: str, rels: list[str], *, durable: bool) -> None:
-    """Record the shards this node's stage run chose (see the module docstring)."""
+def write_plan(
+    dest: str, rels: list[str], *, durable: bool, staged_for: dict[str, Any] | None = None
+) -> None:
+    """Record the shards this node's stage run chose (see the module docstring), and the
+    order spec and layout they were chosen for (``staged_for``)."""
     folder = make_dirs_inside(dest, STAGE_DIR)
-    doc = {"format": "shardio-stage-plan", "version": 1, "shards": rels}
+    doc: dict[str, Any] = {"format": "shardio-stage-plan", "version": 1, "shards": rels}
+    if staged_for is not None:
+        doc["staged_for"] = staged_for
     with atomic_write(os.path.join(folder, PLAN_FILE), durable=durable) as fh:
         fh.write(json.dumps(doc).encode("utf-8", "surrogateescape"))
+
+
+def read_staged_for(dest: str) -> dict[str, Any] | None:
+    """The order spec and layout the last stage run chose its shards for, or None (none
+    recorded: an older release, or no plan)."""
+    path = os.path.join(dest, STAGE_DIR, PLAN_FILE)
+    try:
+        doc = json.loads(read_regular(path, max_bytes=_MAX_PLAN_BYTES, what="stage plan"))
+    except (OSError, ValueError):
+        return None
+    found = doc.get("staged_for") if isinstance(doc, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 def read_plan(dest: str) -> set[str] | None:

@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from shardio.cache.area import check_paths, open_area, storage_errors
 from shardio.cache.copy import leftover_temps, stage_one, temps_of, write_local_metadata
@@ -24,7 +25,7 @@ from shardio.errors import IntegrityError, UsageError
 from shardio.format.manifest import load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
-from shardio.runtime.order import check_order
+from shardio.order import OrderSpec
 from shardio.storage.files import make_dirs_inside
 
 __all__ = [
@@ -41,6 +42,7 @@ logger = logging.getLogger(__name__)
 MAX_RANKS_PER_NODE = 4096
 MAX_NODES = 1 << 20
 MAX_STREAMS = 256
+MAX_AHEAD = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,8 +54,12 @@ class StageOptions:
         num_nodes: nodes of the job; 1 stages every shard.
         ranks_per_node: training ranks per node (the rank layout decides which shards a
             node reads first), at most MAX_RANKS_PER_NODE.
-        seed, epoch, order, window_shards, drop_last: as given to ShardDataset, so the
-            stager computes the same order as training.
+        spec: the order training uses (the one :class:`~shardio.order.OrderSpec` the job's
+            stage step and ShardDataset share), recorded in the area's plan.
+        epoch: the epoch to stage for.
+        ahead: also stage the shards of this many following epochs (after this epoch's, as
+            capacity allows), and evict every staged shard none of those epochs needs (a
+            rotating order hands shards on every epoch; see :class:`EpochStager`).
         streams: parallel copy streams, at most MAX_STREAMS.
         capacity_bytes: stage at most this many bytes (the shards needed first); None: all.
         durable: fsync each copy before publishing it. Off by default: a staging area is a
@@ -65,11 +71,9 @@ class StageOptions:
     node: int = 0
     num_nodes: int = 1
     ranks_per_node: int = 1
-    seed: int = 0
+    spec: OrderSpec = field(default_factory=OrderSpec)
     epoch: int = 0
-    order: str = "shard-local"
-    window_shards: int = 4
-    drop_last: bool = False
+    ahead: int = 0
     streams: int = 4
     capacity_bytes: int | None = None
     durable: bool = False
@@ -85,13 +89,25 @@ class StageOptions:
             )
         if not 1 <= self.streams <= MAX_STREAMS:
             raise UsageError(f"invalid copy streams {self.streams}: need 1 to {MAX_STREAMS}")
-        if self.window_shards < 1:
-            raise UsageError(f"invalid window shards {self.window_shards}: need at least 1")
-        if self.seed < 0 or self.epoch < 0:
-            raise UsageError(f"seed ({self.seed}) and epoch ({self.epoch}) must be >= 0")
+        if not isinstance(self.spec, OrderSpec):
+            raise UsageError(f"spec must be an OrderSpec, got {type(self.spec).__name__}")
+        if self.epoch < 0:
+            raise UsageError(f"epoch ({self.epoch}) must be >= 0")
+        if not 0 <= self.ahead <= MAX_AHEAD:
+            raise UsageError(f"epochs ahead ({self.ahead}) must be 0 to {MAX_AHEAD}")
         if self.capacity_bytes is not None and self.capacity_bytes < 0:
             raise UsageError("capacity must be positive")
-        check_order(self.order)
+
+    def plan_record(self) -> dict[str, Any]:
+        """What the plan records about the order and the layout it was staged for."""
+        return {
+            "spec": self.spec.to_dict(),
+            "epoch": self.epoch,
+            "ahead": self.ahead,
+            "node": self.node,
+            "num_nodes": self.num_nodes,
+            "ranks_per_node": self.ranks_per_node,
+        }
 
 
 @dataclass(frozen=True)
@@ -146,7 +162,12 @@ def stage_dataset(
         write_local_metadata(src_root, dest_root, manifest, options.durable)
         needed = order.result()
         chosen, from_source = choose_shards(manifest, needed, options.capacity_bytes)
-        write_plan(dest_root, [e.path for e in chosen], durable=options.durable)
+        write_plan(
+            dest_root,
+            [e.path for e in chosen],
+            durable=options.durable,
+            staged_for=options.plan_record(),
+        )
         folders = {os.path.dirname(e.path) for e in chosen} | {
             os.path.dirname(e.dali_index) for e in chosen if e.dali_index is not None
         }
@@ -154,12 +175,17 @@ def stage_dataset(
             make_dirs_inside(dest_root, folder)  # refuses a symlink on the way
         temps = leftover_temps(dest_root, folders | {f"{STAGE_DIR}/ok"})
         evicted: list[str] = []
-        if options.capacity_bytes is not None:
+        keep_bytes = sum(e.size_bytes for e in chosen)
+        if options.ahead > 0:
+            # Nothing else is needed in the epochs ahead: make room now (a copy a reader
+            # still holds is skipped, and goes at a later run).
+            evicted = evict_for(dest_root, manifest, {e.path for e in chosen}, keep_bytes, 0)
+        elif options.capacity_bytes is not None:
             evicted = evict_for(
                 dest_root,
                 manifest,
                 {e.path for e in chosen},
-                sum(e.size_bytes for e in chosen),
+                keep_bytes,
                 options.capacity_bytes,
             )
         counters = Counters(shared=False)

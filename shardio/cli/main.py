@@ -37,7 +37,6 @@ from shardio.cli.pack import cmd_merge, cmd_pack
 from shardio.cli.stage import cmd_stage, default_stage_dir
 from shardio.cli.topo import add_topo_parser, cmd_topo
 from shardio.errors import ShardioError, UsageError
-from shardio.runtime.order import ORDERS
 from shardio.units import format_duration, format_size
 
 if TYPE_CHECKING:
@@ -153,15 +152,30 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="training ranks per node (default SLURM_NTASKS_PER_NODE or 1)",
     )
-    st.add_argument("--seed", type=int, default=0, help="ShardDataset's seed")
-    st.add_argument("--epoch", type=int, default=0, help="the epoch to stage for")
     st.add_argument(
         "--order",
-        default="shard-local",
-        choices=ORDERS,
-        help="ShardDataset's order (default shard-local, stream mode's)",
+        default=None,
+        metavar="SPEC",
+        help="the order training uses: a name (random, shard-local, sequential) or "
+        "key=value pairs such as order=random,seed=1,partition=node (default: "
+        "$SHARDIO_ORDER, else ShardDataset's defaults for --mode)",
     )
-    st.add_argument("--window-shards", type=int, default=4)
+    st.add_argument(
+        "--mode",
+        choices=["map", "stream"],
+        default="map",
+        help="ShardDataset's mode, whose default order applies (map: random, stream: shard-local)",
+    )
+    st.add_argument("--seed", type=int, default=None, help="override the spec's seed")
+    st.add_argument("--epoch", type=int, default=0, help="the epoch to stage for")
+    st.add_argument(
+        "--ahead",
+        type=int,
+        default=0,
+        help="also stage the shards of this many following epochs and evict the rest "
+        "(a rotating order; see shardio.cache.EpochStager)",
+    )
+    st.add_argument("--window-shards", type=int, default=None, help="override the spec's window")
     st.add_argument("--streams", type=int, default=4, help="parallel copy streams")
     st.add_argument("--capacity", default=None, help="stage at most this much, e.g. 800GiB")
     st.add_argument("--clean", action="store_true", help="remove a staging area (epilogue)")

@@ -9,6 +9,7 @@ from shardio.cli.common import EXIT_OK, default_workers, parse_part
 from shardio.units import format_duration, format_size, parse_size
 
 if TYPE_CHECKING:
+    from shardio.packing.calls import SourceCalls
     from shardio.packing.run import PackResult
 
 __all__ = ["cmd_merge", "cmd_pack"]
@@ -51,6 +52,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
         print(f"reused {result.reused_shards} verified shard(s) from the interrupted pack")
     print(f"labels: {_labels_text(result)}")
     print(f"layout: {result.layout.message}")
+    whole = "; each part lists the whole tree" if num_parts > 1 else ""
+    print(
+        f"source calls: {_calls_text(result.source_calls, whole)} for "
+        f"{result.num_files:,} files packed"
+    )
     if result.skipped:
         print(f"skipped {len(result.skipped):,} file(s), listed in {args.dst}/pack-report.json:")
         for s in result.skipped[:5]:
@@ -69,6 +75,14 @@ def _labels_text(result: PackResult) -> str:
     return f"none ({result.labels_note})" if result.labels_note else "none"
 
 
+def _calls_text(calls: SourceCalls, note: str = "") -> str:
+    """``1,001 directory listings (1,001,000 entries), 1,000,000 stat calls, ...``."""
+    return (
+        f"{calls.dirs_listed:,} directory listings ({calls.entries_seen:,} entries{note}), "
+        f"{calls.stat_calls:,} stat calls, {calls.opens:,} opens, {calls.fstat_calls:,} fstat"
+    )
+
+
 def _show_path(path: bytes) -> str:
     """A source path for the terminal: undecodable bytes as escapes, never an exception."""
     return path.decode("utf-8", "backslashreplace")
@@ -85,4 +99,5 @@ def cmd_merge(args: argparse.Namespace) -> int:
         f"merged {result.num_parts} parts into {args.dst}: {man.num_samples:,} samples, "
         f"{len(man.shards):,} shards, {format_size(man.total_bytes)}"
     )
+    print(f"source calls of the {result.num_parts} part(s): {_calls_text(result.source_calls)}")
     return EXIT_OK

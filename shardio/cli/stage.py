@@ -8,9 +8,10 @@ from collections.abc import Mapping
 
 from shardio.cli.common import EXIT_OK, parse_part
 from shardio.errors import UsageError
+from shardio.order import OrderSpec, default_order
 from shardio.units import format_duration, format_size, parse_size
 
-__all__ = ["cmd_stage", "default_stage_dir"]
+__all__ = ["cmd_stage", "default_stage_dir", "order_spec_of"]
 
 
 def default_stage_dir(src: str, environ: Mapping[str, str] | None = None) -> str:
@@ -30,6 +31,20 @@ def _leading_int(text: str) -> int | None:
     if not digits:
         return None
     return int(digits) if len(digits) <= 18 else 10**18  # too many nodes/ranks: refused later
+
+
+def order_spec_of(args: argparse.Namespace, env: Mapping[str, str]) -> OrderSpec:
+    """The order spec of the command line: ``--order SPEC``, else ``$SHARDIO_ORDER`` (what a
+    job script sets once for its stage step and its training), else the defaults of
+    ``--mode`` (ShardDataset's); ``--seed`` and ``--window-shards`` override their fields."""
+    base = OrderSpec(order=default_order(args.mode))
+    text = args.order if args.order is not None else env.get("SHARDIO_ORDER", "")
+    spec = OrderSpec.parse(text, base)
+    if args.seed is not None:
+        spec = spec.with_(seed=args.seed)
+    if args.window_shards is not None:
+        spec = spec.with_(window_shards=args.window_shards)
+    return spec
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
@@ -58,10 +73,9 @@ def cmd_stage(args: argparse.Namespace) -> int:
         node=node,
         num_nodes=nodes,
         ranks_per_node=ranks,
-        seed=args.seed,
+        spec=order_spec_of(args, env),
         epoch=args.epoch,
-        order=args.order,
-        window_shards=args.window_shards,
+        ahead=args.ahead,
         streams=args.streams,
         capacity_bytes=parse_size(args.capacity) if args.capacity else None,
         durable=args.fsync,
@@ -77,6 +91,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
         f"({format_size(result.bytes_copied)}, {format_size(rate)}/s), already staged and "
         f"verified {result.present}, replaced {result.replaced}, every copy verified (xxh3-128)"
     )
+    print(f"for order {options.spec}, epoch {options.epoch} (training must use the same)")
     if result.from_source:
         shown = ", ".join(result.from_source[:3]) + (", ..." if len(result.from_source) > 3 else "")
         print(

@@ -19,8 +19,8 @@ import numpy as np
 from shardio.errors import UsageError
 from shardio.format.manifest import Manifest
 from shardio.metrics.read import ReadMetrics
+from shardio.order import check_order
 from shardio.read.packed import PackedDataset
-from shardio.runtime.order import check_order
 from shardio.runtime.ranks import RankInfo, detect_ranks
 
 if TYPE_CHECKING:

@@ -1,8 +1,7 @@
 """The verified source: batches of checked member bytes and labels for DALI's external_source.
 
 Torch-free and DALI-free. The order is ShardDataset's (map mode) for the same seed, epoch and
-ranks: :func:`shardio.runtime.order.epoch_order` split by
-:func:`shardio.runtime.order.rank_positions`. Every member passes shardio's xxh3-64 check
+ranks (:func:`shardio.order.rank_stream`). Every member passes shardio's xxh3-64 check
 (:meth:`PackedDataset.read_member_into`) before DALI sees it.
 """
 
@@ -17,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from shardio.errors import FormatError, UsageError
+from shardio.order import Layout, OrderSpec, rank_stream
 from shardio.read.packed import PackedDataset
-from shardio.runtime.order import epoch_order, rank_positions
 from shardio.runtime.ranks import RankInfo
 
 __all__ = ["Batch", "VerifiedSource"]
@@ -95,20 +94,16 @@ class VerifiedSource:
 
     def rank_indices(self, epoch: int | None = None) -> np.ndarray[Any, Any]:
         """Sample indices this rank reads in a whole epoch (the current one by default)."""
-        order = epoch_order(
-            shard_sizes=self._sizes,
-            seed=self.seed,
-            epoch=self.epoch if epoch is None else epoch,
+        spec = OrderSpec(
             order=self.order,
+            seed=self.seed,
             window_shards=self.window_shards,
-        )
-        return rank_positions(
-            order,
-            consumed=0,
-            rank=self.ranks.rank,
-            world_size=self.ranks.world_size,
             drop_last=self.drop_last,
         )
+        layout = Layout(rank=self.ranks.rank, world_size=self.ranks.world_size)
+        return rank_stream(
+            self._sizes, spec, self.epoch if epoch is None else epoch, layout
+        ).materialise()
 
     def samples_per_rank(self) -> int:
         """Samples each rank reads in a whole epoch (equal on every rank)."""

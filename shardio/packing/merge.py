@@ -3,7 +3,9 @@
 Reads each part's record and per-shard index fragments from the work directory (each
 fragment checked against the xxh3-128 its done-record holds), writes the global index, the
 pack report and, last and atomically, the manifest, which records every part's plan
-fingerprint for a later ``--resume`` to compare against.
+fingerprint for a later ``--resume`` to compare against. The pack report also gives each
+part's metadata calls on the source tree (:class:`~shardio.packing.calls.SourceCalls`) and
+their total.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardio._version import __version__
 from shardio.errors import FormatError, ShardioError, StorageError, UsageError
@@ -20,6 +22,7 @@ from shardio.format.index import Index, merge_indexes, seal_manifest
 from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
 from shardio.format.spec import INDEX_FILENAME, MANIFEST_FILENAME, REPORT_FILENAME, WORK_DIR
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
+from shardio.packing.calls import SourceCalls
 from shardio.packing.dest import existing_dir, locked, remove_temps, remove_work_dir
 from shardio.packing.workfiles import (
     PartRecord,
@@ -36,10 +39,22 @@ __all__ = ["MergeResult", "merge_locked", "merge_parts", "part_record_name"]
 
 @dataclass(frozen=True)
 class MergeResult:
-    """The dataset a merge produced."""
+    """The dataset a merge produced.
+
+    ``part_calls`` holds each part's metadata calls on the source tree, as its record
+    says: the scan of the run that finished it, and the opens made writing each of its
+    shards (by whichever run wrote it, so a resumed pack reports what one that ran
+    through does); ``source_calls`` is their sum.
+    """
 
     manifest: Manifest
     num_parts: int
+    part_calls: tuple[SourceCalls, ...] = field(default_factory=tuple)
+
+    @property
+    def source_calls(self) -> SourceCalls:
+        """The parts' metadata calls on the source tree, added up."""
+        return SourceCalls.total(list(self.part_calls))
 
 
 def _load_parts(dst: str) -> list[PartRecord]:
@@ -179,9 +194,14 @@ def _merge(dst: str, parts: list[PartRecord], counters: Counters, *, durable: bo
         for frag, _ in fragments:
             frag.close()
     first = parts[0]
+    part_calls = tuple(p.source_calls.copy() for p in parts)
     report = {
         "skipped": [s.to_json() for p in parts for s in p.skipped],
         "oversized": [k for p in parts for k in p.oversized],
+        "source_calls": {
+            "total": SourceCalls.total(list(part_calls)).to_json(),
+            "parts": [c.to_json() for c in part_calls],
+        },
     }
     with atomic_write(os.path.join(dst, REPORT_FILENAME), durable=durable) as fh:
         fh.write(json.dumps(report, indent=1).encode("ascii"))
@@ -207,4 +227,4 @@ def _merge(dst: str, parts: list[PartRecord], counters: Counters, *, durable: bo
     with atomic_write(os.path.join(dst, MANIFEST_FILENAME), durable=durable) as fh:
         fh.write(manifest.dumps())
     remove_work_dir(dst)
-    return MergeResult(manifest=manifest, num_parts=len(parts))
+    return MergeResult(manifest=manifest, num_parts=len(parts), part_calls=part_calls)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from shardio.errors import UsageError
 from shardio.format.spec import SHARD_FORMATS
+from shardio.packing.calls import SourceCalls
 from shardio.packing.merge import MergeResult
 from shardio.packing.scan import LABEL_MODES, Listing, Skipped
 from shardio.packing.write import STREAM_THRESHOLD_BYTES
@@ -86,6 +87,8 @@ class PackResult:
 
     ``label_layout``, ``num_classes`` and ``labels_note`` say what labels were found (the
     note explains "none"); ``replaced`` is set when ``force`` replaced an old dataset.
+    ``source_calls`` counts what this run asked of the source tree: the scan's directory
+    listings and stat calls, and the opens of the files of the shards it wrote.
     """
 
     dst: str
@@ -107,6 +110,7 @@ class PackResult:
     num_classes: int = 0
     labels_note: str = ""
     replaced: bool = False
+    source_calls: SourceCalls = field(default_factory=SourceCalls)
 
     def with_labels(self, listing: Listing) -> PackResult:
         """A copy that says what labels ``listing`` found."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from shardio.errors import PackError, SourceError
 from shardio.format.spec import SHARD_DIR, WORK_DIR
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
+from shardio.packing.calls import SourceCalls
 from shardio.packing.dest import remove_temps
 from shardio.packing.merge import merge_locked
 from shardio.packing.options import PackOptions, PackResult
@@ -66,6 +67,7 @@ class Plan:
     skipped: list[Skipped]
     shards: list[ShardPlan]
     oversized: tuple[str, ...]
+    calls: SourceCalls  # what the scan asked of the source tree
 
     @property
     def labelled(self) -> bool:
@@ -80,9 +82,10 @@ def scan_part(src: str, options: PackOptions) -> Plan:
         SourceError: the source is missing, unreadable or holds nothing to pack.
         PackError: ``strict`` and a file cannot be packed.
     """
-    listing = list_tree(src, labels=options.labels)
+    calls = SourceCalls()
+    listing = list_tree(src, labels=options.labels, calls=calls)
     _first, groups = listing.part(options.part, options.num_parts)
-    samples, skipped = resolve_samples(src, listing, groups)
+    samples, skipped = resolve_samples(src, listing, groups, calls=calls)
     if options.part == 0:
         skipped = list(listing.excluded) + skipped
     if skipped and options.strict:
@@ -104,7 +107,7 @@ def scan_part(src: str, options: PackOptions) -> Plan:
     oversized = tuple(
         s.samples[0].key for s in shards if s.planned_bytes > options.shard_size_bytes
     )
-    return Plan(listing, samples, skipped, shards, oversized)
+    return Plan(listing, samples, skipped, shards, oversized, calls)
 
 
 def alignment_for(layout: LayoutResult, options: PackOptions) -> int:
@@ -189,6 +192,13 @@ def pack_part(src: str, dst: str, options: PackOptions, ctx: RunContext) -> Pack
     else:
         records.update(_run_jobs(todo, options.workers, counters))
     ordered = [records[j.plan.seq] for j in jobs]
+    # This run's calls: the scan, then the opens of the shards it wrote. The part record
+    # counts every shard's opens, by whichever run wrote it, so that the pack report is
+    # the same whether the pack ran through or was resumed.
+    calls = plan.calls.copy()
+    for job in todo:
+        calls.add(records[job.plan.seq].source_calls)
+    part_calls = SourceCalls.total([plan.calls, *(r.source_calls for r in ordered)])
     part_skipped = tuple(plan.skipped) + tuple(s for r in ordered for s in r.skipped)
     part = PartRecord(
         part=options.part,
@@ -209,6 +219,7 @@ def pack_part(src: str, dst: str, options: PackOptions, ctx: RunContext) -> Pack
         shards=tuple(ordered),
         skipped=part_skipped,
         oversized=plan.oversized,
+        source_calls=part_calls,
     )
     write_record(
         os.path.join(dst, WORK_DIR, part_record_name(options.part, options.num_parts)),
@@ -238,6 +249,7 @@ def pack_part(src: str, dst: str, options: PackOptions, ctx: RunContext) -> Pack
         merged=merged,
         part=options.part,
         num_parts=options.num_parts,
+        source_calls=calls,
     )
     return result.with_labels(plan.listing)
 

@@ -220,6 +220,7 @@ def _finished(
         part=options.part,
         num_parts=options.num_parts,
         warnings=(f"{dst} was already complete: nothing to resume",),
+        source_calls=plan.calls.copy(),
     )
     return result.with_labels(plan.listing)
 
@@ -243,5 +244,6 @@ def _replace(
     result = _pack_locked(src, nxt, inner, ctx)
     new = load_manifest(os.path.join(nxt, MANIFEST_FILENAME))
     commit_replacement(dst, old, new, durable=options.durable)
-    merged = MergeResult(manifest=new, num_parts=1)
+    calls = result.merged.part_calls if result.merged is not None else (result.source_calls,)
+    merged = MergeResult(manifest=new, num_parts=1, part_calls=calls)
     return dataclasses.replace(result, dst=dst, merged=merged, warnings=(), replaced=True)

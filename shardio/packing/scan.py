@@ -2,7 +2,8 @@
 
 The listing reads directories only (no stat per file), so each SLURM task of a multi-node
 pack computes the same global sample list cheaply, then stats only its own part with
-:func:`resolve_samples`.
+:func:`resolve_samples`: one ``stat`` per file, none per directory. Both count what they
+ask of the filesystem into a :class:`~shardio.packing.calls.SourceCalls` tally.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from shardio.errors import SourceError, UsageError
 from shardio.format.keys import encode_component, split_name
 from shardio.format.spec import LABEL_EXT, NO_LABEL
+from shardio.packing.calls import SourceCalls
 
 __all__ = [
     "LABEL_MODES",
@@ -103,13 +105,14 @@ class PlannedSample:
 _File = tuple[bytes, bytes, str]  # (directory relative to the root, name, kind)
 
 
-def list_tree(src: str, *, labels: str = "auto") -> Listing:
+def list_tree(src: str, *, labels: str = "auto", calls: SourceCalls | None = None) -> Listing:
     """List a source tree (readdir only) and group its files into samples.
 
     Files with the same stem in one directory form one sample. Symbolic links to
     directories are not followed, so loops cannot occur. With ``labels="auto"``, hidden
     names (starting with ".") do not count when the label layout is decided, and hidden
-    files that do not fit the layout found are left out (listed in ``excluded``).
+    files that do not fit the layout found are left out (listed in ``excluded``). The
+    directories listed and the entries seen are added to ``calls``.
 
     Raises:
         SourceError: SRC is missing, not a directory, unreadable, or holds no files.
@@ -122,7 +125,7 @@ def list_tree(src: str, *, labels: str = "auto") -> Listing:
         raise SourceError(errno.ENOENT, f"source {src} does not exist")
     if not os.path.isdir(root):
         raise SourceError(errno.ENOTDIR, f"source {src} is not a directory")
-    files = _walk(root)
+    files = _walk(root, calls if calls is not None else SourceCalls())
     if not files:
         raise SourceError(errno.ENOENT, f"source {src} holds no files to pack")
     classes, label_layout, note = _detect_labels(files, labels)
@@ -142,9 +145,15 @@ def list_tree(src: str, *, labels: str = "auto") -> Listing:
     )
 
 
-def _walk(root: bytes) -> list[_File]:
+def _walk(root: bytes, calls: SourceCalls) -> list[_File]:
+    """Every non-directory entry under ``root``, by directory, each directory listed once.
+
+    Tells files, symlinks and directories apart by the entry type the listing carries
+    (``d_type``), so nothing here is stat'ed.
+    """
     files: list[_File] = []
     stack = [b""]
+    dirs_listed = entries_seen = 0
     while stack:
         rel_dir = stack.pop()
         path = os.path.join(root, rel_dir) if rel_dir else root
@@ -155,6 +164,8 @@ def _walk(root: bytes) -> list[_File]:
             raise SourceError(
                 exc.errno or errno.EIO, f"cannot list {os.fsdecode(path)}: {exc.strerror}"
             ) from exc
+        dirs_listed += 1
+        entries_seen += len(entries)
         subdirs = []
         for entry in entries:
             rel = rel_dir + b"/" + entry.name if rel_dir else entry.name
@@ -167,6 +178,8 @@ def _walk(root: bytes) -> list[_File]:
             else:
                 files.append((rel_dir, entry.name, _KIND_OTHER))
         stack.extend(reversed(subdirs))
+    calls.dirs_listed += dirs_listed
+    calls.entries_seen += entries_seen
     return files
 
 
@@ -261,9 +274,13 @@ def _classify(path: bytes, kind: str) -> tuple[int, int, str | None]:
 
 
 def resolve_samples(
-    src: str, listing: Listing, groups: Sequence[_Group]
+    src: str, listing: Listing, groups: Sequence[_Group], *, calls: SourceCalls | None = None
 ) -> tuple[list[PlannedSample], list[Skipped]]:
     """Stat the files of some groups and turn them into planned samples.
+
+    Each file is stat'ed once (a symlink through its target): the size plans the shards and
+    is checked again when the file is read, so the writers stat nothing. The stat calls are
+    added to ``calls``.
 
     Returns:
         The samples (in listing order) and the files skipped, with reasons.
@@ -275,12 +292,14 @@ def resolve_samples(
     labelled = listing.label_layout != "none"
     samples: list[PlannedSample] = []
     skipped: list[Skipped] = []
+    stat_calls = 0
     for group in groups:
         planned: list[PlannedFile] = []
         used = {LABEL_EXT} if labelled else set()
         for name, kind in group.entries:
             rel = group.dir_rel + b"/" + name if group.dir_rel else name
             size, mtime_ns, reason = _classify(os.path.join(root, rel), kind)
+            stat_calls += 1
             if reason is not None:
                 skipped.append(Skipped(rel, reason))
                 continue
@@ -295,6 +314,8 @@ def resolve_samples(
         samples.append(
             PlannedSample(key, _label_of(group, class_ids, listing.label_layout), tuple(planned))
         )
+    if calls is not None:
+        calls.stat_calls += stat_calls
     return samples, skipped
 
 

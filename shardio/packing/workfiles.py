@@ -22,12 +22,13 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from shardio.errors import FormatError, StorageError
 from shardio.format.fields import get_field
 from shardio.format.spec import SHARD_FORMATS, WORK_DIR
+from shardio.packing.calls import SourceCalls
 from shardio.packing.plan import shard_name
 from shardio.packing.scan import Skipped
 from shardio.storage.atomic import atomic_write
@@ -139,6 +140,13 @@ def _skipped(doc: Mapping[str, Any], key: str, where: str) -> tuple[Skipped, ...
     return tuple(out)
 
 
+def _calls(doc: Mapping[str, Any], where: str) -> SourceCalls:
+    """The ``source_calls`` counts; absent (an older shardio wrote the record) means zeros."""
+    if "source_calls" not in doc:
+        return SourceCalls()
+    return SourceCalls.from_json(doc["source_calls"], where)
+
+
 def _strings(doc: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
     values = get_field(doc, key, list, where)
     if not all(isinstance(v, str) for v in values):
@@ -208,6 +216,7 @@ class ShardRecord:
     index_size_bytes: int
     index_xxh3_128: str
     skipped: tuple[Skipped, ...] = ()
+    source_calls: SourceCalls = field(default_factory=SourceCalls)  # opens, fstats of sources
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document."""
@@ -224,6 +233,7 @@ class ShardRecord:
             "index_size_bytes": self.index_size_bytes,
             "index_xxh3_128": self.index_xxh3_128,
             "skipped": [s.to_json() for s in self.skipped],
+            "source_calls": self.source_calls.to_json(),
         }
 
     @classmethod
@@ -249,6 +259,7 @@ class ShardRecord:
             index_size_bytes=_count(doc, "index_size_bytes", where),
             index_xxh3_128=_hex(doc, "index_xxh3_128", where),
             skipped=_skipped(doc, "skipped", where),
+            source_calls=_calls(doc, where),
         )
 
 
@@ -268,6 +279,9 @@ class PartRecord:
     shards: tuple[ShardRecord, ...]
     skipped: tuple[Skipped, ...]
     oversized: tuple[str, ...]
+    # The calls on the source: the scan of the run that finished the part, and the opens
+    # made writing each of its shards, by whichever run wrote it.
+    source_calls: SourceCalls = field(default_factory=SourceCalls)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document."""
@@ -284,6 +298,7 @@ class PartRecord:
             "shards": [s.to_json() for s in self.shards],
             "skipped": [s.to_json() for s in self.skipped],
             "oversized": list(self.oversized),
+            "source_calls": self.source_calls.to_json(),
         }
 
     @classmethod
@@ -315,6 +330,7 @@ class PartRecord:
             shards=tuple(shards),
             skipped=_skipped(doc, "skipped", where),
             oversized=_strings(doc, "oversized", where),
+            source_calls=_calls(doc, where),
         )
 
 

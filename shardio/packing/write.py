@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import errno
 import io
 import itertools
 import logging
@@ -28,6 +29,7 @@ from shardio.format.checksum import file_xxh3_128, member_xxh3_64
 from shardio.format.index import IndexBuilder, MemberEntry
 from shardio.format.spec import LABEL_EXT
 from shardio.metrics.progress import Counters
+from shardio.packing.calls import SourceCalls
 from shardio.packing.plan import ShardPlan, shard_paths
 from shardio.packing.scan import PlannedFile, PlannedSample, Skipped
 from shardio.packing.workfiles import (
@@ -171,12 +173,23 @@ def _prefetch(
                 fut.cancel()
 
 
-def _stream(writer: ShardWriter, root: bytes, f: PlannedFile) -> tuple[int, int, int] | str:
-    """Stream one large file into the writer: (offset, size, xxh3-64) or why it was skipped."""
+def _stream(
+    writer: ShardWriter, root: bytes, f: PlannedFile, calls: SourceCalls
+) -> tuple[int, int, int] | str:
+    """Stream one large file into the writer: (offset, size, xxh3-64) or why it was skipped.
+
+    Unlike a small file read whole, it is checked with ``fstat`` once opened
+    (:func:`open_regular` refuses anything but a regular file before the writer begins
+    the member); the open and the fstat are added to ``calls``.
+    """
+    calls.opens += 1
     try:
         fd = open_regular(os.path.join(root, f.rel), what="source file")
     except StorageError as exc:
+        if exc.errno == errno.EINVAL:  # opened, and its fstat found no regular file
+            calls.fstat_calls += 1
         return f"unreadable ({exc})"
+    calls.fstat_calls += 1
     try:
         return writer.add_stream(f.ext, f.size, lambda view: os.readv(fd, [view]))
     except SourceChangedError as exc:
@@ -195,6 +208,7 @@ class _Shard:
         self.skipped: list[Skipped] = []
         self.data_bytes = 0
         self.num_members = 0
+        self.calls = SourceCalls()
 
     def skip(self, f: PlannedFile, reason: str) -> None:
         name = os.fsdecode(f.rel)
@@ -207,12 +221,15 @@ class _Shard:
         writer = self.writer
         writer.begin_sample(sample.key, sample.label)
         entries: list[MemberEntry] = []
+        opened = 0  # small files: each was opened once by a read-ahead thread
         for f, result in zip(sample.files, loaded, strict=True):
+            if not isinstance(result, _Stream):
+                opened += 1
             if isinstance(result, str):
                 self.skip(f, result)
                 continue
             if isinstance(result, _Stream):
-                streamed = _stream(writer, root, f)
+                streamed = _stream(writer, root, f, self.calls)
                 if isinstance(streamed, str):
                     self.skip(f, streamed)
                     continue
@@ -222,6 +239,7 @@ class _Shard:
                 offset, size = writer.add_member(f.ext, data, digest)
             entries.append(MemberEntry(f.ext, offset, size, digest, f.rel))
             self.data_bytes += size
+        self.calls.opens += opened
         if entries and self.job.labelled:
             label = b"%d" % sample.label
             digest = member_xxh3_64(label)
@@ -281,6 +299,7 @@ def write_shard(job: ShardJob, counters: Counters | None = None) -> ShardRecord:
         index_size_bytes=len(fragment),
         index_xxh3_128=xxhash.xxh3_128_hexdigest(fragment),
         skipped=tuple(shard.skipped),
+        source_calls=shard.calls,
     )
     write_record(done_path(job.dst, plan.name), record, durable=job.durable)
     return record

@@ -14,6 +14,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from shardio.read.mapcache import MapCache
 from shardio.read.opener import Opener, PosixOpener, read_fully
 from shardio.read.resolver import NOT_OPENED, Location, ShardResolver
 
-__all__ = ["Event", "FilePool", "PackedDataset"]
+__all__ = ["Event", "FilePool", "Handoff", "PackedDataset"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,21 @@ logger = logging.getLogger(__name__)
 _ADVISE_GAP = 128 * 1024
 
 Event = dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Handoff:
+    """What a process hands the PackedDataset of a worker it starts by pickling (spawn,
+    forkserver), so that the worker does not read the manifest again.
+
+    Attributes:
+        manifest: the manifest, read and checked by the parent (the worker still maps the
+            index and checks it against this manifest).
+        staged: the shards the parent's resolver found staged (:meth:`ShardResolver.decide`).
+    """
+
+    manifest: Manifest
+    staged: frozenset[int]
 
 
 def _failure_counter(problem: str) -> str:
@@ -134,6 +150,8 @@ class PackedDataset:
             no longer matches), which is otherwise only passed over for the source.
         timed: time every member read into the latency histograms of ``metrics`` (False
             keeps only the counters).
+        handoff: from :meth:`handoff` in the process that started this one: its manifest
+            and its resolver's decisions are taken instead of being read and made again.
 
     Attributes:
         resolver: where each shard is read from.
@@ -151,12 +169,18 @@ class PackedDataset:
         opener: Opener | None = None,
         restage: bool = False,
         timed: bool = True,
+        handoff: Handoff | None = None,
     ) -> None:
         self.root = os.fspath(root)
-        if not os.path.isdir(self.root):
-            what = "is not a directory" if os.path.lexists(self.root) else "no such directory"
-            raise FormatError(f"{self.root}: {what} (a dataset is a directory with a manifest)")
-        self.manifest: Manifest = load_manifest(os.path.join(self.root, MANIFEST_FILENAME))
+        if handoff is not None:
+            # Read and checked by the parent (a stat and a read of the manifest per worker and
+            # epoch saved); the index below is still mapped and checked against it here.
+            self.manifest: Manifest = handoff.manifest
+        else:
+            if not os.path.isdir(self.root):
+                what = "is not a directory" if os.path.lexists(self.root) else "no such directory"
+                raise FormatError(f"{self.root}: {what} (a dataset is a directory with a manifest)")
+            self.manifest = load_manifest(os.path.join(self.root, MANIFEST_FILENAME))
         # Bound to the manifest: header checked now, each shard's records on first use.
         self.index = Index.open(
             os.path.join(self.root, self.manifest.index.path), manifest=self.manifest
@@ -170,6 +194,8 @@ class PackedDataset:
             os.fspath(cache) if cache is not None else None,
             metrics=self.metrics,
         )
+        if handoff is not None:
+            self.resolver.inherit(handoff.staged)
         self.restage = restage
         self.on_event: Callable[[Event], None] | None = None
         self.pool = FilePool(self.opener, max_open, self.metrics)
@@ -188,6 +214,22 @@ class PackedDataset:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def handoff(self) -> Handoff:
+        """What a worker started by pickling needs to open this dataset without reading the
+        manifest again (see ``handoff`` in the constructor)."""
+        return Handoff(manifest=self.manifest, staged=self.resolver.handed())
+
+    def decide(self, samples: Sequence[int] | np.ndarray[Any, Any]) -> None:
+        """Check now which shards of ``samples`` are staged, once for this process and the
+        workers it starts next (:meth:`ShardResolver.decide`); without a staging area, a
+        no-op."""
+        if self.resolver.cache_root is None:
+            return
+        shards = self.index.shards_of(np.asarray(samples, dtype=np.int64))
+        # bincount, not np.unique: that loads numpy.ma (8 ms per process).
+        used = np.bincount(shards, minlength=len(self.manifest.shards))
+        self.resolver.decide(np.flatnonzero(used).tolist())
 
     def shard_path(self, shard: int) -> str:
         """Path shard ``shard`` is read from now: its verified staged copy, else the source."""
@@ -253,11 +295,10 @@ class PackedDataset:
         identity = NOT_OPENED
         problem: str | None = None
         error: OSError | None = None
+        fd = -1
         began = time.perf_counter_ns() if self.timed else 0
         try:
             fd = self.pool.fd(loc.path, staged=loc.staged)
-            if loc.staged:
-                identity = self.opener.identity(fd)
             got = read_fully(self.opener, fd, target, int(rec["offset"]))
         except OSError as exc:
             problem, error = f"unreadable: {exc.strerror or exc}", exc
@@ -275,6 +316,12 @@ class PackedDataset:
             )
             if not loc.staged:
                 self.pool.discard(loc.path)  # a replaced file is reopened on the next read
+            elif fd >= 0:
+                # Asked only now, not on every read (an fstat per member): the descriptor that
+                # failed is still open, so it still names the file that failed. Should even
+                # this fstat fail, NOT_OPENED keeps the copy and this process reads the source.
+                with contextlib.suppress(OSError):
+                    identity = self.opener.identity(fd)
         return problem, error, identity
 
     def read_member_into(

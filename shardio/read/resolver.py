@@ -4,22 +4,24 @@ A shard is read from its staged copy while that copy's stamp matches (see the pr
 :mod:`shardio.cache.protocol`), else from the source. A copy that fails a read is dropped
 (only if it is still the file that failed) and, when asked, staged again from the source
 under the shard's lock, so that however many workers and ranks of a node hit it at the same
-moment it is copied once. Decisions are cached per process; a forked worker starts afresh.
+moment it is copied once. Decisions are cached per process; a forked worker starts afresh,
+except for the copies its parent found staged when the epoch began (:meth:`ShardResolver.decide`).
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shardio.cache.copy import stage_one
 from shardio.cache.protocol import (
     STAGE_DIR,
+    StampCache,
     drop_if_same,
     read_area_marker,
     shard_lock,
-    stamp_matches,
     stamp_path,
 )
 from shardio.errors import ShardioError
@@ -73,9 +75,13 @@ class ShardResolver:
         self.manifest = manifest
         self.source_root = manifest.staged_from or root
         self.cache_root = cache if cache is not None else (root if manifest.staged_from else None)
-        self._source = [os.path.join(self.source_root, s.path) for s in manifest.shards]
+        self._source: dict[int, str] = {}  # joined on first use: 100,000 shards cost nothing
         self._where: dict[int, Location] = {}
         self._stamps_checked: set[int] = set()  # shards asked about in copy_changed
+        # Shards found staged by decide(), here or in the process that started this one: kept
+        # over fork (and handed over when pickled), unlike _where.
+        self._handed: set[int] = set()
+        self._stamps = StampCache()  # each stamp read once while it is unchanged
         self._pid = os.getpid()
         self.metrics = metrics if metrics is not None else ReadMetrics()
 
@@ -88,7 +94,12 @@ class ShardResolver:
 
     def source_path(self, shard: int) -> str:
         """The source shard's path."""
-        return self._source[shard]
+        path = self._source.get(shard)
+        if path is None:
+            path = self._source[shard] = os.path.join(
+                self.source_root, self.manifest.shards[shard].path
+            )
+        return path
 
     def locate(self, shard: int) -> Location:
         """Where shard ``shard`` is read from now."""
@@ -96,17 +107,51 @@ class ShardResolver:
         loc = where.get(shard)
         if loc is None:
             entry = self.manifest.shards[shard]
-            if self.cache_root is not None and stamp_matches(
-                self.cache_root, entry.path, entry.xxh3_128
+            # A copy decide() found staged is not checked again: its stamp was checked when
+            # the epoch began, and if it has changed since, the O_NOFOLLOW open, the size or a
+            # member's xxh3-64 fails and the copy is dropped for the source, as for any copy
+            # that changes after its check. A wrong decision costs a fallback, never a byte.
+            if self.cache_root is not None and (
+                shard in self._handed
+                or self._stamps.matches(self.cache_root, entry.path, entry.xxh3_128)
             ):
                 loc = Location(os.path.join(self.cache_root, entry.path), staged=True)
                 self.metrics.add("cache_hits")
             else:
-                loc = Location(self._source[shard], staged=False)
+                loc = Location(self.source_path(shard), staged=False)
                 if self.cache_root is not None:
                     self.metrics.add("cache_misses")
             where[shard] = loc
         return loc
+
+    def decide(self, shards: Iterable[int]) -> None:
+        """Check now which of ``shards`` are staged, for this process and those it starts.
+
+        The training process calls this once per epoch before its DataLoader workers start;
+        a worker (forked, or handed :meth:`handed` when it is started by pickling) then reads
+        a shard found staged without checking its stamp again: one check per shard and epoch
+        for the rank instead of one per worker. A shard not found staged is checked again at
+        its first use in each process, so a copy staged meanwhile is still read.
+        """
+        where = self._cache()
+        if self.cache_root is None:
+            return
+        staged = set()
+        for shard in shards:
+            where.pop(shard, None)
+            entry = self.manifest.shards[shard]
+            if self._stamps.matches(self.cache_root, entry.path, entry.xxh3_128):
+                staged.add(shard)
+        self._handed = staged
+
+    def handed(self) -> frozenset[int]:
+        """The shards :meth:`decide` found staged (to hand to a worker started by pickling)."""
+        return frozenset(self._handed)
+
+    def inherit(self, staged: Iterable[int]) -> None:
+        """Take the shards a parent process found staged (:meth:`handed`) as decided."""
+        if self.cache_root is not None:
+            self._handed = set(staged)
 
     def copy_changed(self, shard: int) -> bool:
         """Whether the staged copy of ``shard`` was verified once but was written, cut or
@@ -123,13 +168,14 @@ class ShardResolver:
             st = os.lstat(stamp_path(self.cache_root, entry.path))
         except OSError:
             return False  # never staged (or evicted: eviction removes the stamp first)
-        return stat.S_ISREG(st.st_mode) and not stamp_matches(
+        return stat.S_ISREG(st.st_mode) and not self._stamps.matches(
             self.cache_root, entry.path, entry.xxh3_128
         )
 
     def forget(self, shard: int) -> None:
         """Decide again on the next :meth:`locate` (a copy may have been staged meanwhile)."""
         self._cache().pop(shard, None)
+        self._handed.discard(shard)
 
     def drop(self, shard: int, identity: tuple[int, int]) -> bool:
         """Drop the bad staged copy of ``shard`` (if it is still the file ``identity`` names)
@@ -139,7 +185,8 @@ class ShardResolver:
         rel = self.manifest.shards[shard].path
         with shard_lock(self.cache_root, rel):
             removed = drop_if_same(self.cache_root, rel, identity)
-        self._cache()[shard] = Location(self._source[shard], staged=False)
+        self._cache()[shard] = Location(self.source_path(shard), staged=False)
+        self._handed.discard(shard)
         self.metrics.add("drops")
         return removed
 
@@ -173,7 +220,7 @@ class ShardResolver:
                 bad_copy=None if identity == NOT_OPENED else identity,
             )
         except ShardioError:
-            self._cache()[shard] = Location(self._source[shard], staged=False)
+            self._cache()[shard] = Location(self.source_path(shard), staged=False)
             raise
         self._cache()[shard] = Location(os.path.join(self.cache_root, entry.path), staged=True)
         if outcome != "present":

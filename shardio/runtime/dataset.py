@@ -7,10 +7,13 @@ the index offsets, verifying each member's xxh3-64.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import operator
 import os
 import resource
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,11 +23,11 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from shardio.errors import ShardioError, UsageError
 from shardio.format.spec import LABEL_EXT
 from shardio.metrics.read import ReadDelta, ReadMetrics
+from shardio.order import Layout, OrderSpec, RankStream, default_order, rank_stream
 from shardio.read.opener import Opener
-from shardio.read.packed import PackedDataset
+from shardio.read.packed import Handoff, PackedDataset
 from shardio.runtime.batch import read_batch, read_batch_mapped
 from shardio.runtime.decode import Decoder, make_decoder
-from shardio.runtime.order import check_order, epoch_order, rank_positions
 from shardio.runtime.ranks import RankInfo, detect_ranks
 
 if TYPE_CHECKING:
@@ -32,25 +35,25 @@ if TYPE_CHECKING:
 
 __all__ = ["ShardDataset", "ShardStreamDataset", "collate_samples"]
 
+logger = logging.getLogger(__name__)
+
 MODES = ("map", "stream")
 TRANSPORTS = ("ring", "shm", "mmap")
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the order spec, ranks per node and the layouts of the epoch so far
 # Recovery events a worker sends with a batch (ResilientDataset); the loader takes them out.
 EVENTS_KEY = "__shardio_events__"
 # The read metrics a worker drained after reading a batch (a ReadDelta); the loader takes them
 # out and merges them into the rank's figures.
 METRICS_KEY = "__shardio_metrics__"
 SEED_LIMIT = 2**64  # the order generator takes the seed as two 32-bit words
-# The integers a state holds (every key :meth:`ShardDataset._state` writes but ``order``), with
-# the least value each may take.
+# The integers a state holds, with the least value each may take.
 _STATE_INTS = {
     "version": 0,
     "epoch": 0,
-    "seed": 0,
-    "window_shards": 1,
     "num_samples": 0,
     "consumed": 0,
     "world_size": 1,
+    "ranks_per_node": 1,
 }
 
 
@@ -131,6 +134,33 @@ def collate_samples(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return batch
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
+class _ReadPlan:
+    """What the loader tells its workers before they start (they get it with the dataset):
+    which batches each reads, so that each advises its next batches before reading them.
+
+    A worker reads batches ``id``, ``id + workers``, ... (the DataLoader deals batches to its
+    workers in turn, and asks each for ``depth`` at once when the epoch starts). Before
+    reading its first, a worker advises its next ``depth - 1`` too: the cold start of the
+    epoch. In stream mode it then advises one more before each batch, keeping ``depth - 1``
+    ahead; in map mode each later batch is advised as it is read (``read_batch``), since
+    advising it ahead as well would double the advice calls.
+
+    Attributes:
+        positions: map mode: the samples of the rank's batches, in order (batch ``b`` is
+            ``positions[b * batch_size:(b + 1) * batch_size]``); None in stream mode, whose
+            ``_stream_plan`` holds them.
+        batch_size: samples per batch.
+        workers: DataLoader workers.
+        depth: batches of each worker advised at once (its prefetch factor, at least 2).
+    """
+
+    positions: Any  # an array or a lazy RankStream (map mode), or None
+    batch_size: int
+    workers: int
+    depth: int
+
+
 class ShardDataset(Dataset[dict[str, Any]]):
     """A packed dataset as a PyTorch dataset.
 
@@ -143,8 +173,12 @@ class ShardDataset(Dataset[dict[str, Any]]):
         mode: "map" or "stream".
         shuffle: shuffle each epoch; False reads in dataset order.
         seed: the order is a pure function of (seed, epoch); an integer in [0, 2**64).
-        order: "random", "shard-local" or "sequential" (default: random for map, shard-local
-            for stream); see :mod:`shardio.runtime.order`.
+        order: an :class:`~shardio.order.OrderSpec` (the one description a job's stage step
+            and training share: order, seed, window, node partition, drop_last), or the
+            order's name: "random", "shard-local" or "sequential" (default: random for map,
+            shard-local for stream; :func:`shardio.order.default_order`), or a spec string
+            such as ``"order=random,partition=node"``. With an OrderSpec, give seed,
+            window_shards and drop_last in it, not here.
         window_shards: shards per shuffle window in shard-local order (at least 1).
         decode: None (raw bytes), "pil", "torch" or a callable on the sample dict.
         transform: a callable applied to each (decoded) sample.
@@ -178,6 +212,11 @@ class ShardDataset(Dataset[dict[str, Any]]):
     """
 
     mode = "map"
+    # Set by the loader before its workers start; see _plan_reads.
+    _read_plan: _ReadPlan | None = None
+    _advised_in = -1  # map mode: the process whose first batches were advised
+    # From __getstate__: what a worker started by pickling opens the packed dataset with.
+    _handoff: Handoff | None = None
 
     def __new__(cls, path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> ShardDataset:
         del path, args
@@ -192,13 +231,13 @@ class ShardDataset(Dataset[dict[str, Any]]):
         *,
         mode: str = "map",
         shuffle: bool = True,
-        seed: int = 0,
-        order: str | None = None,
-        window_shards: int = 4,
+        seed: int | None = None,
+        order: str | OrderSpec | None = None,
+        window_shards: int | None = None,
         decode: str | Decoder | None = None,
         transform: Decoder | None = None,
         verify: bool = True,
-        drop_last: bool = False,
+        drop_last: bool | None = None,
         ranks: RankInfo | None = None,
         max_open: int | None = None,
         cache: str | os.PathLike[str] | None = None,
@@ -213,22 +252,17 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self.transport = transport
         if mode not in MODES:
             raise UsageError(f"invalid mode {mode!r}: choose one of {', '.join(MODES)}")
-        if order is None:
-            order = "random" if mode == "map" else "shard-local"
-        if not shuffle:
-            order = "sequential"
-        check_order(order)
+        self.spec = _order_spec(
+            mode, order, shuffle=shuffle, seed=seed, window_shards=window_shards,
+            drop_last=drop_last,
+        )  # fmt: skip
         self.path = os.fspath(path)
         self.mode = mode
-        self.seed = _check_seed(seed)
-        self.order = order
-        self.window_shards = require_int(window_shards, "window_shards", minimum=1)
         if max_open is not None:
             max_open = require_int(max_open, "max_open", minimum=1)
         self.decode = decode
         self.transform = transform
         self.verify = verify
-        self.drop_last = drop_last
         self.max_open = max_open if max_open is not None else _default_max_open()
         self._ranks = ranks
         self._decoder = make_decoder(decode)
@@ -242,11 +276,14 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self._shard_sizes = np.array(
             [s.num_samples for s in self._ds.manifest.shards], dtype=np.int64
         )
+        self.order_mismatch = _check_staged_order(self._ds.cache_root, self.spec)
         self._closed_metrics: ReadMetrics | None = None
         self.epoch = 0
         self._consumed = 0  # global positions of this epoch delivered before this run
         self._delivered = 0  # samples this process delivered since (direct iteration)
         self._order_cache: tuple[int, np.ndarray[Any, Any]] | None = None
+        self._streams: dict[tuple[Any, ...], RankStream] = {}  # rank streams computed
+        self._history: list[tuple[int, int, int]] = []  # earlier layouts of this epoch
         self._stream_plan: tuple[np.ndarray[Any, Any], int | None] | None = None
         self._ring: BatchRing | None = None  # the loader's, while it iterates
         self._ship_metrics = False  # set by the loader: workers send their figures
@@ -258,8 +295,13 @@ class ShardDataset(Dataset[dict[str, Any]]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
+        # The manifest read here and the staged copies found here go along, so a worker
+        # started by pickling (spawn, forkserver) neither reads the manifest nor checks
+        # stamps again each epoch; it still maps and checks the index itself.
+        state["_handoff"] = self._ds.handoff() if self._ds is not None else self._handoff
         state["_ds"] = None
         state["_order_cache"] = None
+        state["_streams"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -269,12 +311,14 @@ class ShardDataset(Dataset[dict[str, Any]]):
     def packed(self) -> PackedDataset:
         """The underlying packed dataset, opened in this process on first use."""
         if self._ds is None:
+            handoff, self._handoff = self._handoff, None
             self._ds = PackedDataset(
                 self.path,
                 max_open=self.max_open,
                 cache=self.cache,
                 opener=self.opener,
                 timed=self.timed,
+                handoff=handoff,
             )
             if self._closed_metrics is not None:  # figures of a closed reader go on
                 self._ds.metrics.merge(self._closed_metrics)
@@ -316,6 +360,31 @@ class ShardDataset(Dataset[dict[str, Any]]):
         return self._ranks if self._ranks is not None else detect_ranks()
 
     # -- order -------------------------------------------------------------------------------
+    @property
+    def seed(self) -> int:
+        """The order's seed (``spec.seed``)."""
+        return self.spec.seed
+
+    @property
+    def order(self) -> str:
+        """The order's name (``spec.order``)."""
+        return self.spec.order
+
+    @property
+    def window_shards(self) -> int:
+        """Shards per shuffle window (``spec.window_shards``)."""
+        return self.spec.window_shards
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether each rank's epoch is cut instead of padded (``spec.drop_last``)."""
+        return self.spec.drop_last
+
+    def layout(self) -> Layout:
+        """This rank's place: rank, world size and ranks per node (detected at call time)."""
+        ranks = self.ranks()
+        return Layout(rank=ranks.rank, world_size=ranks.world_size, ranks_per_node=ranks.node_size)
+
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch; a new epoch reshuffles and starts from its beginning.
 
@@ -327,37 +396,57 @@ class ShardDataset(Dataset[dict[str, Any]]):
             self.epoch = epoch
             self._consumed = 0
             self._delivered = 0
+            self._history = []
+            self._streams.clear()
 
     def epoch_order(self) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """The global sample order of the current epoch."""
-        if self._order_cache is None or self._order_cache[0] != self.epoch:
-            order = epoch_order(
-                shard_sizes=self._shard_sizes,
-                seed=self.seed,
-                epoch=self.epoch,
-                order=self.order,
-                window_shards=self.window_shards,
+        """The global sample order of the current epoch, as one array (8 bytes a sample).
+
+        Raises:
+            UsageError: the order is node-partitioned: each node has an order of its own
+                (see :meth:`rank_indices`).
+        """
+        if self.spec.partitioned:
+            raise UsageError(
+                f"partition={self.spec.partition!r} has no global order: each node reads its "
+                "own shards (use rank_indices() or rank_stream())"
             )
-            self._order_cache = (self.epoch, order)
+        if self._order_cache is None or self._order_cache[0] != self.epoch:
+            stream = rank_stream(self._shard_sizes, self.spec.with_(drop_last=False),
+                                 self.epoch, Layout())  # fmt: skip
+            self._order_cache = (self.epoch, stream.materialise())
         return self._order_cache[1]
 
-    def rank_indices(self, *, consumed: int | None = None) -> np.ndarray[Any, Any]:
-        """Sample indices this rank reads in the rest of the epoch."""
+    def rank_stream(self, *, consumed: int | None = None) -> RankStream:
+        """What this rank reads in the rest of the epoch, computed chunk by chunk (no array
+        of the whole epoch: a billion-sample dataset starts at once)."""
         if consumed is not None:
             consumed = require_int(consumed, "consumed", minimum=0)
-        ranks = self.ranks()
-        return rank_positions(
-            self.epoch_order(),
-            consumed=self._consumed if consumed is None else consumed,
-            rank=ranks.rank,
-            world_size=ranks.world_size,
-            drop_last=self.drop_last,
-        )
+        done = self._consumed if consumed is None else consumed
+        layout = self.layout()
+        key = (self.epoch, done, layout, tuple(self._history))
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = rank_stream(
+                self._shard_sizes, self.spec, self.epoch, layout, consumed=done,
+                history=self._history,
+            )  # fmt: skip
+            if len(self._streams) > 8:
+                self._streams.clear()
+            self._streams[key] = stream
+        return stream
+
+    def rank_indices(self, *, consumed: int | None = None) -> np.ndarray[Any, Any]:
+        """Sample indices this rank reads in the rest of the epoch, as one array."""
+        return self.rank_stream(consumed=consumed).materialise()
 
     def samples_per_rank(self) -> int:
-        """Samples each rank reads in a whole epoch."""
-        world = self.ranks().world_size
-        return self.num_samples // world if self.drop_last else -(-self.num_samples // world)
+        """Samples each rank reads in a whole epoch (of the layout now)."""
+        if not self.spec.partitioned and not self._history:
+            world = self.ranks().world_size
+            n = self.num_samples
+            return n // world if self.drop_last else -(-n // world)
+        return self.rank_stream(consumed=0).steps
 
     # -- resumable state ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -365,34 +454,58 @@ class ShardDataset(Dataset[dict[str, Any]]):
         return self._state(self._consumed + self._delivered * self.ranks().world_size)
 
     def _state(self, consumed: int) -> dict[str, Any]:
+        layout = self.layout()
         return {
             "version": STATE_VERSION,
             "epoch": self.epoch,
-            "seed": self.seed,
-            "order": self.order,
-            "window_shards": self.window_shards,
+            "spec": self.spec.to_dict(),
             "num_samples": self.num_samples,
             "consumed": min(consumed, self.num_samples),
-            "world_size": self.ranks().world_size,
+            "world_size": layout.world_size,
+            "ranks_per_node": layout.ranks_per_node,
+            "history": [list(h) for h in self._history],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict` (also from a run with another number of ranks).
+        """Resume from :meth:`state_dict`, also with another number of ranks or nodes.
+
+        Without a partition, the consumed prefix of the epoch's global order is done, so the
+        rest is shared out among the ranks now. With a node partition, what each rank of the
+        saved layout consumed is taken out and the rest shared out under the layout now
+        (recorded in the state, so a later resume honours every layout of the epoch).
 
         Raises:
             UsageError: the state is malformed (a key missing, of the wrong type or out of
                 range), of another version, or from a dataset with another order.
         """
         values = _parse_state(state)
-        for key in ("seed", "order", "window_shards", "num_samples"):
-            if values[key] != getattr(self, key):
-                raise UsageError(
-                    f"state was saved with {key}={values[key]!r}, this dataset has "
-                    f"{getattr(self, key)!r}: cannot resume"
-                )
+        spec = values["spec"]
+        mismatch = self.spec.differences(spec)
+        if mismatch:
+            raise UsageError(
+                f"state was saved with another order ({'; '.join(mismatch)}; this dataset, "
+                "then the state): cannot resume"
+            )
+        if values["num_samples"] != self.num_samples:
+            raise UsageError(
+                f"state was saved with num_samples={values['num_samples']!r}, this dataset has "
+                f"{self.num_samples!r}: cannot resume"
+            )
+        layout = self.layout()
+        history = [tuple(h) for h in values["history"]]
+        consumed = values["consumed"]
+        same = (values["world_size"], values["ranks_per_node"]) == (
+            layout.world_size,
+            layout.ranks_per_node,
+        )
+        if self.spec.partitioned and not same and consumed > 0:
+            history.append((values["world_size"], values["ranks_per_node"], consumed))
+            consumed = 0
         self.epoch = values["epoch"]
-        self._consumed = values["consumed"]
+        self._consumed = consumed
+        self._history = history
         self._delivered = 0
+        self._streams.clear()
 
     # -- reading -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -447,11 +560,87 @@ class ShardDataset(Dataset[dict[str, Any]]):
     def __getitems__(self, indices: Sequence[int]) -> Any:
         """A batch: packed in shared memory when undecoded, else collated decoded samples."""
         if get_worker_info() is not None:
+            if self.mode == "map" and self._read_plan is not None:
+                self._advise_planned(indices)
             try:
                 return self._read_items(indices)
             except ShardioError as exc:
                 return WorkerFailure(exc, self._drain_metrics())
         return self._read_items(indices)
+
+    # -- read-ahead advice ------------------------------------------------------------------
+    def _plan_reads(
+        self, positions: Any, *, batch_size: int, workers: int, prefetch: object
+    ) -> None:
+        """In the training process, before the loader starts its workers (they get the
+        dataset with what is set here): the batches each worker reads, so each advises its
+        first ones before reading any, and where each shard of the epoch is read from.
+
+        Args:
+            positions: the rank's samples that make batches, in order (an array, or a lazy
+                RankStream for an epoch too large for one).
+            batch_size: samples per batch.
+            workers: DataLoader workers (at least 1).
+            prefetch: the DataLoader's prefetch factor (None or invalid: its default, 2).
+        """
+        depth = prefetch if isinstance(prefetch, int) and prefetch >= 2 else 2
+        self._read_plan = _ReadPlan(
+            positions=positions if self.mode == "map" else None,
+            batch_size=batch_size,
+            workers=workers,
+            depth=depth,
+        )
+        self._advised_in = -1
+        # One stamp check per shard of the epoch, here, instead of one in every worker:
+        # each worker still opens a copy without following a symlink, locks it and checks
+        # every member, so a decision gone stale costs a fallback to the source, never a byte.
+        # An epoch too large to scan (a lazy stream) checks the shards its rank may read.
+        self.packed.decide(positions if isinstance(positions, np.ndarray) else self._shards_read())
+
+    def _shards_read(self) -> np.ndarray[Any, Any]:
+        """A first sample of every shard this rank may read in the epoch (its node's share
+        with a partition, else every shard)."""
+        first = np.concatenate([[0], np.cumsum(self._shard_sizes)[:-1]]).astype(np.int64)
+        shards = np.flatnonzero(self._shard_sizes > 0)
+        if self.spec.partitioned:
+            from shardio.order import node_shares
+
+            layout = self.layout()
+            owner = node_shares(self._shard_sizes, self.spec, self.epoch, layout.num_nodes)
+            shards = shards[owner[shards] == layout.node]
+        return first[shards]
+
+    def _advise_planned(self, indices: Sequence[int]) -> None:
+        """Map mode, in a loader's worker, before its first batch ``indices`` (workers start
+        afresh each epoch): advise its next ``depth - 1`` batches of the plan too."""
+        plan, info = self._read_plan, get_worker_info()
+        if plan is None or plan.positions is None or info is None:
+            return
+        if self._advised_in == os.getpid():
+            return
+        self._advised_in = os.getpid()
+        first, size = info.id, plan.batch_size
+        if not np.array_equal(plan.positions[first * size : (first + 1) * size], indices):
+            return  # not the batch the plan deals this worker first (another sampler)
+        ahead = (first + a * plan.workers for a in range(1, plan.depth))
+        self._advise_batches(plan.positions, size, ahead)
+
+    def _advise_batches(
+        self, positions: np.ndarray[Any, Any], batch_size: int, batches: Iterable[int]
+    ) -> None:
+        """Advise the reads of batches ``batches`` of ``positions`` (those past the end are
+        none)."""
+        wanted = [
+            positions[b * batch_size : (b + 1) * batch_size]
+            for b in batches
+            if 0 <= b * batch_size < len(positions)
+        ]
+        if not wanted:
+            return
+        # Advice only: a fault found here (a shard that cannot be opened, altered records) is
+        # raised, with its own type, by the read of that batch.
+        with contextlib.suppress(ShardioError, OSError):
+            self.packed.advise(np.concatenate(wanted).tolist())
 
     def _read_items(self, indices: Sequence[int]) -> Any:
         checked = [self._sample_index(i) for i in indices]
@@ -500,17 +689,25 @@ class ShardDataset(Dataset[dict[str, Any]]):
 def _parse_state(state: object) -> dict[str, Any]:
     """The fields of a saved state, each checked for presence, type and range.
 
+    A version-1 state (an older shardio, whose orders were computed otherwise) is taken at an
+    epoch boundary (nothing consumed) or in sequential order, where both agree.
+
     Raises:
         UsageError: naming the first field that is wrong.
     """
     if not isinstance(state, Mapping):
         raise UsageError(f"ShardDataset state must be a dict, got {type(state).__name__}")
-    missing = [k for k in (*_STATE_INTS, "order") if k not in state]
-    if missing:
-        raise UsageError(f"ShardDataset state lacks {', '.join(map(repr, missing))}: cannot resume")
+    if "version" not in state:
+        raise UsageError("ShardDataset state lacks 'version': cannot resume")
     version = state["version"]
+    if version == 1 and type(version) is int:
+        state = _upgrade_v1(state)
+        version = STATE_VERSION
     if type(version) is not int or version != STATE_VERSION:
         raise UsageError(f"unsupported ShardDataset state version {version!r}")
+    missing = [k for k in (*_STATE_INTS, "spec", "history") if k not in state]
+    if missing:
+        raise UsageError(f"ShardDataset state lacks {', '.join(map(repr, missing))}: cannot resume")
     values: dict[str, Any] = {
         key: require_int(state[key], f"state {key!r}", minimum=least)
         for key, least in _STATE_INTS.items()
@@ -520,11 +717,111 @@ def _parse_state(state: object) -> dict[str, Any]:
             f"state 'consumed' is {values['consumed']}, more than its {values['num_samples']} "
             "samples"
         )
-    _check_seed(values["seed"])
-    if not isinstance(state["order"], str):
-        raise UsageError(f"state 'order' must be a str, got {type(state['order']).__name__}")
-    values["order"] = state["order"]
+    values["spec"] = OrderSpec.from_dict(state["spec"])
+    history = state["history"]
+    if not isinstance(history, list) or not all(
+        isinstance(h, list | tuple) and len(h) == 3 for h in history
+    ):
+        raise UsageError("state 'history' must be a list of [world_size, ranks_per_node, consumed]")
+    values["history"] = [
+        (
+            require_int(w, "state history world_size", minimum=1),
+            require_int(r, "state history ranks_per_node", minimum=1),
+            require_int(c, "state history consumed", minimum=0),
+        )
+        for w, r, c in history
+    ]
     return values
+
+
+def _upgrade_v1(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A version-1 state in the form of version 2, where the two orders agree."""
+    for key in ("seed", "order", "window_shards", "consumed", "world_size"):
+        if key not in state:
+            raise UsageError(f"ShardDataset state lacks {key!r}: cannot resume")
+    if state["consumed"] != 0 and state["order"] != "sequential":
+        raise UsageError(
+            "this state was saved mid-epoch by an older shardio, whose shuffled orders differ "
+            "from this one's: resume from the start of the epoch (load it after setting "
+            "its 'consumed' to 0) or finish the epoch with the older release"
+        )
+    spec = {
+        "order": state["order"],
+        "seed": state["seed"],
+        "window_shards": state["window_shards"],
+    }
+    return {
+        **state,
+        "version": STATE_VERSION,
+        "spec": spec,
+        "ranks_per_node": state["world_size"],
+        "history": [],
+    }
+
+
+def _check_staged_order(area: str | None, spec: OrderSpec) -> list[str]:
+    """How the order a staging area was staged for differs from ``spec`` (logged: a job
+    that reads in another order than it staged for reads much from the source)."""
+    if area is None:
+        return []
+    from shardio.cache.protocol import read_staged_for
+
+    staged = read_staged_for(area)
+    if staged is None:
+        return []
+    try:
+        staged_spec = OrderSpec.from_dict(staged.get("spec"))
+    except UsageError:
+        return []
+    differences = spec.differences(staged_spec)
+    if differences:
+        logger.warning(
+            "staging area %s was staged for order %s, this dataset reads order %s "
+            "(%s; this dataset's, then the area's): shards outside the staged share are read "
+            "from the source; stage with --order '%s' (or set SHARDIO_ORDER for both)",
+            area,
+            staged_spec,
+            spec,
+            "; ".join(differences),
+            spec,
+        )
+    return differences
+
+
+def _order_spec(
+    mode: str,
+    order: str | OrderSpec | None,
+    *,
+    shuffle: bool,
+    seed: int | None,
+    window_shards: int | None,
+    drop_last: bool | None,
+) -> OrderSpec:
+    """The order spec of ShardDataset's arguments (the one set of defaults: OrderSpec's and
+    :func:`shardio.order.default_order`)."""
+    if mode not in MODES:
+        raise UsageError(f"invalid mode {mode!r}: choose one of {', '.join(MODES)}")
+    loose = {"seed": seed, "window_shards": window_shards, "drop_last": drop_last}
+    given: dict[str, Any] = {k: v for k, v in loose.items() if v is not None}
+    if isinstance(order, OrderSpec):
+        if given:
+            raise UsageError(
+                f"give {', '.join(sorted(given))} in the OrderSpec, not beside it "
+                f"(OrderSpec(..., {next(iter(sorted(given)))}=...))"
+            )
+        spec = order
+    else:
+        if "seed" in given:
+            given["seed"] = _check_seed(given["seed"])
+        if "window_shards" in given:
+            given["window_shards"] = require_int(given["window_shards"], "window_shards", minimum=1)
+        if "drop_last" in given:
+            given["drop_last"] = bool(given["drop_last"])
+        base = OrderSpec(order=default_order(mode), **given)
+        spec = OrderSpec.parse(order, base) if isinstance(order, str) else base
+    if not shuffle:
+        spec = spec.with_(order="sequential")
+    return spec
 
 
 class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
@@ -559,10 +856,10 @@ class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
                 yield sample
             return
         n_chunks = -(-len(positions) // batch_size)
-        for c in range(worker, n_chunks, workers):
-            following = c + workers  # this worker's next batch: start its reads now
-            if following < n_chunks:
-                self.packed.advise(
-                    positions[following * batch_size : (following + 1) * batch_size].tolist()
-                )
+        # This worker's next batches: all ``depth - 1`` of them before its first batch (the
+        # cold start of the epoch), then one more before each (see _ReadPlan).
+        depth = self._read_plan.depth if self._read_plan is not None else 2
+        for k, c in enumerate(range(worker, n_chunks, workers)):
+            ahead = range(1, depth) if k == 0 else (depth - 1,)
+            self._advise_batches(positions, batch_size, (c + a * workers for a in ahead))
             yield self.__getitems__(positions[c * batch_size : (c + 1) * batch_size].tolist())

@@ -44,12 +44,24 @@ def _identity(batch: Any) -> Any:
     return batch
 
 
+# A rank's positions up to this many are an array; more stay a lazy RankStream, read a chunk
+# at a time (8 bytes a sample: a billion-sample epoch split over 8 ranks would take 1 GB).
+_MATERIALISE_LIMIT = 1 << 22
+_CHUNK = 1 << 16
+
+
 class _PositionSampler(Sampler[int]):
-    def __init__(self, positions: np.ndarray[Any, Any]) -> None:
+    def __init__(self, positions: Any) -> None:
         self.positions = positions
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.positions.tolist())
+        if isinstance(self.positions, np.ndarray):
+            return iter(self.positions.tolist())
+        return self._chunks()
+
+    def _chunks(self) -> Iterator[int]:
+        for start in range(0, len(self.positions), _CHUNK):
+            yield from self.positions[start : start + _CHUNK].tolist()
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -118,7 +130,7 @@ class ShardLoader:
         n = self.dataset.samples_per_rank()
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def _dataloader(self, positions: np.ndarray[Any, Any]) -> DataLoader[Any]:
+    def _dataloader(self, positions: Any) -> DataLoader[Any]:
         common: dict[str, Any] = {"num_workers": self.num_workers, **self.kwargs}
         if self.num_workers > 0:
             common.setdefault("prefetch_factor", _PREFETCH)
@@ -130,6 +142,14 @@ class ShardLoader:
                 )
                 if pinning is not None:
                     common["worker_init_fn"] = pinning
+            # Before the workers start, which take the dataset with it: the batches each
+            # reads (each advises its first ones before reading any) and the staged shards.
+            self.dataset._plan_reads(
+                self._batched(positions),
+                batch_size=self.batch_size,
+                workers=self.num_workers,
+                prefetch=common["prefetch_factor"],
+            )
         if self.dataset.mode == "stream":
             self.dataset._stream_plan = (self._batched(positions), self.batch_size)
             return DataLoader(self.dataset, batch_size=None, collate_fn=_identity, **common)
@@ -142,13 +162,14 @@ class ShardLoader:
             **common,
         )
 
-    def _batched(self, positions: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    def _batched(self, positions: Any) -> Any:
         """The positions that make batches (``drop_last`` cuts an incomplete last one)."""
         if self.drop_last:
-            return positions[: len(positions) // self.batch_size * self.batch_size]
+            n = len(positions) // self.batch_size * self.batch_size
+            return positions[:n] if isinstance(positions, np.ndarray) else positions.head(n)
         return positions
 
-    def _make_ring(self, positions: np.ndarray[Any, Any]) -> BatchRing | None:
+    def _make_ring(self, positions: Any) -> BatchRing | None:
         """The ring of one iteration over ``positions``, when its batches take one."""
         ds = self.dataset
         if ds.transport != "ring" or self.num_workers == 0:
@@ -222,7 +243,8 @@ class ShardLoader:
         world = self.dataset.ranks().world_size
         base = self.dataset._consumed + self._delivered * world
         self.dataset._consumed, self._delivered = base, 0
-        positions = self.dataset.rank_indices(consumed=base)
+        stream = self.dataset.rank_stream(consumed=base)
+        positions = stream.materialise() if len(stream) <= _MATERIALISE_LIMIT else stream
         # Allocated before the DataLoader starts its workers: they get it with the dataset.
         if self._ring_counts is not None:
             last = self.transport_stats
@@ -253,6 +275,7 @@ class ShardLoader:
             if shutdown is not None:
                 shutdown()
             self.dataset._stream_plan = None
+            self.dataset._read_plan = None
             self.dataset._ring = None
             self.dataset._ship_metrics = False
 

@@ -52,20 +52,32 @@ _COUNT_RING, _COUNT_FALLBACK = 0, 1
 _RINGS: weakref.WeakValueDictionary[int, BatchRing] = weakref.WeakValueDictionary()
 
 
-def max_batch_bytes(ds: PackedDataset, positions: np.ndarray[Any, Any], batch_size: int) -> int:
+# A batch of a lazily ordered epoch (too many positions to scan) gets this many times the
+# mean sample's payload; a larger batch takes a fresh segment (the ring's fallback).
+_SLOT_HEADROOM = 2.0
+
+
+def max_batch_bytes(ds: PackedDataset, positions: Any, batch_size: int) -> int:
     """The largest payload among the batches ``positions`` makes, cut every ``batch_size``.
 
     The payload is what :func:`read_batch` reads (:func:`payload_rows`). The records come
-    checked (``index.records``), so a damaged index cannot size the ring.
+    checked (``index.records``), so a damaged index cannot size the ring. For a lazy
+    :class:`~shardio.order.RankStream` (an epoch too large to scan), an estimate from the
+    dataset's mean sample size instead.
 
     Args:
         ds: the dataset.
-        positions: sample indices in batch order (the rank's epoch, as the loader cuts it).
+        positions: sample indices in batch order (the rank's epoch, as the loader cuts it):
+            an array, or a RankStream.
         batch_size: samples per batch; the last batch may be shorter.
     """
     n = len(positions)
     if n == 0:
         return 0
+    if not isinstance(positions, np.ndarray):
+        manifest = ds.manifest
+        mean = manifest.data_bytes / max(1, manifest.num_samples)
+        return int(mean * min(n, batch_size) * _SLOT_HEADROOM) + 1
     rows, where = payload_rows(ds, ds.index.records(positions))
     ends = np.concatenate([[0], np.cumsum(ds.index.members["size"][rows].astype(np.int64))])
     # ``where`` ascends, so the members of batch b are those in [b*B, (b+1)*B).

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from shardio.errors import UsageError
+from shardio.order import EpochOrder, Layout, OrderSpec, rank_stream
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.order import epoch_order, rank_positions
 from shardio.runtime.ranks import RankInfo
 
 MODES = ("map", "stream")
@@ -273,13 +273,14 @@ def test_every_rank_gets_the_same_count(drop_last):
     for n, world, consumed in itertools.product(
         [0, 1, 2, 5, 16, 17, 33, 100], [1, 2, 3, 4, 7, 8], [0, 1, 5]
     ):
-        order = epoch_order(
-            shard_sizes=np.array([n]), seed=1, epoch=0, order="random", window_shards=4
-        )
+        order = EpochOrder(np.array([n]), seed=1, epoch=0, order="random").materialise()
         done = min(consumed, n)
         rest = n - done
+        spec = OrderSpec(order="random", seed=1, drop_last=drop_last)
         parts = [
-            rank_positions(order, consumed=consumed, rank=r, world_size=world, drop_last=drop_last)
+            rank_stream(
+                np.array([n]), spec, 0, Layout(rank=r, world_size=world), consumed=consumed
+            ).materialise()
             for r in range(world)
         ]
         counts = {len(p) for p in parts}

@@ -468,8 +468,11 @@ def test_a_missing_source_shard_names_it(src_copy, tmp_path):
 
 
 BAD_OPTIONS = [
-    (["--window-shards", "0"], "window shards"),
-    (["--window-shards", "-3"], "window shards"),
+    (["--window-shards", "0"], "window must be at least 1"),
+    (["--window-shards", "-3"], "window must be at least 1"),
+    (["--order", "order=random,colour=red"], "is not one of order="),
+    (["--order", "zigzag"], "invalid order 'zigzag'"),
+    (["--order", "partition=rack"], "invalid partition 'rack'"),
     (["--streams", "0"], "streams"),
     (["--streams", "-1"], "streams"),
     (["--streams", "1000000"], "streams"),
@@ -494,12 +497,11 @@ def test_bad_options_are_one_line(tiny_src, tmp_path, run_cli, assert_cli_error,
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"window_shards": 0},
-        {"window_shards": -1},
+        {"spec": None},
         {"streams": 0},
         {"ranks_per_node": 0},
         {"ranks_per_node": MAX_RANKS_PER_NODE + 1},
-        {"seed": -1},
+        {"spec": "random"},
         {"epoch": -1},
         {"num_nodes": 0},
         {"node": 2, "num_nodes": 2},

@@ -13,12 +13,14 @@ import pytest
 import shardio.cache.copy as cache_copy
 from shardio.cache import StageOptions, node_shard_order, stage_dataset
 from shardio.errors import UsageError
+from shardio.order import OrderSpec
 from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.ranks import RankInfo
 
 NODES = 4
 RANKS_PER_NODE = 2
 SEED = 7
+STREAM = OrderSpec(order="shard-local", seed=SEED)  # ShardDataset(mode="stream")'s order
 
 
 def _needed_by_node(src, node: int, *, seed: int = SEED, epoch: int = 0) -> list[str]:
@@ -56,10 +58,11 @@ def test_each_node_stages_what_its_ranks_read(tiny_src, tmp_path, run_cli):
         env = {"SLURM_NODEID": str(node), "SLURM_NNODES": str(NODES), "SLURM_JOB_ID": "4242"}
         rc, out, err = run_cli(
             "stage", tiny_src.path, dest, "--ranks-per-node", str(RANKS_PER_NODE),
-            "--seed", str(SEED), "--no-progress", env=env,
+            "--seed", str(SEED), "--mode", "stream", "--no-progress", env=env,
         )  # fmt: skip
         assert rc == 0, err
         assert f"staged node {node}/{NODES}:" in out, out
+        assert f"for order order=shard-local,seed={SEED},window=4" in out, out
         expected = _needed_by_node(tiny_src, node)
         assert f" {len(expected)} of {len(expected)} shards" in out, out
         tiny_src.assert_staged_ok(dest, set(expected))
@@ -72,15 +75,16 @@ def test_each_node_stages_what_its_ranks_read(tiny_src, tmp_path, run_cli):
 
 @pytest.mark.parametrize("node", range(NODES))
 def test_node_shard_order_is_the_order_of_first_need(tiny_src, node):
-    options = StageOptions(node=node, num_nodes=NODES, ranks_per_node=RANKS_PER_NODE, seed=SEED)
+    options = StageOptions(node=node, num_nodes=NODES, ranks_per_node=RANKS_PER_NODE, spec=STREAM)
     got = [tiny_src.rels[i] for i in node_shard_order(tiny_src.manifest, options)]
     assert got == _needed_by_node(tiny_src, node)
 
 
 def test_later_epoch_and_other_seed(tiny_src):
     options = StageOptions(
-        node=1, num_nodes=NODES, ranks_per_node=RANKS_PER_NODE, seed=SEED + 1, epoch=3
-    )
+        node=1, num_nodes=NODES, ranks_per_node=RANKS_PER_NODE, spec=STREAM.with_(seed=SEED + 1),
+        epoch=3,
+    )  # fmt: skip
     got = [tiny_src.rels[i] for i in node_shard_order(tiny_src.manifest, options)]
     assert got == _needed_by_node(tiny_src, 1, seed=SEED + 1, epoch=3)
 
@@ -97,7 +101,7 @@ def test_copies_happen_in_the_order_of_first_need(tiny_src, tmp_path, monkeypatc
 
     monkeypatch.setattr(cache_copy, "copy_verified", recording)
     options = StageOptions(
-        node=2, num_nodes=NODES, ranks_per_node=RANKS_PER_NODE, seed=SEED, streams=1,
+        node=2, num_nodes=NODES, ranks_per_node=RANKS_PER_NODE, spec=STREAM, streams=1,
         durable=False,
     )  # fmt: skip
     stage_dataset(tiny_src.path, tmp_path / "stage", options)
@@ -109,8 +113,9 @@ def test_ranks_per_node_from_slurm(tiny_src, tmp_path, run_cli):
     dest = tmp_path / "node1"
     env = {"SLURM_NODEID": "1", "SLURM_NNODES": str(NODES), "SLURM_NTASKS_PER_NODE": "2"}
     rc, out, err = run_cli(
-        "stage", tiny_src.path, dest, "--seed", str(SEED), "--no-progress", env=env
-    )
+        "stage", tiny_src.path, dest, "--seed", str(SEED), "--mode", "stream", "--no-progress",
+        env=env,
+    )  # fmt: skip
     assert rc == 0, err
     assert f"staged node 1/{NODES}:" in out, out
     tiny_src.assert_staged_ok(dest, set(_needed_by_node(tiny_src, 1)))
@@ -121,7 +126,7 @@ def test_explicit_node_overrides_slurm(tiny_src, tmp_path, run_cli):
     env = {"SLURM_NODEID": "0", "SLURM_NNODES": "1"}
     rc, out, err = run_cli(
         "stage", tiny_src.path, dest, "--node", f"3/{NODES}", "--ranks-per-node", "2",
-        "--seed", str(SEED), "--no-progress", env=env,
+        "--seed", str(SEED), "--order", "shard-local", "--no-progress", env=env,
     )  # fmt: skip
     assert rc == 0, err
     assert f"staged node 3/{NODES}:" in out, out
@@ -130,5 +135,7 @@ def test_explicit_node_overrides_slurm(tiny_src, tmp_path, run_cli):
 
 def test_unknown_order_is_refused_before_anything_is_written(tiny_src, tmp_path):
     with pytest.raises(UsageError, match="invalid order 'bogus'"):
-        stage_dataset(tiny_src.path, tmp_path / "stage", StageOptions(order="bogus"))
+        stage_dataset(
+            tiny_src.path, tmp_path / "stage", StageOptions(spec=OrderSpec.parse("bogus"))
+        )
     assert not (tmp_path / "stage").exists()

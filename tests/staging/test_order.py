@@ -1,6 +1,7 @@
-"""node_shard_order computes a node's positions by index arithmetic: the same result as the
-per-rank rank_positions arrays it replaced (padding and drop_last included), in memory of
-the node's share, and a huge --ranks-per-node is refused instead of allocated."""
+"""node_shard_order: the shards a node's ranks read, in the order they first need them, the
+same as an independent slicing of the materialised epoch order (padding and drop_last
+included); with a node partition, each node's own share only, disjoint, covering the
+dataset; a huge --ranks-per-node is refused instead of allocated."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from shardio.cache import MAX_RANKS_PER_NODE, StageOptions, node_shard_order
 from shardio.errors import UsageError
 from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
-from shardio.runtime.order import ORDERS, epoch_order, rank_positions
+from shardio.order import ORDERS, EpochOrder, OrderSpec, node_shares
 
 DIGEST = "0" * 32
 
@@ -44,21 +45,20 @@ def _manifest(sizes: list[int]) -> Manifest:
 
 
 def _old_node_shard_order(manifest: Manifest, options: StageOptions) -> list[int]:
-    """The previous algorithm: one padded full-epoch array per rank (rank_positions)."""
+    """Independently: the whole epoch order as an array, padded by repeating it from its start
+    (or cut) to a multiple of the world size, sliced per rank, steps interleaved."""
     sizes = np.array([s.num_samples for s in manifest.shards], dtype=np.int64)
-    order = epoch_order(
-        shard_sizes=sizes,
-        seed=options.seed,
-        epoch=options.epoch,
-        order=options.order,
-        window_shards=options.window_shards,
-    )
+    spec = options.spec
+    order = EpochOrder(
+        sizes, order=spec.order, seed=spec.seed, epoch=options.epoch,
+        window_shards=spec.window_shards,
+    ).materialise()  # fmt: skip
     world = options.num_nodes * options.ranks_per_node
     first = options.node * options.ranks_per_node
-    per_rank = [
-        rank_positions(order, consumed=0, rank=r, world_size=world, drop_last=options.drop_last)
-        for r in range(first, first + options.ranks_per_node)
-    ]
+    n = len(order)
+    total = n // world * world if spec.drop_last else -(-n // world) * world
+    padded = order[:total] if spec.drop_last else np.resize(order, total) if n else order
+    per_rank = [padded[r::world] for r in range(first, first + options.ranks_per_node)]
     steps = np.stack(per_rank).T.ravel()
     shard_of = np.repeat(np.arange(len(sizes)), sizes)
     shards = shard_of[steps]
@@ -83,15 +83,9 @@ def test_same_as_the_rank_positions_algorithm(sizes, drop_last, order):
     manifest = _manifest(SIZES[sizes])
     for (nodes, ranks), seed, epoch in itertools.product(LAYOUTS, (0, 5), (0, 2)):
         for node in range(nodes):
+            spec = OrderSpec(order=order, seed=seed, window_shards=3, drop_last=drop_last)
             options = StageOptions(
-                node=node,
-                num_nodes=nodes,
-                ranks_per_node=ranks,
-                seed=seed,
-                epoch=epoch,
-                order=order,
-                window_shards=3,
-                drop_last=drop_last,
+                node=node, num_nodes=nodes, ranks_per_node=ranks, spec=spec, epoch=epoch
             )
             got = node_shard_order(manifest, options)
             assert got == _old_node_shard_order(manifest, options), options
@@ -100,9 +94,11 @@ def test_same_as_the_rank_positions_algorithm(sizes, drop_last, order):
 def test_many_ranks_on_a_small_dataset():
     """The largest allowed layout works (the padding repeats the order many times)."""
     manifest = _manifest([3, 2, 4])
-    options = StageOptions(node=1, num_nodes=2, ranks_per_node=MAX_RANKS_PER_NODE, seed=3)
+    options = StageOptions(
+        node=1, num_nodes=2, ranks_per_node=MAX_RANKS_PER_NODE, spec=OrderSpec(seed=3)
+    )
     assert node_shard_order(manifest, options) == _old_node_shard_order(manifest, options)
-    options = dataclasses.replace(options, drop_last=True)
+    options = dataclasses.replace(options, spec=options.spec.with_(drop_last=True))
     assert node_shard_order(manifest, options) == []
 
 
@@ -110,3 +106,24 @@ def test_many_ranks_on_a_small_dataset():
 def test_huge_ranks_per_node_is_refused(ranks):
     with pytest.raises(UsageError, match="ranks per node"):
         StageOptions(ranks_per_node=ranks)
+
+
+@pytest.mark.parametrize("partition", ["node", "rotating"])
+@pytest.mark.parametrize("nodes", [4, 16])
+def test_a_partitioned_node_stages_its_share_only(partition, nodes):
+    sizes = [5 + (i * 7) % 11 for i in range(160)]
+    manifest = _manifest(sizes)
+    spec = OrderSpec(order="shard-local", seed=9, partition=partition)
+    for epoch in (0, 3):
+        owner = node_shares(np.array(sizes), spec, epoch, nodes)
+        shares = []
+        for node in range(nodes):
+            options = StageOptions(node=node, num_nodes=nodes, ranks_per_node=4, spec=spec,
+                                   epoch=epoch)  # fmt: skip
+            got = node_shard_order(manifest, options)
+            assert sorted(got) == np.flatnonzero(owner == node).tolist()
+            shares.append(set(got))
+        assert set().union(*shares) == set(range(len(sizes)))
+        assert sum(len(x) for x in shares) == len(sizes)  # disjoint
+        share = len(sizes) / nodes
+        assert all(share / 2 <= len(x) <= share * 2 for x in shares), [len(x) for x in shares]

@@ -1,16 +1,20 @@
 """Iterate a ShardLoader for some epochs, with markers on stderr for an strace log.
 
-Usage: python epoch_syscalls.py DATASET MODE CACHE EPOCHS WORKERS BATCH_SIZE
+Usage: python epoch_syscalls.py DATASET MODE CACHE EPOCHS WORKERS BATCH_SIZE [CONTEXT]
 
-MODE is "map" or "stream"; CACHE is a staging area or "-" for none. The training process
+MODE is "map" or "stream"; CACHE is a staging area or "-" for none; CONTEXT is the workers'
+start method ("fork", "spawn" or "forkserver", with torch and shardio preloaded; default: the
+platform's). The training process
 writes ``SHARDIO-MARK epoch-start E`` / ``epoch-end E`` around each epoch; each DataLoader
 worker writes ``SHARDIO-MARK worker W epoch E`` when it starts, so every traced call can be
-put down to the process that made it. Prints, as JSON on stdout, the samples read per epoch.
+put down to the process that made it. Prints, as JSON on stdout, the keys of each batch of
+each epoch, in the order delivered (batch b comes from worker b % WORKERS).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import sys
 
@@ -34,23 +38,26 @@ def announce(worker: int) -> None:
 def main() -> None:
     path, mode, cache = sys.argv[1], sys.argv[2], sys.argv[3]
     epochs, workers, batch_size = (int(a) for a in sys.argv[4:7])
+    extra: dict[str, object] = {}
+    if len(sys.argv) > 7:
+        context = multiprocessing.get_context(sys.argv[7])
+        if sys.argv[7] == "forkserver":  # workers fork from a server that imported these
+            context.set_forkserver_preload(["torch", "shardio.runtime.dataset", "__main__"])
+        extra["multiprocessing_context"] = context
     ds = ShardDataset(
         path, mode=mode, cache=None if cache == "-" else cache, ranks=RankInfo(), seed=3
     )
     loader = ds.loader(
-        batch_size, num_workers=workers, pin_workers=False, worker_init_fn=announce
+        batch_size, num_workers=workers, pin_workers=False, worker_init_fn=announce, **extra
     )
-    counts = []
+    epochs_read = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         mark(f"epoch-start {epoch}")
-        n = 0
-        for batch in loader:
-            n += len(batch["__key__"])
+        epochs_read.append([list(batch["__key__"]) for batch in loader])
         mark(f"epoch-end {epoch}")
-        counts.append(n)
     ds.close()
-    print(json.dumps(counts))
+    print(json.dumps(epochs_read))
 
 
 if __name__ == "__main__":

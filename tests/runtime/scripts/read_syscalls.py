@@ -1,10 +1,11 @@
 """Open datasets and read samples, with markers on stderr for an strace log.
 
-Usage: python read_syscalls.py COUNT SEED DATASET[:read] ...
+Usage: python read_syscalls.py COUNT SEED DATASET[:read[:CACHE]] ...
 
 For each DATASET, writes ``SHARDIO-MARK open-start N`` / ``open-end N`` around
-``ShardDataset(DATASET)``; for a ``DATASET:read`` also ``read-start N`` / ``read-end N``
-around COUNT reads ``ds[i]`` of distinct samples in random order. Prints, as JSON on stdout,
+``ShardDataset(DATASET)`` (``cache=CACHE`` when given); for a ``DATASET:read`` also
+``read-start N`` / ``read-end N`` around COUNT reads ``ds[i]`` of distinct samples in random
+order. Prints, as JSON on stdout,
 each read dataset's number of distinct shards touched.
 """
 
@@ -29,8 +30,9 @@ def main() -> None:
     touched: dict[str, int] = {}
     for n, spec in enumerate(sys.argv[3:]):
         path, _, what = spec.partition(":")
+        what, _, cache = what.partition(":")
         mark(f"open-start {n}")
-        ds = ShardDataset(path, ranks=RankInfo())
+        ds = ShardDataset(path, ranks=RankInfo(), cache=cache or None)
         mark(f"open-end {n}")
         if what == "read":
             indices = np.random.default_rng(seed).permutation(len(ds))[:count]

@@ -1,0 +1,64 @@
+"""The sample order: one frozen spec, lazy epoch orders, node partitions, rank streams.
+
+Torch-free. :class:`OrderSpec` describes the order (the same defaults everywhere);
+:class:`EpochOrder` evaluates an epoch's order position by position;
+:func:`rank_stream` gives what one rank reads, resumable and elastic; :func:`node_shares`
+says which node owns which shard (what ``shardio stage --node`` copies). The spec imports no
+numpy (a job prologue starts faster); the rest loads on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from shardio.order.spec import (
+    MODE_ORDERS,
+    ORDERS,
+    PARTITIONS,
+    OrderSpec,
+    check_order,
+    default_order,
+)
+
+if TYPE_CHECKING:
+    from shardio.order.orders import EpochOrder
+    from shardio.order.streams import (
+        Layout,
+        RankStream,
+        node_shares,
+        rank_stream,
+        samples_per_rank,
+    )
+
+__all__ = [
+    "MODE_ORDERS",
+    "ORDERS",
+    "PARTITIONS",
+    "EpochOrder",
+    "Layout",
+    "OrderSpec",
+    "RankStream",
+    "check_order",
+    "default_order",
+    "node_shares",
+    "rank_stream",
+    "samples_per_rank",
+]
+
+_LAZY = {
+    "EpochOrder": "shardio.order.orders",
+    "Layout": "shardio.order.streams",
+    "RankStream": "shardio.order.streams",
+    "node_shares": "shardio.order.streams",
+    "rank_stream": "shardio.order.streams",
+    "samples_per_rank": "shardio.order.streams",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardio.order' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
