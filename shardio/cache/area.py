@@ -135,14 +135,28 @@ def _classify_dest(dest: str, *, cleaning: bool) -> str:
     Raises:
         UsageError: ``dest`` is not a directory, or neither empty nor a staging area.
     """
-    try:
-        st = os.stat(dest)
-    except FileNotFoundError:
-        if os.path.lexists(dest):
-            raise UsageError(f"{dest} is a dangling symlink: give a directory") from None
-        return "missing"
-    except OSError as exc:
-        raise StorageError(exc.errno or errno.EIO, f"cannot access {dest}: {exc.strerror}") from exc
+    for _look in range(3):
+        try:
+            st = os.stat(dest)
+            break
+        except FileNotFoundError:
+            try:
+                link = os.lstat(dest)
+            except FileNotFoundError:
+                return "missing"
+            except OSError as exc:
+                raise StorageError(
+                    exc.errno or errno.EIO, f"cannot access {dest}: {exc.strerror}"
+                ) from exc
+            if stat.S_ISLNK(link.st_mode):
+                raise UsageError(f"{dest} is a dangling symlink: give a directory") from None
+            # Another stager of this node made DEST between the two looks: look again.
+        except OSError as exc:
+            raise StorageError(
+                exc.errno or errno.EIO, f"cannot access {dest}: {exc.strerror}"
+            ) from exc
+    else:
+        raise StorageError(errno.EAGAIN, f"cannot access {dest}: it keeps changing")
     if not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"{dest} is a {describe_kind(st.st_mode)}, not a directory")
     if read_area_marker(dest) is not None or _is_legacy_area(dest, cleaning=cleaning):

@@ -22,7 +22,7 @@ from shardio.cache.evict import evict_for
 from shardio.cache.plan import choose_shards, node_shard_order
 from shardio.cache.protocol import STAGE_DIR, write_plan
 from shardio.errors import IntegrityError, UsageError
-from shardio.format.manifest import load_manifest
+from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
 from shardio.order import OrderSpec
@@ -126,6 +126,23 @@ class StageResult:
     evicted: tuple[str, ...] = field(default_factory=tuple)
 
 
+def _check_partition(manifest: Manifest, options: StageOptions) -> None:
+    """Refuse a node partition that would leave a node without a shard.
+
+    Raises:
+        UsageError: fewer shards with samples than nodes.
+    """
+    if not options.spec.partitioned:
+        return
+    with_samples = sum(1 for s in manifest.shards if s.num_samples > 0)
+    if with_samples < options.num_nodes:
+        raise UsageError(
+            f"a node-partitioned order needs at least one shard per node: "
+            f"{options.num_nodes} nodes, {with_samples} shards with samples (repack with "
+            "smaller shards, or use partition=none)"
+        )
+
+
 def stage_dataset(
     src: str | os.PathLike[str],
     dest: str | os.PathLike[str],
@@ -149,6 +166,7 @@ def stage_dataset(
     src_root, dest_root = os.fspath(src), os.fspath(dest)
     manifest = load_manifest(os.path.join(src_root, MANIFEST_FILENAME))
     check_paths(manifest, src_root)
+    _check_partition(manifest, options)  # before anything is written
     open_area(src_root, dest_root, durable=options.durable)
     with (
         storage_errors(dest_root, "staging into"),

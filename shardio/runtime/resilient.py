@@ -144,8 +144,9 @@ class ResilientDataset(ShardDataset):
 
     def _candidates(self, sample: int) -> Iterator[int]:
         """Substitutes for ``sample``: drawn from this rank's share of the epoch by a hash of
-        (seed, epoch, sample, k), the same in every worker and on resume."""
-        share = self.rank_indices(consumed=0)
+        (seed, epoch, sample, k), the same in every worker and on resume. The share is a
+        lazy stream: a draw computes one position, not the rank's whole epoch."""
+        share = self.rank_stream(consumed=0)
         if len(share) == 0:
             return
         for k in range(self.recovery_policy.max_substitutes):

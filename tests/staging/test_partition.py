@@ -189,3 +189,14 @@ def test_rotating_order_staged_one_epoch_ahead_never_waits(tiny_src, tmp_path, n
                      (node_shares([s.num_samples for s in tiny_src.manifest.shards], spec, e,
                                   nodes) == node).nonzero()[0]}  # fmt: skip
             assert staged <= later, sorted(staged - later)[:3]
+
+
+def test_more_nodes_than_shards_is_refused_before_anything_is_written(tiny_src, tmp_path, run_cli):
+    dest = tmp_path / "area"
+    rc, _out, err = run_cli(
+        "stage", tiny_src.path, dest, "--node", f"0/{tiny_src.num_shards + 1}",
+        "--order", "partition=node", "--no-progress",
+    )  # fmt: skip
+    assert rc == 2 and "at least one shard per node" in err, err
+    assert "Traceback" not in err
+    assert not dest.exists()
