@@ -361,27 +361,26 @@ def write_plan(
         fh.write(json.dumps(doc).encode("utf-8", "surrogateescape"))
 
 
-def read_staged_for(dest: str) -> dict[str, Any] | None:
-    """The order spec and layout the last stage run chose its shards for, or None (none
-    recorded: an older release, or no plan)."""
-    path = os.path.join(dest, STAGE_DIR, PLAN_FILE)
+def _plan_doc(dest: str) -> dict[str, Any] | None:
     try:
+        path = os.path.join(dest, STAGE_DIR, PLAN_FILE)
         doc = json.loads(read_regular(path, max_bytes=_MAX_PLAN_BYTES, what="stage plan"))
     except (OSError, ValueError):
         return None
-    found = doc.get("staged_for") if isinstance(doc, dict) else None
+    return doc if isinstance(doc, dict) else None
+
+
+def read_staged_for(dest: str) -> dict[str, Any] | None:
+    """The order spec and layout the last stage run chose its shards for, or None (none
+    recorded: an older release, or no plan)."""
+    found = (_plan_doc(dest) or {}).get("staged_for")
     return found if isinstance(found, dict) else None
 
 
 def read_plan(dest: str) -> set[str] | None:
     """The shards the last stage run chose, or None when no valid plan is recorded (an area
     staged by an older release: every shard counts as planned)."""
-    path = os.path.join(dest, STAGE_DIR, PLAN_FILE)
-    try:
-        doc = json.loads(read_regular(path, max_bytes=_MAX_PLAN_BYTES, what="stage plan"))
-    except (OSError, ValueError):
-        return None
-    shards = doc.get("shards") if isinstance(doc, dict) else None
+    shards = (_plan_doc(dest) or {}).get("shards")
     if not isinstance(shards, list) or not all(isinstance(r, str) for r in shards):
         return None
     return set(shards)

@@ -3,18 +3,15 @@ source tree that the kernel sees is one the pack counted, and none is made twice
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from stracing import STRACE, run_traced
 from trees import write_tree
 
-STRACE = "/usr/bin/strace"
 OPEN_CALLS = {"open", "openat", "openat2"}
 STAT_CALLS = {"stat", "lstat", "fstat", "newfstatat", "fstatat64", "statx"}
 TRACED = ",".join(sorted(OPEN_CALLS | STAT_CALLS))
@@ -87,21 +84,13 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, list[str
     work = tmp_path_factory.mktemp("pack-strace")
     src, _ = _tree(work)
     log = work / "strace.log"
-    strace = [STRACE, "-f", "-y", "-s", "512", "-e", f"trace={TRACED}", "-o", str(log)]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
-    proc = subprocess.run(
-        [*strace, sys.executable, "-c", SCRIPT, src, str(work / "out"), str(STREAM_THRESHOLD)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
+    text, reported = run_traced(
+        ["-c", SCRIPT, src, str(work / "out"), str(STREAM_THRESHOLD)],
+        log=log,
+        traced=TRACED,
+        string_limit=512,
     )
-    if proc.returncode != 0 and "ptrace" in proc.stderr.lower():
-        pytest.skip(f"strace cannot trace here: {proc.stderr.strip()[:200]}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    reported = json.loads(proc.stdout.strip().splitlines()[-1])
-    return _calls(log.read_text(errors="replace"), src), reported
+    return _calls(text, src), reported
 
 
 def test_the_reported_stat_calls_are_the_stats_strace_sees_one_per_file(traced) -> None:

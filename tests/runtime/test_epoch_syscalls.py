@@ -19,21 +19,18 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import os
 import re
-import subprocess
-import sys
 from typing import Any
 
 import numpy as np
 import pytest
+from stracing import STRACE, run_traced
 
 from shardio.cache.stage import StageOptions, stage_dataset
 from shardio.packing.run import PackOptions, pack
 from shardio.read.packed import PackedDataset
 
-STRACE = "/usr/bin/strace"
 NUM_SAMPLES = 1200
 WORKERS = 2
 EPOCHS = 2
@@ -150,30 +147,21 @@ def traced(datasets, tmp_path_factory):
     scripts/epoch_syscalls.py (2 workers), parsed; each run made once per module."""
     work = tmp_path_factory.mktemp("strace")
     script = os.path.join(os.path.dirname(__file__), "scripts", "epoch_syscalls.py")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
 
     def run(name: str, mode: str, cached: bool, context: str | None = None, epochs=EPOCHS):
         key = (name, mode, cached, context, epochs)
         if key not in _RUNS:
             root, area, _ = datasets[name]
             log = work / f"{name}-{mode}-{cached}-{context}-{epochs}.log"
-            strace = [STRACE, "-f", "-y", "-s", "256", "-e", f"trace={TRACED}", "-o", str(log)]
             args = [root, mode, area if cached else "-", str(epochs), str(WORKERS), str(BATCH)]
-            proc = subprocess.run(
-                [*strace, sys.executable, script, *args, *([context] if context else [])],
-                capture_output=True,
-                text=True,
-                env=env,
+            text, batches = run_traced(
+                [script, *args, *([context] if context else [])],
+                log=log,
+                traced=TRACED,
                 timeout=180,
-                check=False,
             )
-            if proc.returncode != 0 and "ptrace" in proc.stderr.lower():
-                pytest.skip(f"strace cannot trace here: {proc.stderr.strip()[:200]}")
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            batches = json.loads(proc.stdout.strip().splitlines()[-1])
             with PackedDataset(root) as ds:
                 shards = {s.path for s in ds.manifest.shards}
-            text = log.read_text(errors="replace")
             _RUNS[key] = _parse(text, root, area, shards, batches)
         return _RUNS[key]
 

@@ -8,20 +8,17 @@ The per-epoch budget of a loader's workers is in test_epoch_syscalls.py.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from stracing import STRACE, run_traced
 
 from shardio.cache.stage import StageOptions, stage_dataset
 from shardio.packing.run import PackOptions, pack
 
-STRACE = "/usr/bin/strace"
 NUM_SAMPLES = 2400
 READS = 2000
 OPEN_CALLS = {"open", "openat"}
@@ -121,22 +118,8 @@ def traced(tiny_datasets, tmp_path_factory):
         tiny_datasets["tar-lru"][0] + ":read",
         tiny_datasets["tar-many"][0] + ":read:" + tiny_datasets["tar-many-area"][0],
     ]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
-    # -y prints the path behind each descriptor, so fstat(fd) calls count too.
-    strace = [STRACE, "-f", "-y", "-s", "256", "-e", f"trace={TRACED}", "-o", str(log)]
-    proc = subprocess.run(
-        [*strace, sys.executable, script, str(READS), "7", *specs],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-    if proc.returncode != 0 and "ptrace" in proc.stderr.lower():
-        pytest.skip(f"strace cannot trace here: {proc.stderr.strip()[:200]}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    touched = json.loads(proc.stdout.strip().splitlines()[-1])
-    return parse(log.read_text(errors="replace")), touched, specs
+    text, touched = run_traced([script, str(READS), "7", *specs], log=log, traced=TRACED)
+    return parse(text), touched, specs
 
 
 def test_startup_opens_only_manifest_and_index_whatever_the_shard_count(traced, tiny_datasets):
