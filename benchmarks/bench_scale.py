@@ -50,54 +50,21 @@ SPECS = (
     "order=shard-local,partition=node",
     "order=shard-local,partition=rotating,rotate=0.25",
 )
-START_UP = r"""
-import json, os, sys, time
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-import numpy, torch
-from shardio import ShardDataset
-from shardio.order import OrderSpec
-from shardio.runtime.ranks import RankInfo
-base = rss()
-t0 = time.perf_counter()
-ds = ShardDataset(sys.argv[1], ranks=RankInfo(rank=37, world_size=512, ranks_per_node=8),
-                  order=OrderSpec.parse(sys.argv[2]))
-t1 = time.perf_counter()
-stream = ds.rank_stream()
-stream.take(0, 4096)
-t2 = time.perf_counter()
-print(json.dumps({"open_s": t1 - t0, "order_s": t2 - t1, "rss_bytes": rss() - base}))
-"""
+PROBE = os.path.join(REPO, "scripts", "probe_startup.py")
 
 
 def _imagenet_manifest(shard_bytes: int) -> Any:
-    from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
+    import importlib.util
 
+    spec = importlib.util.spec_from_file_location(
+        "gen_synthetic", os.path.join(REPO, "scripts", "gen_synthetic.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     shards = -(-IMAGENET_BYTES // shard_bytes)
-    base, extra = divmod(IMAGENET_SAMPLES, shards)
-    entries, first = [], 0
-    for i in range(shards):
-        n = base + (1 if i < extra else 0)
-        entries.append(
-            ShardEntry(
-                path=f"shards/s{i:06d}.tar",
-                size_bytes=shard_bytes,
-                num_samples=n,
-                first_sample=first,
-                xxh3_128="0" * 32,
-            )
-        )
-        first += n
-    return Manifest(
-        shard_format="tar",
-        num_samples=first,
-        num_members=first,
-        data_bytes=IMAGENET_BYTES,
-        index=IndexEntry(path="index.bin", size_bytes=0, xxh3_128="0" * 32),
-        shards=tuple(entries),
-        classes=None,
-        label_layout="none",
+    return module.synthetic_manifest(
+        samples=IMAGENET_SAMPLES, shards=shards, shard_bytes=shard_bytes
     )
 
 
@@ -193,7 +160,7 @@ def _start_up(workdir: str, repeat: int) -> list[list[str]]:
             runs = []
             for _ in range(repeat):
                 out = subprocess.run(
-                    [sys.executable, "-c", START_UP, path, text],
+                    [sys.executable, PROBE, path, text],
                     capture_output=True,
                     text=True,
                     check=False,

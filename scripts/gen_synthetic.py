@@ -41,6 +41,40 @@ def _aligned(n: int) -> int:
     return -(-n // SECTION_ALIGN) * SECTION_ALIGN
 
 
+def synthetic_manifest(
+    *, samples: int, shards: int, shard_bytes: int, index: IndexEntry | None = None
+) -> Manifest:
+    """A manifest of ``samples`` spread evenly over ``shards`` of ``shard_bytes`` each (its
+    shard files and, without ``index``, its index do not exist)."""
+    base, extra = divmod(samples, shards)
+    entries = []
+    first = 0
+    for i in range(shards):
+        n = base + (1 if i < extra else 0)
+        entries.append(
+            ShardEntry(
+                path=f"shards/shard-{i:06d}.tar",
+                size_bytes=shard_bytes,
+                num_samples=n,
+                first_sample=first,
+                xxh3_128="0" * 32,
+                index_xxh3_64="0" * 16,
+            )
+        )
+        first += n
+    return Manifest(
+        shard_format="tar",
+        num_samples=samples,
+        num_members=samples,
+        data_bytes=shard_bytes * shards,
+        index=index or IndexEntry(path="index.bin", size_bytes=0, xxh3_128="0" * 32),
+        shards=tuple(entries),
+        classes=None,
+        label_layout="none",
+        created_by="scripts/gen_synthetic.py",
+    )
+
+
 def make_synthetic(out: str, *, samples: int, shards: int) -> str:
     """Write the synthetic dataset at ``out`` (a new directory); return its path."""
     os.makedirs(out)
@@ -63,34 +97,13 @@ def make_synthetic(out: str, *, samples: int, shards: int) -> str:
     head = xxhash.xxh3_64()
     head.update(bytes(header))
     head.update(exts)
-    base, extra = divmod(samples, shards)
-    entries = []
-    first = 0
-    for i in range(shards):
-        n = base + (1 if i < extra else 0)
-        entries.append(
-            ShardEntry(
-                path=f"shards/shard-{i:06d}.tar",
-                size_bytes=SHARD_BYTES,
-                num_samples=n,
-                first_sample=first,
-                xxh3_128="0" * 32,
-                index_xxh3_64="0" * 16,
-            )
-        )
-        first += n
-    manifest = Manifest(
-        shard_format="tar",
-        num_samples=samples,
-        num_members=samples,
-        data_bytes=SHARD_BYTES * shards,
+    manifest = synthetic_manifest(
+        samples=samples,
+        shards=shards,
+        shard_bytes=SHARD_BYTES,
         index=IndexEntry(
             path="index.bin", size_bytes=pos, xxh3_128="0" * 32, head_xxh3_64=head.hexdigest()
         ),
-        shards=tuple(entries),
-        classes=None,
-        label_layout="none",
-        created_by="scripts/gen_synthetic.py",
     )
     with open(os.path.join(out, MANIFEST_FILENAME), "wb") as fh:
         fh.write(manifest.dumps())

@@ -18,26 +18,7 @@ from shardio.order import EpochOrder, Layout, OrderSpec, rank_stream
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
-CHILD = r"""
-import json, os, sys, time
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-import numpy, torch
-from shardio import ShardDataset
-from shardio.order import OrderSpec
-from shardio.runtime.ranks import RankInfo
-base = rss()
-t0 = time.perf_counter()
-ds = ShardDataset(sys.argv[1], ranks=RankInfo(rank=37, world_size=512, ranks_per_node=8),
-                  order=OrderSpec.parse(sys.argv[2]))
-t1 = time.perf_counter()
-stream = ds.rank_stream()
-first = stream.take(0, 4096)
-t2 = time.perf_counter()
-print(json.dumps({"open_s": t1 - t0, "order_s": t2 - t1, "rss_bytes": rss() - base,
-                  "steps": len(stream), "first": first[:8].tolist()}))
-"""
+PROBE = REPO / "scripts" / "probe_startup.py"
 
 
 def _generator():
@@ -63,7 +44,7 @@ def billion(tmp_path_factory):
 )  # fmt: skip
 def test_a_billion_samples_start_in_a_second(billion, child_env, spec):
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(billion), spec],
+        [sys.executable, str(PROBE), str(billion), spec],
         env=child_env(),
         capture_output=True,
         text=True,
