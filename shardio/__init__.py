@@ -4,6 +4,7 @@ Public API (torch-side names load lazily, so packing never imports torch)::
 
     from shardio import pack, PackOptions, verify_dataset, repair_dataset, PackedDataset
     from shardio import ShardDataset, ResilientDataset   # import torch on first use
+    from shardio import OrderSpec, EpochStager           # the order spec; stage epochs ahead
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from shardio.errors import (
 __all__ = [
     "ChecksumMismatchError",
     "CommandNotFoundError",
+    "EpochStager",
     "FormatError",
     "GPUPrefetcher",
     "IntegrityError",
+    "OrderSpec",
     "PackError",
     "PackOptions",
     "PackResult",
@@ -69,6 +72,8 @@ _LAZY = {
     "verify_dataset": "shardio.verify",
     "unpack_dataset": "shardio.unpack",
     "repair_dataset": "shardio.repair",
+    "OrderSpec": "shardio.order.spec",
+    "EpochStager": "shardio.cache.ahead",
 }
 
 
