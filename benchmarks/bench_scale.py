@@ -94,14 +94,14 @@ def _staged_per_node(shard_bytes: int) -> list[list[str]]:
 def _mixing(epochs: int = 8) -> list[list[str]]:
     import numpy as np
 
-    from shardio.order import Layout, OrderSpec, rank_stream
+    from shardio.order import OrderSpec, RankInfo, rank_stream
 
     shards = 1024
     sizes = np.full(shards, IMAGENET_SAMPLES // shards)
     rows = []
     for text in SPECS:
         spec = OrderSpec.parse(text)
-        layout = Layout(rank=5, world_size=16 * RANKS_PER_NODE, ranks_per_node=RANKS_PER_NODE)
+        layout = RankInfo(rank=5, world_size=16 * RANKS_PER_NODE, ranks_per_node=RANKS_PER_NODE)
         seen: set[int] = set()
         per_epoch = []
         for epoch in range(epochs):
@@ -124,12 +124,12 @@ CALLS_STAGED = 2 * 2 + 2  # open + flock by each of 2 workers, 2 lstat in the tr
 def _metadata(shard_bytes: int) -> list[list[str]]:
     import numpy as np
 
-    from shardio.order import Layout, OrderSpec, rank_stream
+    from shardio.order import OrderSpec, RankInfo, rank_stream
 
     manifest = _imagenet_manifest(shard_bytes)
     sizes = np.array([s.num_samples for s in manifest.shards], dtype=np.int64)
     ends = np.cumsum(sizes)
-    layout = Layout(rank=37, world_size=64 * RANKS_PER_NODE, ranks_per_node=RANKS_PER_NODE)
+    layout = RankInfo(rank=37, world_size=64 * RANKS_PER_NODE, ranks_per_node=RANKS_PER_NODE)
     rows = []
     for text in SPECS:
         samples = rank_stream(sizes, OrderSpec.parse(text), 0, layout).materialise()

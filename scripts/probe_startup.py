@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from shardio import ShardDataset
     from shardio.order import OrderSpec
-    from shardio.runtime.ranks import RankInfo
+    from shardio.order.ranks import RankInfo
 
     base = _rss()
     t0 = time.perf_counter()

@@ -64,7 +64,7 @@ _LAZY = {
     "PackedDataset": "shardio.read.packed",
     "ShardDataset": "shardio.runtime.dataset",
     "ShardLoader": "shardio.runtime.loader",
-    "RankInfo": "shardio.runtime.ranks",
+    "RankInfo": "shardio.order.ranks",
     "GPUPrefetcher": "shardio.runtime.prefetch",
     "RecoveryPolicy": "shardio.read.recovery",
     "ResilientDataset": "shardio.runtime.resilient",

@@ -25,7 +25,7 @@ def node_shard_order(manifest: Manifest, options: StageOptions) -> list[int]:
     # (a good part of a cold start) overlaps the copy of the index.
     import numpy as np
 
-    from shardio.order import Layout, rank_stream
+    from shardio.order import RankInfo, rank_stream
 
     sizes = np.array([s.num_samples for s in manifest.shards], dtype=np.int64)
     world = options.num_nodes * options.ranks_per_node
@@ -39,7 +39,7 @@ def node_shard_order(manifest: Manifest, options: StageOptions) -> list[int]:
                 sizes,
                 options.spec,
                 epoch,
-                Layout(rank=first + i, world_size=world, ranks_per_node=options.ranks_per_node),
+                RankInfo(rank=first + i, world_size=world, ranks_per_node=options.ranks_per_node),
             )
             for i in range(options.ranks_per_node)
         ]

@@ -20,8 +20,8 @@ from shardio.errors import UsageError
 from shardio.format.manifest import Manifest
 from shardio.metrics.read import ReadMetrics
 from shardio.order import check_order
+from shardio.order.ranks import RankInfo, detect_ranks
 from shardio.read.packed import PackedDataset
-from shardio.runtime.ranks import RankInfo, detect_ranks
 
 if TYPE_CHECKING:
     from shardio.dali._source import VerifiedSource

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from shardio.errors import FormatError, UsageError
-from shardio.order import Layout, OrderSpec, rank_stream
+from shardio.order import OrderSpec, rank_stream
+from shardio.order.ranks import RankInfo
 from shardio.read.packed import PackedDataset
-from shardio.runtime.ranks import RankInfo
 
 __all__ = ["Batch", "VerifiedSource"]
 
@@ -100,7 +100,7 @@ class VerifiedSource:
             window_shards=self.window_shards,
             drop_last=self.drop_last,
         )
-        layout = Layout(rank=self.ranks.rank, world_size=self.ranks.world_size)
+        layout = self.ranks
         return rank_stream(
             self._sizes, spec, self.epoch if epoch is None else epoch, layout
         ).materialise()

@@ -22,8 +22,8 @@ from shardio.order.spec import (
 
 if TYPE_CHECKING:
     from shardio.order.orders import EpochOrder
+    from shardio.order.ranks import RankInfo, detect_ranks
     from shardio.order.streams import (
-        Layout,
         RankStream,
         node_shares,
         rank_stream,
@@ -35,11 +35,12 @@ __all__ = [
     "ORDERS",
     "PARTITIONS",
     "EpochOrder",
-    "Layout",
     "OrderSpec",
+    "RankInfo",
     "RankStream",
     "check_order",
     "default_order",
+    "detect_ranks",
     "node_shares",
     "rank_stream",
     "samples_per_rank",
@@ -47,7 +48,8 @@ __all__ = [
 
 _LAZY = {
     "EpochOrder": "shardio.order.orders",
-    "Layout": "shardio.order.streams",
+    "RankInfo": "shardio.order.ranks",
+    "detect_ranks": "shardio.order.ranks",
     "RankStream": "shardio.order.streams",
     "node_shares": "shardio.order.streams",
     "rank_stream": "shardio.order.streams",

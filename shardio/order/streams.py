@@ -17,7 +17,6 @@ dataset's positions at resume).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,50 +24,12 @@ import numpy as np
 from shardio.errors import UsageError
 from shardio.order.orders import EpochOrder
 from shardio.order.partition import owners
+from shardio.order.ranks import RankInfo
 from shardio.order.spec import OrderSpec
 
-__all__ = ["Layout", "RankStream", "node_shares", "rank_stream", "samples_per_rank"]
+__all__ = ["RankStream", "node_shares", "rank_stream", "samples_per_rank"]
 
 _NODE_SALT = 0x1000
-
-
-@dataclass(frozen=True, kw_only=True)
-class Layout:
-    """Where a rank sits: ``rank`` of ``world_size``, ``ranks_per_node`` ranks per node."""
-
-    rank: int = 0
-    world_size: int = 1
-    ranks_per_node: int = 1
-
-    def __post_init__(self) -> None:
-        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise UsageError(f"invalid rank {self.rank} of world size {self.world_size}")
-        if self.ranks_per_node < 1:
-            raise UsageError(f"ranks per node must be >= 1, got {self.ranks_per_node}")
-
-    @property
-    def num_nodes(self) -> int:
-        """Nodes of the job (ranks per node must divide the world size)."""
-        if self.world_size % self.ranks_per_node:
-            raise UsageError(
-                f"{self.world_size} ranks do not split into nodes of {self.ranks_per_node}: "
-                "a node-partitioned order needs the same number of ranks on every node"
-            )
-        return self.world_size // self.ranks_per_node
-
-    @property
-    def node(self) -> int:
-        """This rank's node."""
-        return self.rank // self.ranks_per_node
-
-    @property
-    def local_rank(self) -> int:
-        """This rank's place on its node."""
-        return self.rank % self.ranks_per_node
-
-    def with_rank(self, rank: int) -> Layout:
-        """The same layout seen from ``rank``."""
-        return Layout(rank=rank, world_size=self.world_size, ranks_per_node=self.ranks_per_node)
 
 
 class _ArrayOrder:
@@ -188,7 +149,7 @@ def _partitioned(
     sizes: np.ndarray[Any, Any],
     spec: OrderSpec,
     epoch: int,
-    layout: Layout,
+    layout: RankInfo,
     remaining: np.ndarray[Any, Any] | None,
     *,
     only: int | None = None,
@@ -211,7 +172,7 @@ def _partitioned(
     empty = np.flatnonzero(counts == 0)
     if len(empty):
         raise UsageError(f"node {int(empty[0])} has no samples left to read in epoch {epoch}")
-    per_rank = _per_rank(counts.tolist(), layout.ranks_per_node, spec.drop_last)
+    per_rank = _per_rank(counts.tolist(), layout.node_size, spec.drop_last)
     return orders, per_rank
 
 
@@ -227,14 +188,14 @@ def _remaining(
     n = int(sizes.sum())
     left = np.ones(n, dtype=bool)
     for world, ranks_per_node, consumed in history:
-        layout = Layout(rank=0, world_size=world, ranks_per_node=ranks_per_node)
+        layout = RankInfo(rank=0, world_size=world, ranks_per_node=ranks_per_node)
         orders, per_rank = _partitioned(sizes, spec, epoch, layout, left)
         taken = []
         for rank in range(world):
             here = layout.with_rank(rank)
             done = min(_steps(consumed, world, rank), per_rank)
             stream = RankStream(
-                orders[here.node], index=here.local_rank, group=ranks_per_node, first=0,
+                orders[here.node], index=here.rank_in_node, group=ranks_per_node, first=0,
                 steps=per_rank,
             )  # fmt: skip
             taken.append(stream.take(0, done))
@@ -246,7 +207,7 @@ def rank_stream(
     sizes: Any,
     spec: OrderSpec,
     epoch: int,
-    layout: Layout,
+    layout: RankInfo,
     *,
     consumed: int = 0,
     history: list[tuple[int, int, int]] | None = None,
@@ -281,8 +242,8 @@ def rank_stream(
     orders, per_rank = _partitioned(sizes_arr, spec, epoch, layout, remaining, only=layout.node)
     return RankStream(
         orders[layout.node],
-        index=layout.local_rank,
-        group=layout.ranks_per_node,
+        index=layout.rank_in_node,
+        group=layout.node_size,
         first=_steps(consumed, world, layout.rank),
         steps=per_rank,
     )
@@ -292,7 +253,7 @@ def samples_per_rank(
     sizes: Any,
     spec: OrderSpec,
     epoch: int,
-    layout: Layout,
+    layout: RankInfo,
     history: list[tuple[int, int, int]] | None = None,
 ) -> int:
     """Samples every rank reads in the whole epoch (under the current layout)."""

@@ -23,12 +23,12 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from shardio.errors import ShardioError, UsageError
 from shardio.format.spec import LABEL_EXT
 from shardio.metrics.read import ReadDelta, ReadMetrics
-from shardio.order import Layout, OrderSpec, RankStream, default_order, rank_stream
+from shardio.order import OrderSpec, RankStream, default_order, rank_stream
+from shardio.order.ranks import RankInfo, detect_ranks
 from shardio.read.opener import Opener
 from shardio.read.packed import Handoff, PackedDataset
 from shardio.runtime.batch import read_batch, read_batch_mapped
 from shardio.runtime.decode import Decoder, make_decoder
-from shardio.runtime.ranks import RankInfo, detect_ranks
 
 if TYPE_CHECKING:
     from shardio.runtime.transport import BatchRing
@@ -380,11 +380,6 @@ class ShardDataset(Dataset[dict[str, Any]]):
         """Whether each rank's epoch is cut instead of padded (``spec.drop_last``)."""
         return self.spec.drop_last
 
-    def layout(self) -> Layout:
-        """This rank's place: rank, world size and ranks per node (detected at call time)."""
-        ranks = self.ranks()
-        return Layout(rank=ranks.rank, world_size=ranks.world_size, ranks_per_node=ranks.node_size)
-
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch; a new epoch reshuffles and starts from its beginning.
 
@@ -413,7 +408,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
             )
         if self._order_cache is None or self._order_cache[0] != self.epoch:
             stream = rank_stream(self._shard_sizes, self.spec.with_(drop_last=False),
-                                 self.epoch, Layout())  # fmt: skip
+                                 self.epoch, RankInfo())  # fmt: skip
             self._order_cache = (self.epoch, stream.materialise())
         return self._order_cache[1]
 
@@ -423,7 +418,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         if consumed is not None:
             consumed = require_int(consumed, "consumed", minimum=0)
         done = self._consumed if consumed is None else consumed
-        layout = self.layout()
+        layout = self.ranks()
         key = (self.epoch, done, layout, tuple(self._history))
         stream = self._streams.get(key)
         if stream is None:
@@ -454,7 +449,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         return self._state(self._consumed + self._delivered * self.ranks().world_size)
 
     def _state(self, consumed: int) -> dict[str, Any]:
-        layout = self.layout()
+        layout = self.ranks()
         return {
             "version": STATE_VERSION,
             "epoch": self.epoch,
@@ -462,7 +457,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
             "num_samples": self.num_samples,
             "consumed": min(consumed, self.num_samples),
             "world_size": layout.world_size,
-            "ranks_per_node": layout.ranks_per_node,
+            "ranks_per_node": layout.node_size,
             "history": [list(h) for h in self._history],
         }
 
@@ -491,12 +486,12 @@ class ShardDataset(Dataset[dict[str, Any]]):
                 f"state was saved with num_samples={values['num_samples']!r}, this dataset has "
                 f"{self.num_samples!r}: cannot resume"
             )
-        layout = self.layout()
+        layout = self.ranks()
         history = [tuple(h) for h in values["history"]]
         consumed = values["consumed"]
         same = (values["world_size"], values["ranks_per_node"]) == (
             layout.world_size,
-            layout.ranks_per_node,
+            layout.node_size,
         )
         if self.spec.partitioned and not same and consumed > 0:
             history.append((values["world_size"], values["ranks_per_node"], consumed))
@@ -605,7 +600,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         if self.spec.partitioned:
             from shardio.order import node_shares
 
-            layout = self.layout()
+            layout = self.ranks()
             owner = node_shares(self._shard_sizes, self.spec, self.epoch, layout.num_nodes)
             shards = shards[owner[shards] == layout.node]
         return first[shards]

@@ -26,8 +26,8 @@ pytest.importorskip("nvidia.dali")
 import shardio.dali as sdali
 from shardio.cache.stage import StageOptions, stage_dataset
 from shardio.errors import ChecksumMismatchError, UsageError
+from shardio.order.ranks import RankInfo
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.ranks import RankInfo
 
 pytestmark = pytest.mark.dali
 

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from shardio.errors import UsageError
+from shardio.order.ranks import RankInfo, detect_ranks
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.ranks import RankInfo, detect_ranks
 
 JOB_TIMEOUT_S = 60
 

@@ -11,10 +11,10 @@ import pytest
 from shardio.cache.stage import StageOptions, stage_dataset
 from shardio.errors import UsageError
 from shardio.metrics import MetricsSnapshot, ReadDelta, ReadMetrics, combine
+from shardio.order.ranks import RankInfo
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.prefetch import GPUPrefetcher
-from shardio.runtime.ranks import RankInfo
 from shardio.runtime.resilient import ResilientDataset
 
 SINGLE = RankInfo()

@@ -19,9 +19,9 @@ import torch
 from fakesysfs import fake_sysfs
 from torch.utils.data import get_worker_info
 
+from shardio.order.ranks import RankInfo
 from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.placement import WorkerPinning, pin_workers_enabled, worker_pinning
-from shardio.runtime.ranks import RankInfo
 from shardio.topology import format_cpulist, read_topology
 
 Packed = Any  # tests/runtime/conftest.py's Packed (a conftest is not imported by name)

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from shardio import ResilientDataset, SampleUnavailableError, ShardDataset
+from shardio.order.ranks import RankInfo
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.journal import read_journal
 from shardio.read.packed import PackedDataset
-from shardio.runtime.ranks import RankInfo
 
 from .conftest import Packed
 

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from shardio.order import EpochOrder, Layout, OrderSpec, rank_stream
+from shardio.order import EpochOrder, OrderSpec, RankInfo, rank_stream
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -89,7 +89,7 @@ def test_ranks_of_a_partitioned_job_cover_the_epoch():
     spec = OrderSpec(order="random", seed=4, partition="node")
     seen = collections.Counter()
     for rank in range(16):
-        stream = rank_stream(sizes, spec, 2, Layout(rank=rank, world_size=16, ranks_per_node=4))
+        stream = rank_stream(sizes, spec, 2, RankInfo(rank=rank, world_size=16, ranks_per_node=4))
         seen.update(stream.materialise().tolist())
     assert set(seen) == set(range(64 * 50)) and max(seen.values()) == 1
 
@@ -100,8 +100,8 @@ def test_a_lazy_epoch_reads_what_an_array_would(packed_tar, monkeypatch, mode, w
     """Above the materialising limit the loader reads the rank's positions chunk by chunk
     (and sizes the ring from the mean sample): the same batches, exact resume."""
     import shardio.runtime.loader as loader_module
+    from shardio.order.ranks import RankInfo
     from shardio.runtime.dataset import ShardDataset
-    from shardio.runtime.ranks import RankInfo
 
     ranks = RankInfo(rank=1, world_size=2)
     eager = ShardDataset(packed_tar.path, mode=mode, ranks=ranks, seed=3)

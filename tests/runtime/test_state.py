@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 from shardio.errors import UsageError
-from shardio.order import EpochOrder, Layout, OrderSpec, rank_stream
+from shardio.order import EpochOrder, OrderSpec, RankInfo, rank_stream
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.ranks import RankInfo
 
 MODES = ("map", "stream")
 BATCH = 32
@@ -279,7 +278,7 @@ def test_every_rank_gets_the_same_count(drop_last):
         spec = OrderSpec(order="random", seed=1, drop_last=drop_last)
         parts = [
             rank_stream(
-                np.array([n]), spec, 0, Layout(rank=r, world_size=world), consumed=consumed
+                np.array([n]), spec, 0, RankInfo(rank=r, world_size=world), consumed=consumed
             ).materialise()
             for r in range(world)
         ]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 
 from shardio.cache import StageOptions, node_shard_order
+from shardio.order.ranks import RankInfo
 from shardio.read.packed import PackedDataset
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.ranks import RankInfo
 
 SINGLE = RankInfo(rank=0, world_size=1)
 FROM_SOURCE = re.compile(

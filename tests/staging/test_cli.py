@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from shardio.cache import StageOptions, stage_dataset
+from shardio.order.ranks import RankInfo
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.ranks import RankInfo
 
 SINGLE = RankInfo(rank=0, world_size=1)
 

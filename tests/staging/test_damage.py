@@ -14,9 +14,9 @@ import pytest
 
 from shardio.cache import StageOptions, stage_dataset
 from shardio.cache.protocol import write_stamp
+from shardio.order.ranks import RankInfo
 from shardio.read.packed import PackedDataset
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.ranks import RankInfo
 
 SUMMARY = re.compile(r"copied (\d+) .*already staged and verified (\d+), replaced (\d+)")
 SINGLE = RankInfo(rank=0, world_size=1)

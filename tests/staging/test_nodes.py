@@ -14,8 +14,8 @@ import shardio.cache.copy as cache_copy
 from shardio.cache import StageOptions, node_shard_order, stage_dataset
 from shardio.errors import UsageError
 from shardio.order import OrderSpec
+from shardio.order.ranks import RankInfo
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.ranks import RankInfo
 
 NODES = 4
 RANKS_PER_NODE = 2

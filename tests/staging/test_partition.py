@@ -10,8 +10,8 @@ import itertools
 import pytest
 
 from shardio.order import OrderSpec
+from shardio.order.ranks import RankInfo
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.ranks import RankInfo
 
 SPEC_TEXT = "order=shard-local,seed=7,window=2,partition=node"
 SPEC = OrderSpec.parse(SPEC_TEXT)

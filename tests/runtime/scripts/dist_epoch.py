@@ -17,8 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from shardio.order.ranks import detect_ranks
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.ranks import detect_ranks
 
 
 def main() -> None:

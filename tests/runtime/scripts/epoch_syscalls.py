@@ -20,8 +20,8 @@ import sys
 
 from torch.utils.data import get_worker_info
 
+from shardio.order.ranks import RankInfo
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.ranks import RankInfo
 
 
 def mark(text: str) -> None:

@@ -17,8 +17,8 @@ import sys
 
 import numpy as np
 
+from shardio.order.ranks import RankInfo
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.ranks import RankInfo
 
 
 def mark(text: str) -> None:

@@ -17,8 +17,8 @@ import json
 import os
 import time
 
+from shardio.order.ranks import RankInfo
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.ranks import RankInfo
 
 
 def write_json(path: str, data: object) -> None:

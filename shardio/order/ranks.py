@@ -1,5 +1,9 @@
 """Where this process sits in the job: rank, world size, local rank and ranks per node.
 
+Torch-free: the one rank layout of ShardDataset, the orders (:mod:`shardio.order.streams`)
+and the stager. Nodes are blocks of ranks (node = rank // ranks per node, SLURM's default
+block distribution).
+
 Taken from ``torch.distributed`` when it is initialised, else from SLURM's environment
 (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NTASKS_PER_NODE``), else from
 ``RANK``/``WORLD_SIZE``/``LOCAL_WORLD_SIZE`` (torchrun), else a single rank. Ranks per node
@@ -39,6 +43,34 @@ class RankInfo:
     def node_size(self) -> int:
         """Ranks per node (the world size when unknown)."""
         return self.ranks_per_node or self.world_size
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes of the job.
+
+        Raises:
+            UsageError: the ranks do not split into nodes of ``node_size``.
+        """
+        if self.world_size % self.node_size:
+            raise UsageError(
+                f"{self.world_size} ranks do not split into nodes of {self.node_size}: "
+                "a node-partitioned order needs the same number of ranks on every node"
+            )
+        return self.world_size // self.node_size
+
+    @property
+    def node(self) -> int:
+        """This rank's node."""
+        return self.rank // self.node_size
+
+    @property
+    def rank_in_node(self) -> int:
+        """This rank's place among its node's ranks (block layout)."""
+        return self.rank % self.node_size
+
+    def with_rank(self, rank: int) -> RankInfo:
+        """The same layout seen from ``rank``."""
+        return RankInfo(rank=rank, world_size=self.world_size, ranks_per_node=self.node_size)
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
