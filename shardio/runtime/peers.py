@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -24,16 +23,16 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from shardio.errors import ShardioError, StorageError, UsageError
+from shardio.format.fields import MAX_INT
 from shardio.format.manifest import load_manifest
 from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
 from shardio.metrics.histogram import LatencyHistogram
 from shardio.runtime.bench import BenchSettings, RunnerStats
+from shardio.storage.files import read_regular
 
 __all__ = ["LooseFiles", "LooseRunner", "WebDatasetRunner", "list_regular_files"]
 
 _PREFETCH = 4  # batches each worker prepares ahead: what ShardLoader uses
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_CHUNK = 1 << 20
 # A batch as the peers' workers send it: (bytes of every sample, n + 1 offsets, read
 # latencies in ns: one per file for loose files, none for webdataset).
 PeerBatch = tuple[torch.Tensor, np.ndarray[Any, Any], np.ndarray[Any, Any]]
@@ -106,34 +105,6 @@ def list_regular_files(root: str) -> list[bytes]:
     return found
 
 
-def _read_whole(path: bytes) -> bytes:
-    """A whole regular file, never through a symlink and never blocking on a FIFO."""
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except OSError as exc:
-        raise StorageError(
-            exc.errno or errno.EIO, f"cannot open {os.fsdecode(path)}: {exc.strerror}"
-        ) from exc
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise StorageError(errno.EINVAL, f"{os.fsdecode(path)} is no longer a regular file")
-        parts = []
-        want = max(info.st_size, 1)
-        while chunk := os.read(fd, want):  # to EOF: the file may have grown since the scan
-            parts.append(chunk)
-            want = _CHUNK
-        return b"".join(parts)
-    except OSError as exc:
-        if isinstance(exc, ShardioError):
-            raise
-        raise StorageError(
-            exc.errno or errno.EIO, f"cannot read {os.fsdecode(path)}: {exc.strerror}"
-        ) from exc
-    finally:
-        os.close(fd)
-
-
 class LooseFiles(Dataset[Any]):
     """Every regular file under a directory, as a map-style dataset read a batch at a time.
 
@@ -161,7 +132,13 @@ class LooseFiles(Dataset[Any]):
         try:
             for i in indices:
                 began = time.perf_counter_ns()
-                payloads.append(_read_whole(os.path.join(self.root, self.paths[i])))
+                payloads.append(
+                    read_regular(
+                        os.path.join(self.root, self.paths[i]),
+                        max_bytes=MAX_INT,
+                        nofollow=True,
+                    )
+                )
                 latency.append(time.perf_counter_ns() - began)
         except ShardioError as exc:
             return _Failure(exc)

@@ -36,6 +36,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_GROWTH_CHUNK = 1 << 20  # what a read past a file's stat size asks for
 
 
 def describe_kind(mode: int) -> str:
@@ -114,14 +115,23 @@ def open_for_pread(path: str | bytes, *, what: str = "file", nofollow: bool = Fa
         ) from exc
 
 
-def read_regular(path: str | bytes, *, max_bytes: int, what: str = "file") -> bytes:
-    """Read a whole regular file of at most ``max_bytes`` (checked before allocating).
+def read_regular(
+    path: str | bytes, *, max_bytes: int, what: str = "file", nofollow: bool = False
+) -> bytes:
+    """Read a whole regular file of at most ``max_bytes`` (checked before allocating: a
+    read asks for what the file holds, not for ``max_bytes``).
+
+    Args:
+        path: the file.
+        max_bytes: the largest file accepted.
+        what: what the file is to the caller, for the messages.
+        nofollow: refuse a symlink (see :func:`open_regular`).
 
     Raises:
         StorageError: not a regular file, or unreadable.
         FormatError: larger than ``max_bytes``.
     """
-    fd = open_regular(path, what=what)
+    fd = open_regular(path, what=what, nofollow=nofollow)
     try:
         size = os.fstat(fd).st_size
         if size > max_bytes:
@@ -132,7 +142,7 @@ def read_regular(path: str | bytes, *, max_bytes: int, what: str = "file") -> by
         parts = []
         got = 0
         while got <= max_bytes:  # read to EOF, never past the bound (a file may grow)
-            chunk = os.read(fd, max_bytes + 1 - got)
+            chunk = os.read(fd, min(max_bytes + 1 - got, max(size + 1 - got, _GROWTH_CHUNK)))
             if not chunk:
                 break
             parts.append(chunk)
