@@ -49,8 +49,10 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/bench_decode.py
 
 # Job prologue: stage this node's shards of $(SHARDIO_DATA) to node-local storage, verified.
-# SHARDIO_STAGE_DIR defaults (in the CLI) to <base>/shardio-<uid>-<job>/<name>, private (0700),
-# with <base> = $SLURM_TMPDIR, $TMPDIR, then /mnt/nvme.
+# SHARDIO_STAGE_DIR defaults (in the CLI) to <base>/shardio-<uid>-<job>/<name>-<hash>, private
+# (0700), with <base> = $SLURM_TMPDIR, $TMPDIR, then /mnt/nvme, <name> the dataset directory's
+# name and <hash> 8 hex digits of the SHA-256 of its real path (one area per source):
+# printf %s "$(realpath -m -- "$SHARDIO_DATA")" | sha256sum | cut -c1-8
 SHARDIO_STAGE_ARGS ?=
 stage-nvme: install
 	@test -n "$(SHARDIO_DATA)" || { echo "make stage-nvme: set SHARDIO_DATA=/path/to/dataset" >&2; exit 2; }

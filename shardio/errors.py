@@ -4,6 +4,7 @@
 
     ShardioError
     ├── UsageError(ValueError)            bad arguments or options given by the user
+    │   └── MissingExtraError(ImportError) an optional extra is not installed (names it)
     ├── SourceError(OSError)              the tree to pack is missing, empty or unreadable
     ├── FormatError(ValueError)           a manifest, index or shard that is malformed or of
     │                                     an unsupported format version
@@ -12,6 +13,7 @@
     │   ├── IntegrityError                bytes on disk differ from what the index promises
     │   │   └── ChecksumMismatchError     one member's or shard's xxh3 does not match
     │   └── SampleUnavailableError        a sample stayed unreadable after every recovery step
+    ├── SampleDecodeError(ValueError)     a sample's bytes (checked) cannot be decoded
     └── PackError                         a pack could not complete (strict mode, changed source)
 
 Each branch also inherits the builtin a caller would already catch, so ``except OSError``
@@ -27,7 +29,9 @@ __all__ = [
     "CommandNotFoundError",
     "FormatError",
     "IntegrityError",
+    "MissingExtraError",
     "PackError",
+    "SampleDecodeError",
     "SampleUnavailableError",
     "ShardioError",
     "SourceError",
@@ -42,6 +46,24 @@ class ShardioError(Exception):
 
 class UsageError(ShardioError, ValueError):
     """The caller passed an invalid argument or option."""
+
+
+class MissingExtraError(UsageError, ImportError):
+    """An optional dependency is not installed: the message names the extra to install.
+
+    Args:
+        needs: what needs it ("shardio bench needs PyTorch").
+        extra: the extra of ``pip install 'shardio[EXTRA]'``.
+        detail: why the import failed, when that is not plain absence.
+    """
+
+    def __init__(self, needs: str, extra: str, detail: str | None = None) -> None:
+        message = f"{needs}: pip install 'shardio[{extra}]'"
+        super().__init__(message if detail is None else f"{message} ({detail})")
+        self.needs, self.extra, self.detail = needs, extra, detail
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.needs, self.extra, self.detail))
 
 
 class _PlainOSError(OSError):
@@ -166,3 +188,50 @@ def _rebuild_unavailable(
     message: str, shard: str, key: str, sample: int, tried: tuple[str, ...]
 ) -> SampleUnavailableError:
     return SampleUnavailableError(message, shard=shard, key=key, sample=sample, tried=tried)
+
+
+class SampleDecodeError(ShardioError, ValueError):
+    """A sample's bytes passed their checksum but its decoder failed on them (a corrupt image
+    packed as it was, or a decoder that raised). ResilientDataset's policy treats it like an
+    unreadable sample: ``skip`` substitutes it, ``raise`` raises this.
+
+    Attributes:
+        dataset: the dataset directory.
+        shard: the shard's name as listed in the manifest.
+        key: the sample's key.
+        sample: the sample's index.
+        field: the extension the decoder failed on, when known.
+        sample_index: ``sample`` again (what recovery looks for on any read error).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        dataset: str,
+        shard: str,
+        key: str,
+        sample: int,
+        field: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.dataset = dataset
+        self.shard = shard
+        self.key = key
+        self.sample = sample
+        self.field = field
+        self.sample_index: int | None = sample
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_decode_error,
+            (str(self), self.dataset, self.shard, self.key, self.sample, self.field),
+        )
+
+
+def _rebuild_decode_error(  # noqa: PLR0917 - pickle passes positionally
+    message: str, dataset: str, shard: str, key: str, sample: int, field: str | None
+) -> SampleDecodeError:
+    return SampleDecodeError(
+        message, dataset=dataset, shard=shard, key=key, sample=sample, field=field
+    )

@@ -31,7 +31,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from shardio._pool import check_workers
 from shardio.cache.copy import copy_verified, leftover_temps, stage_one, temps_of
+from shardio.cache.identity import check_area_holds, source_identity
 from shardio.cache.protocol import STAGE_DIR, drop_if_same, read_area_marker, shard_lock
 from shardio.errors import FormatError, IntegrityError, ShardioError, StorageError, UsageError
 from shardio.format.checksum import fd_xxh3_128, file_xxh3_128
@@ -156,7 +158,7 @@ def repair_dataset(
         root: a staging area, or a packed dataset.
         source: another copy of the same dataset to copy good shards from; required for a
             packed dataset, default for a staging area: the source it was staged from.
-        workers: processes verifying shards.
+        workers: processes verifying shards (1 to 4096).
         progress: called with snapshots while the first verify runs.
         rebuild: tried for a shard when no source copy of it is good (see :data:`Rebuild`).
         durable: fsync each replacement before renaming it (default: yes for a dataset; no
@@ -164,10 +166,14 @@ def repair_dataset(
 
     Raises:
         UsageError: no source for a dataset; a source that is not a copy of the same dataset;
-            a staging area without its marker; the dataset is locked by a pack.
+            a staging area without its marker; the dataset is locked by a pack; ``workers``
+            out of range.
+        KeyboardInterrupt: Ctrl-C; what was being copied is removed (nothing half-written
+            has a shard's name), so a second run picks up where this one stopped.
         FormatError: a manifest cannot be read, or the index is broken beyond repair.
     """
     start = time.monotonic()
+    check_workers(workers, what="workers")  # before anything is written
     root_path = os.fspath(root)
     manifest = load_manifest(os.path.join(root_path, MANIFEST_FILENAME))
     if manifest.staged_from is not None:
@@ -179,6 +185,9 @@ def repair_dataset(
         src = os.fspath(source) if source is not None else manifest.staged_from
         if source is not None:
             _check_same_dataset(root_path, manifest, src)
+        else:  # the dataset at staged_from may have been re-packed since: never its bytes
+            ident = source_identity(src)
+            check_area_holds(root_path, ident, action="repair it from that source")
         job = _Repair(root_path, manifest, src, rebuild, durable=bool(durable))
         found = job.run(workers, progress, staged=True)
     else:

@@ -14,17 +14,18 @@ it is read ends short instead of raising SIGBUS.
 
 from __future__ import annotations
 
-import concurrent.futures
-import multiprocessing
 import os
 import stat
 import time
 from collections.abc import Collection
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardio._pool import WorkerPool, check_workers
+from shardio.cache.identity import source_mismatch
 from shardio.cache.protocol import read_plan, stamp_matches, stamp_path
-from shardio.errors import FormatError, StorageError
+from shardio.errors import FormatError, ShardioError, StorageError, UsageError
 from shardio.format.checksum import file_xxh3_128, hex64, new_file_hasher
 from shardio.format.manifest import ShardEntry
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
@@ -73,6 +74,9 @@ class ShardProblem:
         staged: the problem is a staged copy's in a staging area (the source may be fine).
         identity: (device, inode) of the file found with wrong bytes, so that a repair drops
             that file only and keeps one another process has replaced it with meanwhile.
+        samples_lost: samples of the shard none of whose bytes could be checked (the shard
+            is missing, empty, unreadable, or its index records are damaged): every one of
+            its samples, from the manifest; 0 when the damage is in ``bad_members``.
     """
 
     path: str
@@ -81,6 +85,7 @@ class ShardProblem:
     state: str = DAMAGED
     staged: bool = False
     identity: tuple[int, int] | None = field(default=None, compare=False, repr=False)
+    samples_lost: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The problem as the JSON of ``shardio verify --json``."""
@@ -93,6 +98,7 @@ class ShardProblem:
             ],
             "state": self.state,
             "staged": self.staged,
+            "samples_lost": self.samples_lost,
         }
 
 
@@ -170,6 +176,18 @@ class VerifyReport:
         """Keys of the samples with at least one bad member."""
         return tuple(dict.fromkeys(b.key for p in self.problems for b in p.bad_members))
 
+    @property
+    def samples_lost(self) -> int:
+        """Samples of the shards that could not be checked at all (missing, empty,
+        unreadable, damaged index records), counted from the manifest."""
+        return sum(p.samples_lost for p in self.problems)
+
+    @property
+    def samples_affected(self) -> int:
+        """Samples training cannot get intact: those with a bad member, and every sample
+        of a shard that could not be checked at all."""
+        return len(self.damaged_samples) + self.samples_lost
+
     def to_json(self) -> dict[str, Any]:
         """The report as the JSON of ``shardio verify --json`` (fields are only ever added)."""
         return {
@@ -179,6 +197,7 @@ class VerifyReport:
             "bytes_checked": self.bytes_checked,
             "seconds": round(self.seconds, 3),
             "problems": [p.to_json() for p in self.problems],
+            "samples_affected": self.samples_affected,
             "status": self.status,
             "staging_area": self.area.to_json() if self.area is not None else None,
         }
@@ -310,8 +329,9 @@ def _index_problem(ds: PackedDataset, shard: int) -> ShardProblem | None:
     try:
         ds.index.check_shard(shard)
     except FormatError as exc:
-        path = ds.manifest.shards[shard].path
-        return ShardProblem(path, f"its index records are damaged: {exc}", staged=False)
+        entry = ds.manifest.shards[shard]
+        why = f"its index records are damaged: {exc}"
+        return ShardProblem(entry.path, why, staged=False, samples_lost=entry.num_samples)
     return None
 
 
@@ -320,12 +340,14 @@ def _verify_shard(root: str, shard: int, quick: bool) -> tuple[ShardProblem | No
     ds = _open(root)
     entry = ds.manifest.shards[shard]
     path = ds.shard_path(shard)
+    lost = entry.num_samples  # when none of the shard's bytes can be checked
     try:
         size = os.stat(path).st_size
     except FileNotFoundError:
-        return ShardProblem(entry.path, "missing", state=MISSING), 0
+        return ShardProblem(entry.path, "missing", state=MISSING, samples_lost=lost), 0
     except OSError as exc:
-        return ShardProblem(entry.path, f"cannot stat: {exc.strerror}"), 0
+        why = f"cannot stat: {exc.strerror}"
+        return ShardProblem(entry.path, why, samples_lost=lost), 0
     reasons: list[str] = []
     problem = _index_problem(ds, shard)
     if problem is not None:
@@ -335,16 +357,19 @@ def _verify_shard(root: str, shard: int, quick: bool) -> tuple[ShardProblem | No
     if entry.dali_index and not os.path.exists(os.path.join(root, entry.dali_index)):
         reasons.append(f"DALI index {entry.dali_index} missing")
     if quick or size == 0:
-        return (ShardProblem(entry.path, "; ".join(reasons)) if reasons else None), 0
+        empty = lost if size == 0 and entry.size_bytes > 0 else 0
+        found = ShardProblem(entry.path, "; ".join(reasons), samples_lost=empty)
+        return (found if reasons else None), 0
     try:
         fd = open_regular(path, what="shard")
     except StorageError as exc:
-        return ShardProblem(entry.path, str(exc)), 0
+        return ShardProblem(entry.path, str(exc), samples_lost=lost), 0
     try:
         identity = _identity(fd)
         bad, checked = _check_bytes(ds, shard, fd, reasons)
     except OSError as exc:
-        return ShardProblem(entry.path, f"cannot read: {exc.strerror or exc}"), 0
+        why = f"cannot read: {exc.strerror or exc}"
+        return ShardProblem(entry.path, why, samples_lost=lost), 0
     finally:
         os.close(fd)
     if reasons or bad:
@@ -479,6 +504,20 @@ def _check_source(source: str, entry: ShardEntry) -> ShardProblem | None:
 # --------------------------------------------------------------------------- the run
 
 
+def _chosen(root: str, num_shards: int, shards: Collection[int] | None) -> list[int]:
+    """The shard numbers to check, sorted; every one must be a shard of the manifest."""
+    if shards is None:
+        return list(range(num_shards))
+    chosen = sorted(set(shards))
+    for shard in chosen:
+        if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < num_shards:
+            raise UsageError(
+                f"shard {shard!r} is not a shard of {root}: its manifest lists shards "
+                f"0 to {num_shards - 1}"
+            )
+    return chosen
+
+
 def verify_dataset(
     root: str | os.PathLike[str],
     *,
@@ -494,14 +533,19 @@ def verify_dataset(
         quick: only check that the index is intact and every shard exists with its size
             (no shard data is read); in a staging area, a copy whose stamp does not match
             is reported stale without being read.
-        workers: processes hashing shards in parallel.
+        workers: processes hashing shards in parallel (1 to 4096; never more than the
+            shards to check).
         progress: called with (shards, bytes) snapshots while running.
         shards: check only these shards (numbers in the manifest); default all.
 
     Raises:
         FormatError: the manifest or index cannot be read at all.
+        UsageError: ``workers`` out of range, or a shard number the manifest does not have.
+        KeyboardInterrupt: Ctrl-C; the worker processes are stopped and waited for first.
+        ShardioError: a worker process died (killed by a signal, out of memory).
     """
     start = time.monotonic()
+    check_workers(workers, what="workers")
     root = os.fspath(root)
     ds = PackedDataset(root)
     problems: list[ShardProblem] = []
@@ -511,7 +555,7 @@ def verify_dataset(
         index_path = os.path.join(root, index_entry_path)
         if file_xxh3_128(index_path) != ds.manifest.index.xxh3_128:
             problems.append(ShardProblem(ds.manifest.index.path, "index checksum mismatch"))
-        chosen = sorted(set(shards)) if shards is not None else range(len(ds.manifest.shards))
+        chosen = _chosen(root, len(ds.manifest.shards), shards)
         counters = Counters()
         _init(counters)
         results: list[tuple[ShardProblem | None, int]] = []
@@ -527,29 +571,30 @@ def verify_dataset(
         )
         if thread is not None:
             thread.__enter__()
+        failure: BaseException | None = None
         try:
             if workers <= 1 or len(chosen) <= 1:
                 _DATASETS[root] = ds
                 results = [_verify_task(root, s, quick) for s in chosen]
             else:
-                ctx = multiprocessing.get_context("forkserver")
-                with concurrent.futures.ProcessPoolExecutor(
-                    max_workers=workers, mp_context=ctx, initializer=_init, initargs=(counters,)
-                ) as pool:
-                    results = list(
-                        pool.map(
-                            _verify_task,
-                            [root] * len(chosen),
-                            chosen,
-                            [quick] * len(chosen),
-                            chunksize=1,
-                        )
-                    )
+                size = min(workers, len(chosen))  # never a process with nothing to do
+                with WorkerPool(size, initializer=_init, initargs=(counters,)) as pool:
+                    n = len(chosen)
+                    try:
+                        results = pool.map(_verify_task, [root] * n, chosen, [quick] * n)
+                    except BrokenProcessPool as exc:
+                        raise ShardioError(
+                            "a verify worker process died (killed by a signal or out of "
+                            f"memory?) before {root} was checked: run verify again"
+                        ) from exc
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             _DATASETS.pop(root, None)
             _PLANS.pop(root, None)
-            if thread is not None:
-                thread.__exit__(None, None, None)
+            if thread is not None:  # a final snapshot only when the run got to its end
+                thread.__exit__(type(failure), failure, None)
         unstaged = [p for p, _ in results if p is not None and p.state == UNSTAGED]
         problems.extend(p for p, _ in results if p is not None and p.state != UNSTAGED)
         checked = sum(n for _, n in results)
@@ -557,7 +602,11 @@ def verify_dataset(
         if source is not None:
             by_path = {e.path: e for e in ds.manifest.shards}
             not_ok = [by_path[p.path] for p in [*problems, *unstaged] if p.staged]
-            found = (_check_source(source, e) for e in not_ok)
+            foreign = source_mismatch(root, source) if not_ok else None  # re-packed since
+            found = (
+                _check_source(source, e) if foreign is None else ShardProblem(e.path, foreign)
+                for e in not_ok
+            )
             area = AreaReport(
                 source=source,
                 copies_ok=len(chosen)

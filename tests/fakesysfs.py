@@ -46,3 +46,63 @@ def fake_sysfs(
         (d / "class").write_text(cls + "\n")
         (d / "numa_node").write_text(f"{node}\n")
     return os.fspath(root)
+
+
+def plant(root: pathlib.Path, rel: str, kind: str) -> pathlib.Path:
+    """Replace the file ``root/rel`` of a fake tree by something hostile.
+
+    ``kind``: ``"fifo"`` (a named pipe nobody writes: a plain open or read blocks forever),
+    ``"devzero"`` (a symlink to ``/dev/zero``: a plain read never ends), ``"big"`` (a 1 MiB
+    regular file: no sysfs attribute is that large).
+    """
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "devzero":
+        path.symlink_to("/dev/zero")
+    elif kind == "big":
+        path.write_bytes(b"0" * (1 << 20))
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+    return path
+
+
+def srun_env(mode: str, tasks: Sequence[frozenset[int]], local: int, ncpus: int) -> dict[str, str]:
+    """What srun puts in task ``local``'s environment for ``--cpu-bind=MODE``.
+
+    ``mode``: ``cores`` (and ``widened``, the same variables) gives SLURM's per-task hex masks
+    as slurmd writes them (``mask_cpu:``, one full-width mask per task of the node, the
+    level cleared), ``map_cpu`` the first CPU of each task, ``none`` says so, ``unbound``
+    sets nothing but ``SLURM_LOCALID``. ``tasks``: the CPUs of each task of the node;
+    ``ncpus``: the node's CPU count (the masks' width).
+    """
+    env = {"SLURM_LOCALID": str(local)}
+    if mode == "unbound":
+        return env
+    if mode == "none":
+        return env | {
+            "SLURM_CPU_BIND": "quiet,none",
+            "SLURM_CPU_BIND_TYPE": "none",
+            "SLURM_CPU_BIND_LIST": "",
+            "SLURM_CPU_BIND_VERBOSE": "quiet",
+        }
+    if mode == "map_cpu":
+        listed = ",".join(str(min(t)) for t in tasks)
+    else:
+        width = (ncpus + 3) // 4
+        listed = ",".join(f"0x{sum(1 << c for c in t):0{width}X}" for t in tasks)
+    kind = "mask_cpu:" if mode in ("cores", "widened") else "map_cpu:"
+    return env | {
+        "SLURM_CPU_BIND": f"quiet,{kind}{listed}",
+        "SLURM_CPU_BIND_TYPE": kind,
+        "SLURM_CPU_BIND_LIST": listed,
+        "SLURM_CPU_BIND_VERBOSE": "quiet",
+    }
+
+
+def block_masks(ntasks: int, per_task: int, cpus: Sequence[int]) -> list[frozenset[int]]:
+    """srun --cpu-bind=cores --distribution=block:block: consecutive cores per task."""
+    return [frozenset(cpus[i * per_task : (i + 1) * per_task]) for i in range(ntasks)]

@@ -75,14 +75,16 @@ pdsh=()
 [[ "${BEEOND_PDSH:-1}" == 1 ]] && pdsh=(-P)
 
 # Where `shardio stage SRC` puts SRC when $SLURM_TMPDIR is the mount point: the rule of
-# shardio.cache.default_stage_dir (name as Python's os.path.basename(os.path.abspath(SRC))).
+# shardio.cache.default_stage_dir (name as Python's os.path.basename(os.path.abspath(SRC)),
+# then 8 hex digits of the SHA-256 of SRC's real path: one area per source).
 staged_path() {
-    local src="$1" job="${SLURM_JOB_ID:-nojob}" name
+    local src="$1" job="${SLURM_JOB_ID:-nojob}" name hash
     [[ -n "$src" ]] || die "stage: SRC is empty"
     [[ "$job" =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$ ]] || die "SLURM_JOB_ID '$job' is not a job id"
     name="$(basename -- "$(realpath -ms -- "$src")")"
     [[ "$name" == / ]] && name=dataset
-    printf '%s/shardio-%s-%s/%s\n' "${mount_dir%/}" "$(id -u)" "$job" "$name"
+    hash="$(printf %s "$(realpath -m -- "$src")" | sha256sum | cut -c1-8)"
+    printf '%s/shardio-%s-%s/%s-%s\n' "${mount_dir%/}" "$(id -u)" "$job" "$name" "$hash"
 }
 
 cmd_start() {

@@ -24,13 +24,25 @@
 #   SHARDIO_BIND_GPU       1 (default): CUDA_VISIBLE_DEVICES = this task's GPU only, so the
 #                          program uses cuda:0; 0: leave every GPU visible (the program calls
 #                          torch.cuda.set_device(LOCAL_RANK) itself)
-#   SHARDIO_CPU_BIND       numa (default): run on every core of the GPU's NUMA node and
-#                          allocate memory there (numactl --cpunodebind --membind; replaces
-#                          srun's per-task core mask with that node's cores; when shardio
-#                          finds none of the node's CPUs allowed to the task: numactl
-#                          --physcpubind=<its allowed CPUs> --membind);
+#   SHARDIO_CPU_BIND       numa (default): run on this task's own share of the GPU's NUMA
+#                          node and allocate memory there (numactl --physcpubind=<share>
+#                          --membind=<node>). The share comes from `shardio topo`: the CPUs
+#                          srun gave the node's tasks (the union of SLURM_CPU_BIND_LIST's
+#                          masks under --cpu-bind=cores or map_cpu; the task's allowed CPUs
+#                          when srun did not bind: --cpu-bind=none, or no task plugin), the
+#                          GPU's node's part of them split by whole cores among the local
+#                          ranks whose GPUs share that node: co-located ranks never share a
+#                          core while there are enough. Without shardio's map (the formula
+#                          or SHARDIO_GPU_NUMA_MAP): keep srun's per-task mask when srun
+#                          bound the task (memory on the GPU's node only), else the whole
+#                          node (numactl --cpunodebind, with a warning when local ranks
+#                          share it);
 #                          cores: keep srun's --cpu-bind=cores mask, bind memory only
 #                          (numactl --membind); none: no CPU or memory binding
+#                          Exported to the command: SHARDIO_BOUND_GPU, SHARDIO_BOUND_NUMA_NODE
+#                          and SHARDIO_BOUND_CPUS (the task's CPUs: the loader pins its
+#                          workers inside them and does not split them again), and
+#                          OMP_NUM_THREADS capped at the share's CPU count
 #   SHARDIO_NUMACTL        numactl command (default numactl; empty: do not use it)
 #   SHARDIO_TASKSET        taskset command, used when numactl is missing (default taskset;
 #                          empty: do not use it); its CPUs are the task's share of the node
@@ -45,15 +57,53 @@ die() {
     exit 2
 }
 
-is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
+warn() { echo "bind.sh: warning: $*" >&2; }
+
+# ASCII digits, no sign or leading zero, at most 9 digits (the bracket lists the digits: a
+# range such as [0-9] may match other characters in some locales).
+is_uint() { [[ "$1" =~ ^(0|[123456789][0123456789]{0,8})$ ]]; }
+shown() { # a value as an error message shows it: at most 40 characters
+    local v="$1"
+    ((${#v} <= 40)) && printf "'%s'" "$v" || printf "'%s'... (%d characters)" "${v:0:40}" "${#v}"
+}
+# The first line of a regular file (not a FIFO, device or directory: it could block or never
+# end), at most 64 KiB; empty when there is none.
+read_small() {
+    local line=""
+    if [[ -f "$1" && -r "$1" ]]; then
+        IFS= read -r -n 65536 line <"$1" || true
+    fi
+    printf '%s' "$line"
+}
+# This process's CPUs (what srun, or nothing, bound it to), from the kernel.
+own_cpus() {
+    local key value
+    while read -r key value; do
+        if [[ "$key" == Cpus_allowed_list: ]]; then
+            printf '%s' "$value"
+            return
+        fi
+    done </proc/self/status
+}
 
 [[ $# -gt 0 ]] || die "usage: bind.sh COMMAND [ARGS...] (run under srun, one task per GPU)"
 
-local_id="${SLURM_LOCALID:-${LOCAL_RANK:-0}}"
-is_uint "$local_id" || die "SLURM_LOCALID is not a number: '$local_id'"
+if [[ -n "${SLURM_LOCALID+set}" ]]; then
+    local_var=SLURM_LOCALID local_id="$SLURM_LOCALID"
+elif [[ -n "${LOCAL_RANK+set}" ]]; then
+    local_var=LOCAL_RANK local_id="$LOCAL_RANK"
+else
+    local_var=SLURM_LOCALID local_id=0
+fi
+is_uint "$local_id" || die "$local_var=$(shown "$local_id") is not a local rank (ASCII digits)"
+for var in SLURM_PROCID SLURM_NTASKS; do
+    if [[ -n "${!var+set}" ]] && ! is_uint "${!var}"; then
+        die "$var=$(shown "${!var}") is not a whole number (ASCII digits)"
+    fi
+done
 gpus_per_node="${SHARDIO_GPUS_PER_NODE:-8}"
 if ! is_uint "$gpus_per_node" || ((gpus_per_node == 0)); then
-    die "SHARDIO_GPUS_PER_NODE must be a positive integer, got '$gpus_per_node'"
+    die "SHARDIO_GPUS_PER_NODE must be a positive integer, got $(shown "$gpus_per_node")"
 fi
 sysfs_nodes="${SHARDIO_SYSFS_NODE_DIR:-${SHARDIO_SYSFS:-/sys}/devices/system/node}"
 
@@ -79,30 +129,30 @@ else
     ((numa_nodes > 0)) || numa_nodes=1
 fi
 if ! is_uint "$numa_nodes" || ((numa_nodes == 0)); then
-    die "SHARDIO_NUMA_NODES must be a positive integer, got '$numa_nodes'"
+    die "SHARDIO_NUMA_NODES must be a positive integer, got $(shown "$numa_nodes")"
 fi
 have() { [[ -n "$1" ]] && command -v "$1" >/dev/null 2>&1; }
 
 # shardio's map, unless a map or a node count is given: the placement of this local rank
 # (`shardio topo --json` keeps each placement a flat object, read here without jq).
-topo_numa="" topo_cpus="" topo_gpu="" topo_phys=""
+topo_numa="" topo_cpus="" topo_gpu=""
 read -r -a shardio_argv <<<"${SHARDIO_BIN-shardio}"
 if [[ -z "${SHARDIO_GPU_NUMA_MAP:-}" && -z "${SHARDIO_NUMA_NODES:-}" ]] &&
     ((${#shardio_argv[@]} > 0)) && have "${shardio_argv[0]}"; then
-    topo_json="$("${shardio_argv[@]}" topo --json --local-rank "$local_id" 2>/dev/null)" ||
+    if ! topo_json="$("${shardio_argv[@]}" topo --json --local-rank "$local_id" 2>&1)"; then
+        # One line (shardio's error is one), then the formula or the map below.
+        warn "shardio topo failed, NUMA node by formula: ${topo_json##*$'\n'}"
         topo_json=""
+    fi
     entry_re='"placements":[[:space:]]*\[[[:space:]]*\{([^}]*)\}'
     if [[ "$topo_json" =~ $entry_re ]]; then
         entry="${BASH_REMATCH[1]}"
         node_re='"numa_node":[[:space:]]*([0-9]+)'
         cpus_re='"cpus":[[:space:]]*"([0-9,-]+)"'
         gpu_re='"gpu_index":[[:space:]]*([0-9]+)'
-        # None of the node's CPUs is this task's (a job's cpuset elsewhere): its own CPUs.
-        phys_re='"numactl":[[:space:]]*"numactl --physcpubind=([0-9,-]+)'
         if [[ "$entry" =~ $node_re ]]; then topo_numa="${BASH_REMATCH[1]}"; fi
         if [[ "$entry" =~ $cpus_re ]]; then topo_cpus="${BASH_REMATCH[1]}"; fi
         if [[ "$entry" =~ $gpu_re ]]; then topo_gpu="${BASH_REMATCH[1]}"; fi
-        if [[ "$entry" =~ $phys_re ]]; then topo_phys="${BASH_REMATCH[1]}"; fi
     fi
 fi
 if [[ -n "$topo_numa" && -n "$topo_gpu" ]]; then
@@ -115,15 +165,15 @@ if [[ -n "$topo_numa" && -n "$topo_gpu" ]]; then
     numa="$topo_numa"
     numa_from="shardio topo"
 elif [[ -n "${SHARDIO_GPU_NUMA_MAP:-}" ]]; then
-    topo_cpus="" topo_phys=""
+    topo_cpus=""
     numa_from=SHARDIO_GPU_NUMA_MAP
     IFS=, read -r -a numa_map <<<"$SHARDIO_GPU_NUMA_MAP"
     ((slot < ${#numa_map[@]})) ||
         die "SHARDIO_GPU_NUMA_MAP has ${#numa_map[@]} entries, GPU slot $slot needs one"
     numa="${numa_map[$slot]}"
-    is_uint "$numa" || die "SHARDIO_GPU_NUMA_MAP entry $slot is not a number: '$numa'"
+    is_uint "$numa" || die "SHARDIO_GPU_NUMA_MAP entry $slot is not a number: $(shown "$numa")"
 else
-    topo_cpus="" topo_phys=""
+    topo_cpus=""
     numa_from=formula
     # Slot, not the GPU id: slot k is the node's k-th GPU even when cgroups renumber them.
     numa=$((slot % gpus_per_node * numa_nodes / gpus_per_node))
@@ -141,36 +191,86 @@ export SHARDIO_BOUND_GPU="$gpu" SHARDIO_BOUND_NUMA_NODE="$numa"
 numactl_cmd="${SHARDIO_NUMACTL-numactl}"
 taskset_cmd="${SHARDIO_TASKSET-taskset}"
 
+# Did srun bind this task to CPUs of its own (--cpu-bind=cores|threads|map_cpu|mask_cpu: the
+# task environment then says mask_cpu or map_cpu)?
+srun_bound=0
+case ",${SLURM_CPU_BIND_TYPE:-}," in
+*,mask_cpu:,* | *,map_cpu:,* | *,mask_cpu,* | *,map_cpu,*) srun_bound=1 ;;
+esac
+
 mode="${SHARDIO_CPU_BIND:-numa}"
 launcher=()
+bound_cpus="" # the CPUs the command runs on, when this script decides them
 case "$mode" in
 numa)
-    if have "$numactl_cmd" && [[ -n "$topo_phys" ]]; then
-        launcher=("$numactl_cmd" "--physcpubind=$topo_phys" "--membind=$numa" --)
-    elif have "$numactl_cmd"; then
-        launcher=("$numactl_cmd" "--cpunodebind=$numa" "--membind=$numa" --)
-    elif have "$taskset_cmd" && [[ -n "$topo_cpus" ]]; then
-        # No numactl: pin to this task's share of the node at least; memory then follows
-        # first touch.
-        launcher=("$taskset_cmd" -c "$topo_cpus")
-    elif have "$taskset_cmd" && [[ -r "$sysfs_nodes/node$numa/cpulist" ]]; then
-        read -r cpus <"$sysfs_nodes/node$numa/cpulist"
-        launcher=("$taskset_cmd" -c "$cpus")
+    if [[ -n "$topo_cpus" ]]; then
+        # This task's share of its GPU's node (shardio topo split it among the local ranks).
+        bound_cpus="$topo_cpus"
+        if have "$numactl_cmd"; then
+            launcher=("$numactl_cmd" "--physcpubind=$topo_cpus" "--membind=$numa" --)
+        elif have "$taskset_cmd"; then
+            launcher=("$taskset_cmd" -c "$topo_cpus") # memory then follows first touch
+        else
+            bound_cpus=""
+        fi
+    elif ((srun_bound)); then
+        # No map of shardio's to split the node with: srun's own per-task mask, which no two
+        # tasks share, with memory on the GPU's node.
+        bound_cpus="$(own_cpus)"
+        if have "$numactl_cmd"; then
+            launcher=("$numactl_cmd" "--membind=$numa" --)
+        fi
+    else
+        if ((gpus_per_node > numa_nodes)); then
+            warn "local ranks share NUMA node $numa's CPUs: without a map from shardio the" \
+                "node is not split; use srun --cpu-bind=cores or let bind.sh find shardio"
+        fi
+        if have "$numactl_cmd"; then
+            launcher=("$numactl_cmd" "--cpunodebind=$numa" "--membind=$numa" --)
+        elif have "$taskset_cmd"; then
+            cpus="$(read_small "$sysfs_nodes/node$numa/cpulist")"
+            if [[ "$cpus" =~ ^[0123456789,-]+$ ]]; then
+                launcher=("$taskset_cmd" -c "$cpus")
+            fi
+        fi
     fi
     ;;
 cores)
     # srun already pinned this task to its cores; only keep its memory on the GPU's node.
+    ((srun_bound)) && bound_cpus="$(own_cpus)"
     if have "$numactl_cmd"; then
         launcher=("$numactl_cmd" "--membind=$numa" --)
     fi
     ;;
 none) ;;
-*) die "SHARDIO_CPU_BIND must be numa, cores or none, got '$mode'" ;;
+*) die "SHARDIO_CPU_BIND must be numa, cores or none, got $(shown "$mode")" ;;
 esac
+
+if [[ -n "$bound_cpus" ]]; then
+    # The loader pins its workers inside these CPUs and does not split them again.
+    export SHARDIO_BOUND_CPUS="$bound_cpus"
+    ncpus=0
+    IFS=, read -r -a ranges <<<"$bound_cpus"
+    for r in "${ranges[@]}"; do
+        if [[ "$r" =~ ^([0123456789]{1,6})-([0123456789]{1,6})$ ]]; then
+            ncpus=$((ncpus + 10#${BASH_REMATCH[2]} - 10#${BASH_REMATCH[1]} + 1))
+        elif [[ "$r" =~ ^[0123456789]{1,6}$ ]]; then
+            ncpus=$((ncpus + 1))
+        fi
+    done
+    omp="${OMP_NUM_THREADS:-}"
+    # Unset, or a plain count above the share's CPUs (a list such as "4,2" is left alone).
+    if ((ncpus > 0)) && [[ -z "$omp" ]]; then
+        export OMP_NUM_THREADS="$ncpus" # one thread per CPU of the share, not of the node
+    elif ((ncpus > 0)) && is_uint "$omp" && ((omp == 0 || omp > ncpus)); then
+        export OMP_NUM_THREADS="$ncpus"
+    fi
+fi
 
 if [[ "${SHARDIO_BIND_VERBOSE:-0}" == 1 ]]; then
     how="${launcher[*]:-no CPU/memory binding}"
     echo "bind.sh: task ${SLURM_PROCID:-?} local $local_id on $(hostname 2>/dev/null || echo ?):" \
-        "GPU $gpu, NUMA node $numa of $numa_nodes ($numa_from), $how" >&2
+        "GPU $gpu, NUMA node $numa of $numa_nodes ($numa_from), CPUs ${bound_cpus:-unchanged}," \
+        "$how" >&2
 fi
 exec "${launcher[@]}" "$@"

@@ -11,18 +11,26 @@ Staging writes only into a new or empty directory, or into a staging area it mad
 opens every file so that a FIFO or device cannot block it, and ``clean_stage`` removes only
 the regular files the staged manifest lists. Layout of the destination::
 
-    DEST/.shardio-stage/area.json  the marker: {"format": "shardio-stage", "version": 1, ...}
+    DEST/.shardio-stage/area.json  the marker: {"format": "shardio-stage", "version": 1,
+                                   "staged_from": SRC, "dataset_id": xxh3-128 of SRC's manifest}
     DEST/manifest.json             the source's manifest plus "staged_from" (the source path)
     DEST/index.bin                 copy of the source index
     DEST/shards/...                staged shards, same relative names as in the source
     DEST/.shardio-stage/locks/     one lock file per shard
     DEST/.shardio-stage/ok/        one stamp per verified shard (size, inode, ctime, xxh3)
+    DEST/.shardio-stage/repairs.jsonl  the repair journal (moved out by ``clean_stage``)
 
-The default DEST (``default_stage_dir``) is ``<base>/shardio-<uid>-<job>/<name>``, in a
-directory private to the user and job.
+An area holds one dataset: staging another one into it is refused (``force`` removes what
+shardio staged there first), and so is reading it as another dataset's cache.
 
-Modules: ``area`` (recognise, create, clean an area; the default DEST), ``stamps`` (the
-area's records: marker, stamps, lock paths), ``copy`` (per-shard locks, the verified copy),
+The default DEST (``default_stage_dir``) is ``<base>/shardio-<uid>-<job>/<name>-<hash>``
+(hash: 8 hex digits of the SHA-256 of the source's real path), in a directory private to the
+user and job.
+
+Modules: ``area`` (recognise, create, clean an area; the default DEST), ``identity`` (which
+dataset an area holds, and the checks), ``clean`` (remove what was staged, keep the
+journal), ``protocol`` (the area's records: marker, stamps, lock paths), ``copy``
+(per-shard locks, the verified copy),
 ``evict`` (capacity eviction), ``plan`` (which shards, in which order), ``stage`` (options
 and the run), ``ahead`` (:class:`EpochStager`: the next epoch's shards in the background).
 """
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 from shardio.cache.ahead import EpochStager
 from shardio.cache.area import clean_stage, default_stage_dir
+from shardio.cache.clean import CleanResult
 from shardio.cache.plan import node_shard_order
 from shardio.cache.stage import (
     MAX_NODES,
@@ -45,6 +54,7 @@ __all__ = [
     "MAX_NODES",
     "MAX_RANKS_PER_NODE",
     "MAX_STREAMS",
+    "CleanResult",
     "EpochStager",
     "StageOptions",
     "StageResult",

@@ -3,32 +3,36 @@
 A directory is staged into only when it is missing, empty, or a staging area shardio made
 before (recognised by its marker ``.shardio-stage/area.json``, or by the staged manifest of
 a release that wrote no marker), never by a file name alone. ``clean_stage`` removes only the
-regular files the staged manifest lists and shardio's own records.
+regular files the staged manifest lists and shardio's own records. An area records the
+dataset it holds (its dataset id, :mod:`shardio.cache.identity`): another dataset is staged
+into it only with ``force``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import logging
 import os
 import re
-import shutil
 import stat
 from collections.abc import Iterator, Mapping
 
-from shardio.cache.protocol import STAGE_DIR, read_area_marker, write_area_marker
+from shardio.cache.clean import CleanResult, journal_name, remove_staged
+from shardio.cache.identity import DatasetIdentity, describe_area, same_dataset
+from shardio.cache.protocol import (
+    AREA_LOCK,
+    STAGE_DIR,
+    area_lock,
+    read_area_marker,
+    write_area_marker,
+)
 from shardio.errors import FormatError, ShardioError, StorageError, UsageError
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.storage.atomic import is_temp_name, storage_error
-from shardio.storage.files import (
-    describe_kind,
-    make_dirs_inside,
-    real_dir,
-    remove_temps_inside,
-    rmdir_inside,
-    unlink_inside,
-)
+from shardio.storage.files import describe_kind, make_dirs_inside
 
 __all__ = [
     "check_paths",
@@ -38,7 +42,10 @@ __all__ = [
     "storage_errors",
 ]
 
+logger = logging.getLogger(__name__)
+
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_SOURCE_HASH_CHARS = 8
 
 
 @contextlib.contextmanager
@@ -58,11 +65,15 @@ def storage_errors(path: str, action: str) -> Iterator[None]:
 def default_stage_dir(src: str | os.PathLike[str], environ: Mapping[str, str]) -> str:
     """The default staging area of ``src``, private to this user and job.
 
-    ``<base>/shardio-<uid>-<job>/<name>``: base is ``$SLURM_TMPDIR``, else ``$TMPDIR``,
-    else ``/mnt/nvme``; job is ``$SLURM_JOB_ID`` or ``nojob``; name is the source
-    directory's name. The ``shardio-<uid>-<job>`` directory is created with mode 0700 and
-    then checked: a directory another user made in a shared ``$TMPDIR`` (or a symlink
-    there) is refused, never written into.
+    ``<base>/shardio-<uid>-<job>/<name>-<hash>``: base is ``$SLURM_TMPDIR``, else
+    ``$TMPDIR``, else ``/mnt/nvme``; job is ``$SLURM_JOB_ID`` or ``nojob``; name is the
+    source directory's name (``os.path.basename(os.path.abspath(src))``) and hash the first 8
+    hex digits of the SHA-256 of its real path (``os.path.realpath``), so that two sources
+    with one name (``/lustre/a/train``, ``/lustre/b/train``) get two areas. In a shell:
+    ``printf %s "$(realpath -m -- "$SRC")" | sha256sum | cut -c1-8``. The
+    ``shardio-<uid>-<job>`` directory is created with mode 0700 and then checked: a
+    directory another user made in a shared ``$TMPDIR`` (or a symlink there) is refused,
+    never written into.
 
     Args:
         src: the source dataset.
@@ -79,8 +90,11 @@ def default_stage_dir(src: str | os.PathLike[str], environ: Mapping[str, str]) -
     uid = os.getuid()
     private = os.path.join(base, f"shardio-{uid}-{job}")
     _make_private_dir(private, uid)
-    name = os.path.basename(os.path.abspath(os.fspath(src))) or "dataset"
-    return os.path.join(private, name)
+    path = os.fspath(src)
+    name = os.path.basename(os.path.abspath(path)) or "dataset"
+    real = os.fsencode(os.path.realpath(path))
+    digest = hashlib.sha256(real).hexdigest()[:_SOURCE_HASH_CHARS]
+    return os.path.join(private, f"{name}-{digest}")
 
 
 def _make_private_dir(path: str, uid: int) -> None:
@@ -169,9 +183,11 @@ def _classify_dest(dest: str, *, cleaning: bool) -> str:
         if (
             entries == [STAGE_DIR]
             and stat.S_ISDIR(os.lstat(folder).st_mode)
-            and all(is_temp_name(e) for e in os.listdir(folder))
+            and all(is_temp_name(e) or e == AREA_LOCK for e in os.listdir(folder))
         ):
-            return "unfinished"  # an area whose creator was killed before its marker
+            # An area whose creator was killed before its marker, or is writing it now
+            # (under the area lock, which this stager then waits for).
+            return "unfinished"
     except OSError as exc:
         raise StorageError(exc.errno or errno.EIO, f"cannot list {dest}: {exc.strerror}") from exc
     if read_area_marker(dest) is not None:
@@ -192,12 +208,19 @@ def _classify_dest(dest: str, *, cleaning: bool) -> str:
 # --------------------------------------------------------------------------- create
 
 
-def open_area(src_root: str, dest: str, *, durable: bool) -> None:
-    """Check DEST and make it a staging area (marker first), or refuse with nothing written.
+def open_area(
+    src_root: str, dest: str, dataset: DatasetIdentity, *, durable: bool, force: bool = False
+) -> None:
+    """Check DEST and make it a staging area of ``dataset`` (marker first), or refuse with
+    nothing written.
+
+    An area that holds another dataset is refused, unless ``force``: then what shardio
+    staged there is removed first (:func:`shardio.cache.clean.remove_staged`; the repair
+    journal and any file shardio did not put there stay).
 
     Raises:
-        UsageError: DEST is inside the source (or holds it), is not a directory, or is
-            neither missing, empty nor a staging area.
+        UsageError: DEST is inside the source (or holds it), is not a directory, is neither
+            missing, empty nor a staging area, or holds another dataset (without ``force``).
         StorageError: DEST or its records cannot be created.
     """
     real_src, real_dest = os.path.realpath(src_root), os.path.realpath(dest)
@@ -211,8 +234,30 @@ def open_area(src_root: str, dest: str, *, durable: bool) -> None:
             os.makedirs(dest, exist_ok=True)
         except OSError as exc:
             raise storage_error(exc, dest, "creating") from exc
-    if state != "area" or read_area_marker(dest) is None:
-        write_area_marker(dest, os.path.abspath(src_root), durable=durable)
+    if dataset.dataset_id is None:
+        raise UsageError(f"{src_root}: no dataset id to record in staging area {dest}")
+    with area_lock(dest):  # one stager of the node decides (and replaces) at a time
+        if state == "area" and same_dataset(dest, dataset) is False:
+            if not force:
+                raise UsageError(
+                    f"staging area {dest} holds {describe_area(dest)}, not "
+                    f"{dataset.describe()}: refusing to stage into it (give another DEST, "
+                    "or --force to remove what shardio staged there first)"
+                )
+            logger.warning(
+                "staging area %s holds %s: removing what shardio staged there (--force)",
+                dest,
+                describe_area(dest),
+            )
+            remove_staged(dest, keep_marker=True)
+        marker = read_area_marker(dest)
+        staged_from = os.path.abspath(src_root)
+        if (
+            marker is None
+            or marker.get("dataset_id") != dataset.dataset_id
+            or marker.get("staged_from") != staged_from
+        ):
+            write_area_marker(dest, staged_from, dataset_id=dataset.dataset_id, durable=durable)
     for sub in ("locks", "ok"):
         make_dirs_inside(dest, f"{STAGE_DIR}/{sub}")
 
@@ -239,11 +284,21 @@ def check_paths(manifest: Manifest, src_root: str) -> None:
 # --------------------------------------------------------------------------- clean
 
 
-def clean_stage(dest: str | os.PathLike[str]) -> int:
-    """Remove what staging put in ``dest`` (epilogue); return the number of shards removed.
+def clean_stage(
+    dest: str | os.PathLike[str], *, journal_dir: str | None = None, job: str | None = None
+) -> CleanResult:
+    """Remove what staging put in ``dest`` (epilogue); see :mod:`shardio.cache.clean`.
 
-    Only regular files named by DEST's staged manifest and shardio's own records are
-    removed; no symlink is followed, and anything else in ``dest`` stays.
+    Only regular files named by DEST's staged manifest and plan and shardio's own records
+    are removed; no symlink is followed, and anything else in ``dest`` stays (listed in the
+    result), with the folders holding it.
+
+    Args:
+        dest: the staging area.
+        journal_dir: move the repair journal (which samples were retried, re-staged or
+            skipped, and why) into this directory first, as
+            ``shardio-repairs-<job>-<host>-<area>.jsonl``; None leaves it in the area.
+        job: the job id in the journal's name.
 
     Raises:
         UsageError: ``dest`` is not a staging area, or its manifest is not the one staging
@@ -255,53 +310,6 @@ def clean_stage(dest: str | os.PathLike[str]) -> int:
     if state in ("missing", "empty"):
         raise UsageError(f"{dest_root} holds no staged dataset")
     with storage_errors(dest_root, "cleaning"):
-        manifest = _staged_manifest(dest_root)
-        removed = 0
-        if manifest is not None:
-            unlink_inside(dest_root, MANIFEST_FILENAME)  # first: no reader sees a half cache
-            files = [manifest.index.path] + [
-                p for s in manifest.shards for p in (s.path, s.dali_index) if p is not None
-            ]
-            by_folder: dict[str, set[str]] = {}
-            for path in [MANIFEST_FILENAME, *files]:
-                folder, name = os.path.split(path)
-                by_folder.setdefault(folder, set()).add(name)
-            for folder, names in by_folder.items():
-                remove_temps_inside(dest_root, folder, names)
-            shards = {s.path for s in manifest.shards}
-            for path in files:
-                if unlink_inside(dest_root, path) and path in shards:
-                    removed += 1
-            _remove_empty_folders(dest_root, set(by_folder))
-        stage_dir = os.path.join(dest_root, STAGE_DIR)
-        if real_dir(stage_dir):  # shardio's own records; a symlink there is not
-            shutil.rmtree(stage_dir)
-    return removed
-
-
-def _staged_manifest(dest: str) -> Manifest | None:
-    """The manifest staging wrote in ``dest`` (None if it never got that far)."""
-    path = os.path.join(dest, MANIFEST_FILENAME)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(mode):
-        raise UsageError(
-            f"{path} is a {describe_kind(mode)}, not the manifest staging wrote: refusing to clean"
+        return remove_staged(
+            dest_root, journal_dir=journal_dir, journal_as=journal_name(dest_root, job)
         )
-    manifest = load_manifest(path)
-    if manifest.staged_from is None:
-        raise UsageError(f"{dest} is a packed dataset, not a staging area: refusing to clean it")
-    return manifest
-
-
-def _remove_empty_folders(root: str, folders: set[str]) -> None:
-    """rmdir the folders (and their parents below root) that staging left empty."""
-    todo: set[str] = set()
-    for folder in folders:
-        while folder:
-            todo.add(folder)
-            folder = os.path.dirname(folder)  # noqa: PLW2901 - walk up to root
-    for folder in sorted(todo, key=lambda f: (-f.count("/"), f)):
-        rmdir_inside(root, folder)  # kept when not empty, or a symlink

@@ -4,7 +4,9 @@ This module is the protocol's one home; stage, evict and the read side's resolve
 (:mod:`shardio.read.resolver`) only call it.
 
 - **Marker.** ``DEST/.shardio-stage/area.json`` says a directory is a staging area: staging,
-  cleaning and repair never touch a directory without one.
+  cleaning and repair never touch a directory without one. It records the dataset id of
+  what is staged there (``dataset_id``: the xxh3-128 of the source manifest's bytes), which
+  staging, ``cache=``, verify and repair check (:mod:`shardio.cache.identity`).
 - **Stamps.** A copy is published under its final name only after its xxh3-128 matched the
   manifest; then a stamp records its size, inode, ctime and mtime beside the digest. Any
   write changes ctime, which no user can set back, so a copy whose ``lstat`` still matches its
@@ -54,14 +56,18 @@ from shardio.storage.files import (
 
 __all__ = [
     "AREA_FILE",
+    "AREA_LOCK",
     "AREA_FORMAT",
     "AREA_VERSION",
+    "PLAN_FILE",
     "STAGE_DIR",
     "StampCache",
+    "area_lock",
     "drop_if_same",
     "drop_staged",
     "lock_for_reading",
     "lock_path",
+    "lock_rel",
     "read_area_marker",
     "read_plan",
     "read_staged_for",
@@ -78,6 +84,7 @@ __all__ = [
 
 STAGE_DIR = ".shardio-stage"
 AREA_FILE = "area.json"
+AREA_LOCK = "area.lock"
 AREA_FORMAT = "shardio-stage"
 AREA_VERSION = 1
 
@@ -102,9 +109,14 @@ def stamp_path(dest: str, rel: str) -> str:
     return os.path.join(dest, stamp_rel(rel))
 
 
+def lock_rel(rel: str) -> str:
+    """The lock file of staged ``rel``, relative to its staging area."""
+    return f"{STAGE_DIR}/locks/{_record_name(rel, '.lock')}"
+
+
 def lock_path(dest: str, rel: str) -> str:
     """Path of the lock file of staged ``rel`` in ``dest``."""
-    return os.path.join(dest, STAGE_DIR, "locks", _record_name(rel, ".lock"))
+    return os.path.join(dest, lock_rel(rel))
 
 
 # --------------------------------------------------------------------------- area marker
@@ -132,15 +144,22 @@ def read_area_marker(dest: str) -> dict[str, Any] | None:
     return None
 
 
-def write_area_marker(dest: str, staged_from: str, *, durable: bool) -> None:
-    """Make ``dest`` a staging area: create ``.shardio-stage`` and publish its marker.
+def write_area_marker(dest: str, staged_from: str, *, dataset_id: str, durable: bool) -> None:
+    """Make ``dest`` a staging area of the dataset ``dataset_id`` (the xxh3-128 of the
+    source manifest's bytes, see :mod:`shardio.format.identity`): create ``.shardio-stage``
+    and publish its marker.
 
     Raises:
         UsageError: ``.shardio-stage`` is a symlink or not a directory.
         StorageError: the marker cannot be written.
     """
     folder = make_dirs_inside(dest, STAGE_DIR)
-    doc = {"format": AREA_FORMAT, "version": AREA_VERSION, "staged_from": staged_from}
+    doc = {
+        "format": AREA_FORMAT,
+        "version": AREA_VERSION,
+        "staged_from": staged_from,
+        "dataset_id": dataset_id,
+    }
     with atomic_write(os.path.join(folder, AREA_FILE), durable=durable) as fh:
         fh.write(json.dumps(doc).encode("utf-8", "surrogateescape") + b"\n")
 
@@ -299,7 +318,27 @@ def shard_lock(dest: str, rel: str) -> Iterator[None]:
         UsageError: the lock file is a symlink or not a regular file.
         StorageError: it cannot be opened.
     """
-    path = lock_path(dest, rel)
+    with _exclusive(lock_path(dest, rel)):
+        yield
+
+
+@contextlib.contextmanager
+def area_lock(dest: str) -> Iterator[None]:
+    """Hold the area's own exclusive lock (``.shardio-stage/area.lock``): deciding which
+    dataset the area holds (and, with ``--force``, replacing it) is done under it, so two
+    stagers of a node never both replace the area.
+
+    Raises:
+        UsageError: the lock file is a symlink or not a regular file.
+        StorageError: it cannot be opened.
+    """
+    make_dirs_inside(dest, STAGE_DIR)
+    with _exclusive(os.path.join(dest, STAGE_DIR, AREA_LOCK)):
+        yield
+
+
+@contextlib.contextmanager
+def _exclusive(path: str) -> Iterator[None]:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:

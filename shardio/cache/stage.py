@@ -19,11 +19,12 @@ from typing import Any
 from shardio.cache.area import check_paths, open_area, storage_errors
 from shardio.cache.copy import leftover_temps, stage_one, temps_of, write_local_metadata
 from shardio.cache.evict import evict_for
+from shardio.cache.identity import DatasetIdentity
 from shardio.cache.plan import choose_shards, node_shard_order
 from shardio.cache.protocol import STAGE_DIR, write_plan
 from shardio.errors import IntegrityError, UsageError
-from shardio.format.manifest import Manifest, load_manifest
-from shardio.format.spec import MANIFEST_FILENAME
+from shardio.format.identity import load_identified
+from shardio.format.manifest import Manifest
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
 from shardio.order import OrderSpec
 from shardio.storage.files import make_dirs_inside
@@ -66,6 +67,8 @@ class StageOptions:
             job-scoped cache, a kill -9 cannot expose a half-written copy (temp name, then
             rename), and every read verifies each member and falls back to the source, which
             also covers a copy damaged by a node crash.
+        force: DEST holds another dataset (its marker records another dataset id): remove
+            what shardio staged there, then stage (without it, staging is refused).
     """
 
     node: int = 0
@@ -77,6 +80,7 @@ class StageOptions:
     streams: int = 4
     capacity_bytes: int | None = None
     durable: bool = False
+    force: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_nodes <= MAX_NODES or not 0 <= self.node < self.num_nodes:
@@ -152,22 +156,30 @@ def stage_dataset(
 ) -> StageResult:
     """Stage this node's shards of the dataset at ``src`` into ``dest``.
 
-    ``dest`` must be missing, an empty directory, or a staging area made by shardio; a new
-    area gets its marker (``.shardio-stage/area.json``) before anything else is written.
+    ``dest`` must be missing, an empty directory, or a staging area made by shardio for
+    this dataset (or ``options.force``); a new area gets its marker
+    (``.shardio-stage/area.json``, naming the dataset id) before anything else is written.
 
     Raises:
         FormatError: src holds no valid manifest.
         UsageError: dest is inside src (or holds it), is not a directory, is neither empty
-            nor a staging area, or has a symlink or special file where staging writes.
+            nor a staging area, holds another dataset (without ``force``), or has a symlink
+            or special file where staging writes.
         IntegrityError: a source shard does not match its size or checksum.
         StorageError: copying failed (ENOSPC included); published copies stay valid.
     """
     start = time.monotonic()
     src_root, dest_root = os.fspath(src), os.fspath(dest)
-    manifest = load_manifest(os.path.join(src_root, MANIFEST_FILENAME))
+    manifest, manifest_id = load_identified(src_root)
     check_paths(manifest, src_root)
     _check_partition(manifest, options)  # before anything is written
-    open_area(src_root, dest_root, durable=options.durable)
+    open_area(
+        src_root,
+        dest_root,
+        DatasetIdentity(manifest_id, manifest, src_root),
+        durable=options.durable,
+        force=options.force,
+    )
     with (
         storage_errors(dest_root, "staging into"),
         concurrent.futures.ThreadPoolExecutor(

@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from shardio.cli.common import EXIT_OK, default_workers
-from shardio.errors import UsageError
+from shardio.errors import MissingExtraError, StorageError, UsageError
 
 __all__ = ["add_bench_parser", "cmd_bench"]
 
@@ -74,11 +74,17 @@ def add_bench_parser(sub: argparse._SubParsersAction[Any]) -> None:
 
 def _check_plot_path(path: str) -> None:
     """Refuse a --plot path that cannot be written, before a run of many minutes."""
+    from shardio.metrics.plot import check_plot_path
+
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UsageError(f"--plot {path}: no directory {parent}")
-    if os.path.isdir(path):
+    if os.path.isdir(path) and not os.path.islink(path):
         raise UsageError(f"--plot {path}: is a directory (name the PNG file to write)")
+    try:
+        check_plot_path(path)  # a symlink, FIFO or device is never replaced
+    except StorageError as exc:
+        raise UsageError(f"--plot {path}: {exc.strerror}") from exc
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -100,6 +106,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Run ``shardio bench``."""
     from shardio.metrics.plot import require_matplotlib, write_plot
     from shardio.metrics.report import format_report, report_dict
+
+    try:
+        import torch  # noqa: F401  (the bench runs a DataLoader)
+    except ImportError as exc:  # absent, or a broken install
+        detail = None if exc.name == "torch" else str(exc)
+        raise MissingExtraError("shardio bench needs PyTorch", "torch", detail) from exc
     from shardio.runtime.bench import BenchSettings, parse_compare, run_bench
 
     _check_numbers(args)

@@ -3,11 +3,15 @@ output streams that cannot fail on a file name or a closed pipe."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import select
 import sys
+from collections.abc import Mapping
 
+from shardio._env import env_int, parse_env_int, parse_tasks_per_node, shown_value
+from shardio._pool import MAX_WORKERS, check_workers
 from shardio.errors import UsageError
 
 __all__ = [
@@ -18,9 +22,12 @@ __all__ = [
     "EXIT_REPAIRED",
     "EXIT_USAGE",
     "default_workers",
+    "env_node_part",
+    "env_ranks_per_node",
     "make_streams_safe",
     "one_line",
     "parse_part",
+    "parse_workers",
     "print_error",
     "silence_stdout",
     "stdout_is_closed",
@@ -34,29 +41,101 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_DAMAGED = 0, 1, 2, 3
 EXIT_REPAIRED, EXIT_DEGRADED = 4, 5
 
 
-def default_workers(environ: os._Environ[str] | dict[str, str] | None = None) -> int:
+def default_workers(environ: Mapping[str, str] | None = None) -> int:
     """CPUs this job may use: SLURM's allocation first, then the affinity mask."""
     env = os.environ if environ is None else environ
     for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
-        value = env.get(var, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return max(1, len(os.sched_getaffinity(0)))
+        value = env_int(env, var, minimum=1)  # a malformed count is refused, not skipped
+        if value is not None:
+            return min(value, MAX_WORKERS)  # a default, so capped rather than refused
+    return min(MAX_WORKERS, max(1, len(os.sched_getaffinity(0))))
+
+
+def parse_workers(text: str) -> int:
+    """The argparse type of ``--workers``: ASCII digits only (``int`` would take ``٣`` and
+    ``1_0``), from 1 to the worker pool's cap.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else, in one line that shows the value.
+    """
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(
+            f"invalid value {shown_value(text)}: give a number of processes from 1 to {MAX_WORKERS}"
+        )
+    if len(text.lstrip("0")) > len(str(MAX_WORKERS)):  # int() of 5,000 digits would fail
+        raise argparse.ArgumentTypeError(
+            f"must be between 1 and {MAX_WORKERS}, got {shown_value(text)}"
+        )
+    try:
+        return check_workers(int(text), what="value")
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _rank_of(env: Mapping[str, str], rank_name: str, world_name: str) -> tuple[int, int]:
+    rank = parse_env_int(rank_name, env[rank_name])
+    world = parse_env_int(world_name, env[world_name], minimum=1)
+    if rank >= world:
+        raise UsageError(f"{rank_name}={rank} is not below {world_name}={world}")
+    return rank, world
+
+
+def env_node_part(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """This node and the job's nodes, from ``SLURM_NODEID``/``SLURM_NNODES`` (``--node
+    auto``); ``(0, 1)`` when neither is set (not under SLURM: one node).
+
+    Raises:
+        UsageError: only one is set, a value is malformed, or the node is not below the
+            node count.
+    """
+    env = os.environ if environ is None else environ
+    have = [name for name in ("SLURM_NODEID", "SLURM_NNODES") if name in env]
+    if not have:
+        return 0, 1
+    if len(have) == 1:
+        raise UsageError(f"--node auto needs SLURM_NODEID and SLURM_NNODES; only {have[0]} is set")
+    return _rank_of(env, "SLURM_NODEID", "SLURM_NNODES")
+
+
+def env_ranks_per_node(environ: Mapping[str, str] | None = None) -> int:
+    """Ranks per node from ``SLURM_NTASKS_PER_NODE`` (``"8"``, or SLURM's ``"8(x4)"``);
+    1 when it is not set.
+
+    Raises:
+        UsageError: malformed, or nodes run different numbers of tasks (``"4,2"``).
+    """
+    env = os.environ if environ is None else environ
+    value = env.get("SLURM_NTASKS_PER_NODE")
+    if value is None:
+        return 1
+    count = parse_tasks_per_node("SLURM_NTASKS_PER_NODE", value)
+    if count is None:
+        raise UsageError(
+            f"SLURM_NTASKS_PER_NODE={value}: nodes run different numbers of tasks; "
+            "give --ranks-per-node"
+        )
+    return count
 
 
 def parse_part(
-    text: str, environ: dict[str, str] | None = None, *, option: str = "--part"
+    text: str, environ: Mapping[str, str] | None = None, *, option: str = "--part"
 ) -> tuple[int, int]:
     """Parse ``--part I/N`` (0-based I) or ``auto`` (SLURM_PROCID/SLURM_NTASKS)."""
-    env = dict(os.environ) if environ is None else environ
+    env = os.environ if environ is None else environ
     if text == "auto":
         if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
-            raise UsageError("--part auto needs SLURM_PROCID and SLURM_NTASKS (run under srun)")
-        text = f"{env['SLURM_PROCID']}/{env['SLURM_NTASKS']}"
+            raise UsageError(f"{option} auto needs SLURM_PROCID and SLURM_NTASKS (run under srun)")
+        return _rank_of(env, "SLURM_PROCID", "SLURM_NTASKS")
     head, sep, tail = text.partition("/")
-    if not sep or not head.isdigit() or not tail.isdigit() or not 0 <= int(head) < int(tail):
-        raise UsageError(f"invalid {option} {text!r}: use I/N with 0 <= I < N, e.g. 0/4, or auto")
-    return int(head), int(tail)
+    try:
+        part = parse_env_int(option, head), parse_env_int(option, tail, minimum=1)
+    except UsageError:
+        part = (-1, 0)
+    if not sep or not 0 <= part[0] < part[1]:
+        raise UsageError(
+            f"invalid {option} {shown_value(text)}: use I/N with 0 <= I < N, e.g. 0/4, or auto"
+        )
+    return part
 
 
 def make_streams_safe() -> None:

@@ -9,9 +9,11 @@ the command quietly. Output never fails on a file name that the locale cannot en
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -29,11 +31,12 @@ from shardio.cli.common import (
     default_workers,
     make_streams_safe,
     parse_part,
+    parse_workers,
     print_error,
     silence_stdout,
     stdout_is_closed,
 )
-from shardio.cli.pack import cmd_merge, cmd_pack
+from shardio.cli.pack import cmd_merge, cmd_pack, label_map_json, label_map_text
 from shardio.cli.stage import cmd_stage, default_stage_dir
 from shardio.cli.topo import add_topo_parser, cmd_topo
 from shardio.errors import ShardioError, UsageError
@@ -71,15 +74,28 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", default="1GiB", help="target shard size (default 1GiB)")
     p.add_argument(
         "--workers",
-        type=int,
+        type=parse_workers,
         default=None,
-        help="processes (default: the CPUs of this job, SLURM-aware)",
+        help="processes, 1 to 4096 (default: the CPUs of this job, SLURM-aware)",
     )
     p.add_argument(
         "--labels",
         choices=["auto", "none"],
         default="auto",
         help="class labels from an ImageNet-style layout (default auto)",
+    )
+    pin = p.add_mutually_exclusive_group()
+    pin.add_argument(
+        "--labels-from",
+        default=None,
+        metavar="DATASET",
+        help="pin the label map to that of a packed dataset (e.g. the train split's)",
+    )
+    pin.add_argument(
+        "--classes",
+        default=None,
+        metavar="FILE",
+        help="pin the label map to FILE's class names, one per line (index = line - 1)",
     )
     p.add_argument("--stripe", default="auto", help="auto | none | pfl | COUNTxSIZE (e.g. 8x4MiB)")
     p.add_argument(
@@ -126,7 +142,13 @@ def _build_parser() -> argparse.ArgumentParser:
         help="with --repair: another copy of the same dataset to copy good shards from "
         "(needed for a dataset; default for a staging area: the source it was staged from)",
     )
-    v.add_argument("--workers", type=int, default=None)
+    v.add_argument(
+        "--workers",
+        type=parse_workers,
+        default=None,
+        help="processes, 1 to 4096, never more than the shards (default: the CPUs of this "
+        "job, SLURM-aware)",
+    )
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.add_argument("--no-progress", action="store_true")
 
@@ -178,7 +200,24 @@ def _build_parser() -> argparse.ArgumentParser:
     st.add_argument("--window-shards", type=int, default=None, help="override the spec's window")
     st.add_argument("--streams", type=int, default=4, help="parallel copy streams")
     st.add_argument("--capacity", default=None, help="stage at most this much, e.g. 800GiB")
-    st.add_argument("--clean", action="store_true", help="remove a staging area (epilogue)")
+    st.add_argument(
+        "--clean",
+        action="store_true",
+        help="remove what shardio staged in DEST (epilogue); its repair journal is kept "
+        "(see --keep-journal) and files shardio did not stage stay",
+    )
+    st.add_argument(
+        "--keep-journal",
+        default=None,
+        metavar="DIR",
+        help="with --clean: move the repair journal here (default: $SLURM_SUBMIT_DIR, beside "
+        "the job's log, else the current directory)",
+    )
+    st.add_argument(
+        "--force",
+        action="store_true",
+        help="DEST holds another dataset: remove what shardio staged there, then stage",
+    )
     st.add_argument(
         "--fsync", action="store_true", help="fsync every copy (survives a node crash; slower)"
     )
@@ -212,15 +251,21 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise UsageError("--repair reads every byte of what it checks: drop --quick")
     workers = args.workers if args.workers is not None else default_workers()
     bar = None if args.no_progress or args.json else ProgressBar("verifying", unit="shards")
-    if args.repair:
-        return _cmd_repair(args, workers, bar)
-    report = verify_dataset(args.dst, quick=args.quick, workers=workers, progress=bar)
+    with bar or contextlib.nullcontext():  # an interrupted bar is erased
+        if args.repair:
+            return _cmd_repair(args, workers, bar)
+        report = verify_dataset(args.dst, quick=args.quick, workers=workers, progress=bar)
     args.exit_code = _VERIFY_EXIT[report.status]  # kept if stdout is closed
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
         return int(args.exit_code)
     mode = "quick check of" if report.quick else "verified"
-    rate = report.bytes_checked / report.seconds if report.seconds > 0 else 0
+    took = format_duration(report.seconds)
+    if report.quick:  # it read the index and stat'ed each shard: no data rate to speak of
+        read = f"(the index and each shard's size; no shard data read) in {took}"
+    else:
+        rate = report.bytes_checked / report.seconds if report.seconds > 0 else 0
+        read = f"({format_size(report.bytes_checked)}) in {took}, {format_size(rate)}/s"
     if report.ok:
         what = "shards"
         if report.area is not None:
@@ -231,10 +276,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             shown = staged
         else:
             shown = report.shards_checked
-        print(
-            f"OK: {mode} {shown:,} {what} ({format_size(report.bytes_checked)}) "
-            f"in {format_duration(report.seconds)}, {format_size(rate)}/s"
-        )
+        print(f"OK: {mode} {shown:,} {what} {read}")
         return EXIT_OK
     _print_problems(report)
     if report.area is not None:
@@ -245,9 +287,30 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     print_error(
         f"FAILED: {shards_bad} of {report.shards_checked:,} shards damaged"
         + (", and the index" if index_bad else "")
-        + f", {len(report.damaged_samples):,} samples affected"
+        + f", {_samples_affected(report)}"
     )
     return EXIT_DAMAGED
+
+
+def _samples_affected(report: VerifyReport) -> str:
+    """``42 samples affected (40 in 1 missing, empty or unreadable shard, 2 with a damaged
+    member)``: a shard that could not be read at all counts every sample the manifest gives
+    it; a shard --quick found the wrong size is said to be unchecked, not counted."""
+    members, lost = len(report.damaged_samples), report.samples_lost
+    text = f"{members + lost:,} samples affected"
+    if lost:
+        shards = sum(1 for p in report.problems if p.samples_lost)
+        where = f"{lost:,} in {shards:,} missing, empty or unreadable shard{'s' * (shards != 1)}"
+        text += f" ({where}, {members:,} with a damaged member)" if members else f" ({where})"
+    unchecked = sum(
+        1 for p in report.problems if not p.samples_lost and p.reason.startswith("size ")
+    )
+    if report.quick and unchecked:
+        text += (
+            f"; --quick read no shard data, so the samples of the {unchecked:,} shard(s) of the "
+            "wrong size were not checked (verify without --quick counts them)"
+        )
+    return text
 
 
 _MEMBERS_SHOWN = 5  # damaged members listed per shard on stderr; --json has every one
@@ -413,6 +476,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             "extensions": sorted(ds.index.exts),
             "label_layout": man.label_layout,
             "classes": len(man.classes) if man.classes is not None else 0,
+            "label_map": label_map_json(man.classes, man.label_layout, man.label_source),
             "filesystem": fs_type,  # now, where inspect runs
             "stripe_layout": describe_layout(os.path.join(args.dst, "shards"), fs_type=fs_type),
             # What pack recorded (fs_type, action, stripe, commands, message); null if nothing.
@@ -435,8 +499,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         f"(payload {format_size(man.data_bytes)}, mean file {format_size(mean)})"
     )
     if man.classes is not None:
-        shown = ", ".join(man.classes[:5]) + (", ..." if len(man.classes) > 5 else "")
-        print(f"classes       {len(man.classes):,} ({man.label_layout}): {shown}")
+        print(f"classes       {label_map_text(man.classes, man.label_layout, man.label_source)}")
     else:
         print("classes       none")
     now = str(info["stripe_layout"]) if fs_type in _STRIPING_FS else "no striping"
@@ -473,7 +536,8 @@ def _cmd_unpack(args: argparse.Namespace) -> int:
     from shardio.unpack import unpack_dataset
 
     bar = None if args.no_progress else ProgressBar("unpacking")
-    result = unpack_dataset(args.dst, args.out, progress=bar)
+    with bar or contextlib.nullcontext():  # an interrupted bar is erased
+        result = unpack_dataset(args.dst, args.out, progress=bar)
     print(
         f"unpacked {result.files:,} files ({format_size(result.bytes)}) into {args.out} "
         f"in {format_duration(result.seconds)}"
@@ -530,6 +594,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_error(_os_error_line(exc))
         return EXIT_FAIL
     except KeyboardInterrupt:
+        if argv is None:  # the program itself, about to exit: a second Ctrl-C must not
+            with contextlib.suppress(ValueError):  # end it in a traceback (ValueError: not
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main thread)
         print_error("shardio: interrupted")
         return 130
     except Exception as exc:  # the last resort: a bug must not end in a bare traceback

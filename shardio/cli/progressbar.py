@@ -16,7 +16,9 @@ class ProgressBar:
     """A progress callback that draws ``label  files  bytes  rate  ETA``.
 
     On a terminal the line is redrawn in place; elsewhere (a SLURM log) a line is written
-    every ``log_interval_s`` seconds.
+    every ``log_interval_s`` seconds. Used as a context manager, a run that ends in an
+    error or a Ctrl-C erases the half-drawn line, so that the one line saying so stands
+    alone instead of being appended to the bar.
     """
 
     def __init__(
@@ -34,26 +36,39 @@ class ProgressBar:
         self.log_interval_s = log_interval_s
         self._last_log = time.monotonic()
         self._stopped = False  # the stream failed: nothing more is drawn
+        self._drawn = False  # a line is on the terminal without its newline
+
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_exc: object) -> None:
+        if exc_type is not None and self._drawn:
+            self._write("\r\033[K")  # back to the line's start, erase to its end
+            self._drawn = False
 
     def __call__(self, snap: ProgressSnapshot) -> None:
-        rate = snap.bytes_done / snap.elapsed_s if snap.elapsed_s > 0 else 0.0
-        remaining = snap.bytes_total - snap.bytes_done
+        seconds = snap.elapsed_s if snap.elapsed_s > 0 else 0.0
+        if snap.bytes_total or snap.bytes_done:
+            done, total = snap.bytes_done, snap.bytes_total
+            rate = done / seconds if seconds else 0.0
+            amount = f"{format_size(done)}/{format_size(total)}  {format_size(rate)}/s"
+        else:  # nothing is read (verify --quick): a rate of files, not "0 B/s"
+            done, total = snap.files_done, snap.files_total
+            rate = done / seconds if seconds else 0.0
+            amount = f"{rate:,.0f} {self.unit}/s"
+        remaining = total - done
         eta = format_duration(remaining / rate) if rate > 0 and remaining > 0 else "--"
-        frac = (
-            snap.bytes_done / snap.bytes_total
-            if snap.bytes_total
-            else (snap.files_done / snap.files_total if snap.files_total else 1.0)
-        )
+        frac = done / total if total else 1.0
         width = 24
         filled = int(width * min(frac, 1.0))
         bar = "#" * filled + "-" * (width - filled)
         line = (
             f"{self.label} [{bar}] {snap.files_done:,}/{snap.files_total:,} {self.unit}  "
-            f"{format_size(snap.bytes_done)}/{format_size(snap.bytes_total)}  "
-            f"{format_size(rate)}/s  ETA {eta}"
+            f"{amount}  ETA {eta}"
         )
         if self.tty:
             self._write("\r" + line + ("\n" if snap.final else ""))
+            self._drawn = not snap.final
         elif not snap.final and time.monotonic() - self._last_log >= self.log_interval_s:
             self._last_log = time.monotonic()
             self._write(line + "\n")

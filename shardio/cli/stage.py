@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from shardio.cli.common import EXIT_OK, parse_part
-from shardio.errors import UsageError
+from shardio.cli.common import EXIT_OK, env_node_part, env_ranks_per_node, parse_part
+from shardio.errors import StorageError, UsageError
 from shardio.order import OrderSpec, default_order
 from shardio.units import format_duration, format_size, parse_size
 
-__all__ = ["cmd_stage", "default_stage_dir", "order_spec_of"]
+__all__ = ["cmd_stage", "default_stage_dir", "journal_dir_of", "order_spec_of"]
+
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def default_stage_dir(src: str, environ: Mapping[str, str] | None = None) -> str:
@@ -20,17 +25,6 @@ def default_stage_dir(src: str, environ: Mapping[str, str] | None = None) -> str
     from shardio.cache import default_stage_dir as private_stage_dir
 
     return private_stage_dir(src, os.environ if environ is None else environ)
-
-
-def _leading_int(text: str) -> int | None:
-    digits = ""
-    for ch in text:
-        if not ch.isdigit():
-            break
-        digits += ch
-    if not digits:
-        return None
-    return int(digits) if len(digits) <= 18 else 10**18  # too many nodes/ranks: refused later
 
 
 def order_spec_of(args: argparse.Namespace, env: Mapping[str, str]) -> OrderSpec:
@@ -47,28 +41,83 @@ def order_spec_of(args: argparse.Namespace, env: Mapping[str, str]) -> OrderSpec
     return spec
 
 
+def journal_dir_of(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    """Where ``stage --clean`` keeps the repair journal: ``--keep-journal DIR``, else the
+    job's submit directory (``$SLURM_SUBMIT_DIR``, where SLURM writes the job's log), else
+    the current directory."""
+    chosen: str
+    if args.keep_journal:
+        chosen, what = str(args.keep_journal), "--keep-journal"
+    elif env.get("SLURM_SUBMIT_DIR"):
+        chosen, what = env["SLURM_SUBMIT_DIR"], "$SLURM_SUBMIT_DIR"
+    else:
+        chosen, what = os.getcwd(), "the current directory"
+    if "\0" in chosen or not os.path.isdir(chosen):
+        raise UsageError(
+            f"{what} {chosen!r} is not a directory to keep the repair journal in: give "
+            "--keep-journal DIR (nothing was removed)"
+        )
+    return chosen
+
+
+def _clean(args: argparse.Namespace, clean_stage: Callable[..., Any]) -> int:
+    if len(args.paths) != 1:
+        raise UsageError("stage --clean takes one path: the staging area (DEST)")
+    if args.force:
+        raise UsageError("--force is for staging; --clean removes only what shardio staged")
+    dest = args.paths[0]
+    env = os.environ
+    job = env.get("SLURM_JOB_ID") or None
+    if job is not None and not _JOB_ID.fullmatch(job):
+        job = None  # only a well-formed id goes into a file name
+    result = clean_stage(dest, journal_dir=journal_dir_of(args, env), job=job)
+    kept = f"; repair journal kept at {result.journal}" if result.journal else ""
+    print(f"removed {result.removed} staged shard(s) from {dest}{kept}")
+    left = result.left_line()
+    if left is not None:
+        print(left)
+    if result.journal_error is not None:
+        raise StorageError(
+            errno.EIO,
+            f"the repair journal stays in {dest}/.shardio-stage (copy it before the node's "
+            f"disk is wiped): {result.journal_error}",
+        )
+    return EXIT_OK
+
+
+def _evicted_line(count: int, options: Any) -> str:
+    """What the eviction of a stage run did, and why."""
+    if options.ahead > 0:
+        last = options.epoch + options.ahead
+        return (
+            f"evicted {count} shard(s) staged here that epochs {options.epoch} to {last} do not "
+            "need (--ahead)"
+        )
+    return (
+        f"evicted {count} shard(s) not needed now to make room within --capacity "
+        f"{format_size(options.capacity_bytes or 0)}"
+    )
+
+
 def cmd_stage(args: argparse.Namespace) -> int:
     from shardio.cache import StageOptions, clean_stage, stage_dataset
     from shardio.cli.progressbar import ProgressBar
 
     if args.clean:
-        if len(args.paths) != 1:
-            raise UsageError("stage --clean takes one path: the staging area (DEST)")
-        removed = clean_stage(args.paths[0])
-        print(f"removed {removed} staged shard(s) from {args.paths[0]}")
-        return EXIT_OK
+        return _clean(args, clean_stage)
+    if args.keep_journal is not None:
+        raise UsageError("--keep-journal is for --clean (where the epilogue keeps the journal)")
     if len(args.paths) > 2:
         raise UsageError("stage takes SRC and an optional DEST")
     src = args.paths[0]
     env = os.environ
     if args.node == "auto":
-        node = _leading_int(env.get("SLURM_NODEID", "")) or 0
-        nodes = _leading_int(env.get("SLURM_NNODES", "")) or 1
+        node, nodes = env_node_part(env)
     else:
         node, nodes = parse_part(args.node, option="--node")
     ranks = args.ranks_per_node
     if ranks is None:
-        ranks = _leading_int(env.get("SLURM_NTASKS_PER_NODE", "")) or 1
+        ranks = env_ranks_per_node(env)
     options = StageOptions(
         node=node,
         num_nodes=nodes,
@@ -79,6 +128,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
         streams=args.streams,
         capacity_bytes=parse_size(args.capacity) if args.capacity else None,
         durable=args.fsync,
+        force=args.force,
     )
     dest = args.paths[1] if len(args.paths) == 2 else default_stage_dir(src, env)
     bar = None if args.no_progress else ProgressBar("staging", unit="shards")
@@ -99,6 +149,6 @@ def cmd_stage(args: argparse.Namespace) -> int:
             f"{src}: {shown}"
         )
     if result.evicted:
-        print(f"evicted {len(result.evicted)} shard(s) not needed now to make room")
+        print(_evicted_line(len(result.evicted), options))
     print(f"read it with ShardDataset({src!r}, cache={dest!r}) or ShardDataset({dest!r})")
     return EXIT_OK

@@ -7,6 +7,7 @@ import json
 import os
 from typing import Any
 
+from shardio._env import parse_env_int
 from shardio.cli.common import EXIT_OK
 from shardio.errors import UsageError
 from shardio.topology import Placement, Topology, format_cpulist, placement, read_topology
@@ -14,6 +15,18 @@ from shardio.topology import Placement, Topology, format_cpulist, placement, rea
 __all__ = ["add_topo_parser", "cmd_topo"]
 
 SYSFS_ENV = "SHARDIO_SYSFS"  # the same variable the loader's worker pinning reads
+
+
+def _count(option: str) -> Any:
+    """An argparse type: ASCII digits only (``int()`` also takes "٣", " 1" and "1_0")."""
+
+    def parse(text: str) -> int:
+        try:
+            return parse_env_int(option, text)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return parse
 
 
 def add_topo_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -27,14 +40,14 @@ def add_topo_parser(sub: argparse._SubParsersAction[Any]) -> None:
     t.add_argument("--json", action="store_true", help="print the map as JSON (for scripts)")
     t.add_argument(
         "--local-rank",
-        type=int,
+        type=_count("--local-rank"),
         default=None,
         metavar="N",
         help="show this local rank only (default: one rank per visible GPU)",
     )
     t.add_argument(
         "--workers",
-        type=int,
+        type=_count("--workers"),
         default=0,
         metavar="W",
         help="DataLoader workers per rank, for the thread counts (default 0)",
@@ -106,6 +119,10 @@ def _print_map(topo: Topology) -> None:
             f"SLURM_CPU_BIND_LIST={slurm.cpu_bind_list or ''}"
             + (f" (this task: CPUs {format_cpulist(mine)})" if mine is not None else "")
         )
+        if slurm.step_cpus is not None:
+            print(f"SLURM         the node's tasks: CPUs {format_cpulist(slurm.step_cpus)} (split)")
+    if topo.bound_cpus is not None:
+        print(f"bind.sh       this task: CPUs {format_cpulist(topo.bound_cpus)} (kept whole)")
     for note in topo.notes:
         print(f"note: {note}")
 

@@ -2,6 +2,8 @@
 
 ``import shardio`` and the pack path never import DALI; this package imports ``nvidia.dali``
 when a pipeline is built, and torch (through DALI's PyTorch plugin) when a loader is made.
+Without DALI, ``import shardio.dali`` raises :class:`~shardio.errors.MissingExtraError` (an
+``ImportError``) saying ``pip install 'shardio[dali]'``.
 
 Two ways to read, chosen by ``verify``:
 
@@ -31,11 +33,38 @@ Example::
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import Sequence
+from importlib.machinery import PathFinder
 from typing import TYPE_CHECKING, Any
 
-from shardio.dali._pipeline import DALIOptions, ShardPipeline, UnverifiedReadWarning
+from shardio.errors import MissingExtraError
+
+
+def _require_dali() -> None:
+    """Say at ``import shardio.dali`` which extra is missing (nothing of DALI, not even the
+    ``nvidia`` namespace, is imported here: that happens when a pipeline is built)."""
+    found = False
+    if sys.modules.get("nvidia.dali", False) is not None:  # None: blocked on purpose
+        try:
+            parent = importlib.util.find_spec("nvidia")  # a top-level name: not imported
+            where = None if parent is None else parent.submodule_search_locations
+            found = bool(where) and PathFinder.find_spec("dali", list(where or ())) is not None
+        except (ImportError, ValueError):
+            found = False
+    if not found:
+        raise MissingExtraError("shardio.dali needs NVIDIA DALI", "dali")
+
+
+_require_dali()
+
+from shardio.dali._pipeline import (  # noqa: E402  (after the check above)
+    DALIOptions,
+    ShardPipeline,
+    UnverifiedReadWarning,
+)
 
 if TYPE_CHECKING:
     from shardio.dali._loader import DALILoader

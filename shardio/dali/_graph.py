@@ -10,10 +10,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from nvidia.dali import fn as _fn
-from nvidia.dali import math as _math
-from nvidia.dali import types as _types
-from nvidia.dali.pipeline import Pipeline as _Pipeline
+
+from shardio.errors import MissingExtraError
+
+try:
+    from nvidia.dali import fn as _fn
+    from nvidia.dali import math as _math
+    from nvidia.dali import types as _types
+    from nvidia.dali.pipeline import Pipeline as _Pipeline
+except ImportError as exc:  # absent, or a broken install (a CUDA library missing)
+    raise MissingExtraError(
+        "shardio.dali needs NVIDIA DALI", "dali", None if exc.name == "nvidia.dali" else str(exc)
+    ) from exc
 
 # DALI's stubs cover only part of its API (types.INT64, fn.constant, Pipeline.build are not
 # typed): used untyped here, checked by the tests.

@@ -25,7 +25,9 @@ from shardio.format.spec import (
 from shardio.storage.files import read_regular
 
 __all__ = [
+    "LABEL_SOURCE_KINDS",
     "IndexEntry",
+    "LabelSource",
     "Manifest",
     "ShardEntry",
     "encode_document",
@@ -89,6 +91,57 @@ class IndexEntry:
             raise FormatError(f"index {self.path!r}: head_xxh3_64 must be 16 lower-case hex digits")
 
 
+LABEL_SOURCE_KINDS = ("classes-file", "dataset")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabelSource:
+    """Where a pinned label map came from (the manifest's optional ``labels.source``).
+
+    A manifest without one took its label map from the class directories of the tree it
+    was packed from.
+
+    Attributes:
+        kind: "classes-file" (``pack --classes FILE``) or "dataset" (``pack --labels-from``).
+        path: the file or dataset as given to pack, made absolute (for people).
+        xxh3_128: of the classes file's bytes, or of the dataset's manifest.json: what
+            identifies the map (the path does not).
+    """
+
+    kind: str
+    path: str
+    xxh3_128: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in LABEL_SOURCE_KINDS:
+            raise FormatError(f"labels.source: unknown kind {self.kind!r}")
+        if not self.path or "\0" in self.path:
+            raise FormatError("labels.source: path must be a path")
+        if not _HEX128.fullmatch(self.xxh3_128):
+            raise FormatError("labels.source: xxh3_128 must be 32 lower-case hex digits")
+
+    @property
+    def identity(self) -> tuple[str, str]:
+        """What identifies the map: its kind and digest, not the path it was read by."""
+        return self.kind, self.xxh3_128
+
+    def to_json(self) -> dict[str, str]:
+        """The JSON object."""
+        return {"kind": self.kind, "path": self.path, "xxh3_128": self.xxh3_128}
+
+    @classmethod
+    def from_json(cls, doc: object, where: str) -> LabelSource:
+        """Validate a JSON object."""
+        if not isinstance(doc, dict):
+            raise FormatError(f"{where}: labels.source must be an object")
+        w = f"{where}: labels.source"
+        return cls(
+            kind=get_field(doc, "kind", str, w),
+            path=get_field(doc, "path", str, w),
+            xxh3_128=get_field(doc, "xxh3_128", str, w),
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
     """Everything a reader needs to know about a dataset, besides the index.
@@ -102,6 +155,7 @@ class Manifest:
         shards: the shards, in dataset order.
         classes: the label map (class index -> name) or None when unlabelled.
         label_layout: how labels were derived ("class-dirs", "split-class-dirs" or "none").
+        label_source: where a pinned label map came from; None: the class directories.
         options: the packing options, as given.
         layout: what was done about filesystem striping.
         created_by: the shardio version that wrote the dataset.
@@ -124,6 +178,7 @@ class Manifest:
     # The plan fingerprint of each part of the pack: --resume on a finished dataset compares
     # the source tree and options against them.
     pack_fingerprints: tuple[str, ...] = ()
+    label_source: LabelSource | None = None  # format 2 only: optional labels.source
 
     def __post_init__(self) -> None:
         if self.shard_format not in SHARD_FORMATS:
@@ -137,6 +192,8 @@ class Manifest:
             raise FormatError(f"label layout {self.label_layout!r} does not match the classes")
         if self.classes is not None and len(set(self.classes)) != len(self.classes):
             raise FormatError("labels.classes holds a class name twice")
+        if self.label_source is not None and self.classes is None:
+            raise FormatError("labels.source is set, but there are no classes")
         names = {MANIFEST_FILENAME, self.index.path}
         if len(names) != 2:
             raise FormatError(f"index path {self.index.path!r} is the manifest's")
@@ -171,6 +228,8 @@ class Manifest:
         doc["format_version"] = self.format_version
         doc["index"]["head_xxh3_64"] = self.index.head_xxh3_64
         doc["pack_fingerprints"] = list(self.pack_fingerprints)
+        if self.label_source is not None:
+            doc["labels"]["source"] = self.label_source.to_json()
         shards = doc.pop("shards")
         for entry, s in zip(shards, self.shards, strict=True):
             entry["index_xxh3_64"] = s.index_xxh3_64
@@ -380,6 +439,9 @@ def _parse(doc: Mapping[str, Any], where: str, version: int) -> Manifest:
         raise FormatError(f"{where}: labels.layout must be a string")
     fingerprints: tuple[str, ...] = ()
     head_digest = None
+    label_source = None
+    if version >= 2 and labels.get("source") is not None:
+        label_source = LabelSource.from_json(labels["source"], where)
     if version >= 2:
         prints = get_field(doc, "pack_fingerprints", list, where)
         if not all(isinstance(p, str) and _HEX128.fullmatch(p) for p in prints):
@@ -422,6 +484,7 @@ def _parse(doc: Mapping[str, Any], where: str, version: int) -> Manifest:
         format_version=version,
         staged_from=staged_from,
         pack_fingerprints=fingerprints,
+        label_source=label_source,
     )
     total = doc.get("total_bytes")
     if total is not None and total != manifest.total_bytes:

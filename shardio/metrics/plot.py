@@ -12,44 +12,56 @@ import io
 import os
 from collections.abc import Sequence
 
-from shardio.errors import UsageError
+from shardio.errors import MissingExtraError
 from shardio.metrics.histogram import BUCKET_BOUNDS_NS
 from shardio.metrics.report import READ_P99_ALERT_S, READ_P99_FAIL_S, BenchRun, timeline
 from shardio.storage.atomic import atomic_write
+from shardio.storage.files import check_replaceable
 
-__all__ = ["require_matplotlib", "write_plot"]
+__all__ = ["check_plot_path", "require_matplotlib", "write_plot"]
 
-_MISSING = "--plot needs matplotlib: pip install 'shardio[plot]'"
+_NEEDS = "--plot needs matplotlib"
 
 
 def require_matplotlib() -> None:
     """Check that matplotlib can be imported (before a long run, not after it).
 
     Raises:
-        UsageError: it cannot.
+        MissingExtraError: it cannot (a UsageError).
     """
     try:
         import matplotlib  # noqa: F401
     except ImportError as exc:
-        raise UsageError(_MISSING) from exc
+        raise MissingExtraError(_NEEDS, "plot") from exc
+
+
+def check_plot_path(path: str | os.PathLike[str]) -> None:
+    """Check that a plot can be published at ``path``: its directory exists, and nothing but
+    a regular file is there (a symlink, FIFO, device or directory is never replaced).
+
+    Raises:
+        StorageError: it cannot.
+    """
+    check_replaceable(os.path.abspath(os.fspath(path)), what="plot file", parent=True)
 
 
 def write_plot(runs: Sequence[BenchRun], path: str | os.PathLike[str]) -> None:
     """Write one PNG with three panels: samples/s over time per runner, stall fraction over
     time, and the read-latency histogram of each runner that times its reads.
 
-    The file is written to a temporary name and renamed into place (never through a
-    symlink at ``path``).
+    The file is written to a temporary name (``O_EXCL | O_NOFOLLOW``) and renamed into
+    place only over nothing or a regular file, checked again just before the rename: never
+    over (or through) a symlink, FIFO, device or directory at ``path``.
 
     Raises:
         UsageError: matplotlib is not installed.
-        StorageError: the file cannot be written.
+        StorageError: the file cannot be written, or ``path`` is not a regular file.
     """
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
-        raise UsageError(_MISSING) from exc
+        raise MissingExtraError(_NEEDS, "plot") from exc
     fig = Figure(figsize=(9, 10), layout="constrained")
     FigureCanvasAgg(fig)
     rate, stall, latency = fig.subplots(3, 1)
@@ -90,8 +102,10 @@ def write_plot(runs: Sequence[BenchRun], path: str | os.PathLike[str]) -> None:
             ax.legend()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
+    check_plot_path(path)
     with atomic_write(os.fspath(path), durable=False) as fh:
         fh.write(buf.getvalue())
+        check_plot_path(path)  # again, just before the rename: what is there now
 
 
 # Bins of the plot: 1, 2, 5 per decade (nearly even on a log axis; the histogram's own ten

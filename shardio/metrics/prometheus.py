@@ -1,16 +1,20 @@
 """PrometheusExporter: metrics snapshots as Prometheus metrics, one HTTP port per node.
 
 Every rank of a node runs an exporter. Local rank 0 is the node's reporter: it serves
-``/metrics`` over HTTP when given a port, and writes the exposition to a textfile for
-node_exporter when given one. The other local ranks write their latest snapshot into a
-spool directory every interval, which local rank 0 reads at each scrape, so one port (or one
-textfile) per node reports every local rank, each under its own ``rank`` label. Without a
-spool directory each process reports only itself.
+``/metrics`` over HTTP when given a port (on 127.0.0.1 unless ``host`` says otherwise), and
+writes the exposition to a textfile for node_exporter when given one. The other local ranks
+write their latest snapshot into a spool directory every interval, which local rank 0 reads
+at each scrape, so one port (or one textfile) per node reports every local rank, each under
+its own ``rank`` label. Without a spool directory each process reports only itself.
 
-The spool directory is private (mode 0700, owned by the user) and its files are written
-atomically (temp file, then rename) without following a symlink; files older than ten
-intervals (a rank that ended or died) are passed over. Metric names, all ``shardio_*`` with
-labels ``rank`` and ``job``:
+Each scrape is served in a thread of its own, bounded in time, so a stalled or slow client
+holds up neither the other scrapes nor :meth:`PrometheusExporter.close` (see
+:mod:`shardio.metrics._http`). The spool (``spool_dir="auto"``: private and unpredictable,
+made by local rank 0 and removed by it at close; see :mod:`shardio.metrics._spool`) holds
+files written atomically (temp file, then rename) without following a symlink; files older
+than ten intervals (a rank that ended or died) are passed over. A spool that cannot be used
+(another user's directory, a symlink) is logged and the node reports without it: metrics
+never stop training. Metric names, all ``shardio_*`` with labels ``rank`` and ``job``:
 
 - counters: ``shardio_samples_delivered_total``, ``shardio_batches_delivered_total``,
   ``shardio_samples_read_total``, ``shardio_bytes_read_total{source=staged|source}``, and
@@ -33,20 +37,19 @@ import logging
 import os
 import re
 import socket
-import stat
-import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from shardio.errors import StorageError, UsageError
+from shardio.errors import MissingExtraError, StorageError, UsageError
+from shardio.metrics import _spool
+from shardio.metrics._http import MetricsServer
 from shardio.metrics.export import PeriodicReporter, SnapshotSource
 from shardio.metrics.snapshot import MetricsSnapshot
-from shardio.storage.atomic import atomic_write, storage_error
-from shardio.storage.files import describe_kind, open_regular
+from shardio.storage.atomic import atomic_write
+from shardio.storage.files import check_replaceable, open_regular
 
-__all__ = ["BUCKETS_S", "PrometheusExporter", "metric_families"]
+__all__ = ["BUCKETS_S", "DEFAULT_HOST", "PrometheusExporter", "metric_families"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +74,10 @@ BUCKETS_S: tuple[float, ...] = (
 )
 # A spool file not rewritten for this many intervals belongs to a rank that is gone.
 STALE_INTERVALS = 10
-_SPOOL_NAME = re.compile(r"local-rank-([0-9]+)\.json\Z")
+DEFAULT_HOST = "127.0.0.1"  # this node only; another address must be asked for (host=)
+_SPOOL_NAME = _spool.SPOOL_NAME
 _MAX_SPOOL_BYTES = 1 << 20  # a snapshot is a few KB; anything larger is not one
 _METRIC_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-_HTTP_TIMEOUT_S = 10  # a client that stalls mid-request cannot hold the server thread longer
 _LABELS = ("rank", "job")
 _P = TypeVar("_P", bound="PrometheusExporter")
 
@@ -85,9 +88,7 @@ def _client() -> Any:
         import prometheus_client.core
         import prometheus_client.utils
     except ImportError as exc:
-        raise UsageError(
-            "PrometheusExporter needs prometheus_client: pip install shardio[metrics]"
-        ) from exc
+        raise MissingExtraError("PrometheusExporter needs prometheus_client", "metrics") from exc
     return prometheus_client
 
 
@@ -185,37 +186,26 @@ class _SnapshotCollector:
         return metric_families(self._exporter.node_snapshots())
 
 
-class _QuietHandler(WSGIRequestHandler):
-    timeout = _HTTP_TIMEOUT_S
-
-    def log_message(self, fmt: str, *args: Any) -> None:
-        logger.debug("metrics http: " + fmt, *args)
-
-
-class _MetricsServer(WSGIServer):
-    def __init__(self, address: tuple[str, int], family: int) -> None:
-        self.address_family = family  # read by the base class when it makes the socket
-        super().__init__(address, _QuietHandler)
-
-
 class PrometheusExporter(PeriodicReporter):
     """Reports snapshots to Prometheus: over HTTP, into a textfile, or both (see the module
     docstring for the node layout and the metric names).
 
     Example:
         >>> exporter = PrometheusExporter(  # doctest: +SKIP
-        ...     loader.metrics, port=9464, local_rank=local_rank, spool_dir=spool, job="vit"
+        ...     loader.metrics, port=9464, local_rank=local_rank, spool_dir="auto", job=job_id
         ... )
         >>> with exporter:  # doctest: +SKIP
         ...     train(loader)
 
     Attributes:
         port: the port asked for (None: no HTTP); :attr:`bound_port` is the one served.
-        addr: the address to serve on.
+        host: the address to serve on.
         textfile: the ``.prom`` file written each interval (None: none).
         job: the ``job`` label ("" when None).
         local_rank: this process's rank on its node; local rank 0 serves the node.
-        spool_dir: where the local ranks leave their snapshots (None: no sharing).
+        spool_dir: where the local ranks leave their snapshots: ``"auto"``, a path, or None
+            (no sharing); :attr:`spool_path` is the directory in use.
+        spool_root: where ``spool_dir="auto"`` makes its directory.
     """
 
     kind: ClassVar[str] = "prometheus"
@@ -226,11 +216,12 @@ class PrometheusExporter(PeriodicReporter):
         source: SnapshotSource,
         *,
         port: int | None = None,
-        addr: str = "0.0.0.0",
+        host: str = DEFAULT_HOST,
         textfile: str | os.PathLike[str] | None = None,
         job: str | None = None,
         local_rank: int = 0,
         spool_dir: str | os.PathLike[str] | None = None,
+        spool_root: str | os.PathLike[str] = _spool.DEFAULT_ROOT,
         interval_s: float = 15.0,
     ) -> None:
         """Check the arguments; nothing is served or written before :meth:`start`.
@@ -239,11 +230,19 @@ class PrometheusExporter(PeriodicReporter):
             source: returns this rank's snapshot.
             port: the HTTP port local rank 0 serves (0: any free one); other local ranks
                 ignore it.
-            addr: the address to serve on.
+            host: the address to serve on: 127.0.0.1 by default (this node only); ``"::1"``,
+                a host name, or ``"0.0.0.0"`` (every interface: anyone who reaches the node
+                reads the job's figures) when Prometheus scrapes from elsewhere.
             textfile: a path ending in ``.prom`` that local rank 0 rewrites each interval.
-            job: the ``job`` label.
+            job: the ``job`` label (give each job its own, e.g. ``SLURM_JOB_ID``: the local
+                ranks of a job find its ``"auto"`` spool by it).
             local_rank: this process's rank on its node.
-            spool_dir: a directory shared by the node's ranks (created, mode 0700).
+            spool_dir: ``"auto"`` (recommended): a private directory that local rank 0 makes
+                with an unpredictable name under ``spool_root`` and removes at close, which
+                the other local ranks find by its owner (see :mod:`shardio.metrics._spool`).
+                A path: a directory of this user, mode 0700, made by local rank 0 if
+                missing. None: each process reports only itself.
+            spool_root: the directory an ``"auto"`` spool is made in (``/dev/shm``).
             interval_s: seconds between snapshots.
 
         Raises:
@@ -254,8 +253,8 @@ class PrometheusExporter(PeriodicReporter):
             not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535
         ):
             raise UsageError(f"port must be 0..65535 or None, not {port!r}")
-        if not isinstance(addr, str) or not addr:
-            raise UsageError(f"addr must be a host name or address, not {addr!r}")
+        if not isinstance(host, str) or not host or "\0" in host:
+            raise UsageError(f"host must be a host name or address, not {host!r}")
         if not isinstance(local_rank, int) or isinstance(local_rank, bool) or local_rank < 0:
             raise UsageError(f"local_rank must be an integer >= 0, not {local_rank!r}")
         if job is not None and not isinstance(job, str):
@@ -268,18 +267,26 @@ class PrometheusExporter(PeriodicReporter):
                 f"textfile {self.textfile} must end in .prom (node_exporter reads only those)"
             )
         self.port = port
-        self.addr = addr
+        self.host = host
         self.job = job
         self.local_rank = local_rank
         self.spool_dir = None if spool_dir is None else os.fspath(spool_dir)
+        if self.spool_dir is not None and (
+            not isinstance(self.spool_dir, str) or not self.spool_dir
+        ):
+            raise UsageError(f"spool_dir must be 'auto', a directory or None, not {spool_dir!r}")
+        self.spool_root = os.fspath(spool_root)
+        if not isinstance(self.spool_root, str) or not self.spool_root:
+            raise UsageError(f"spool_root must be a directory, not {spool_root!r}")
+        self.spool_path: str | None = None  # the spool in use (found later on other ranks)
+        self._spool_made = False
         client = _client()
         self._registry = client.CollectorRegistry(auto_describe=False)
         self._registry.register(_SnapshotCollector(self))
         self._make_app = client.make_wsgi_app
         self._generate = client.generate_latest
         self._latest: MetricsSnapshot | None = None
-        self._server: _MetricsServer | None = None
-        self._server_thread: threading.Thread | None = None
+        self._server: MetricsServer | None = None
 
     @property
     def serves_node(self) -> bool:
@@ -296,11 +303,12 @@ class PrometheusExporter(PeriodicReporter):
         """Prepare the spool and textfile, serve HTTP, report once at once, then every
         ``interval_s``.
 
+        A spool directory that cannot be used is logged (the node then reports without
+        it), never raised: metrics do not stop training.
+
         Raises:
-            UsageError: the spool directory is a symlink or not one shardio made, or the
-                reporter was closed.
-            StorageError: the spool directory or textfile cannot be written, or the port
-                cannot be served.
+            UsageError: the reporter was closed.
+            StorageError: the textfile cannot be written, or the port cannot be served.
         """
         if self.running:
             return self
@@ -312,9 +320,15 @@ class PrometheusExporter(PeriodicReporter):
 
     # -- the sink ------------------------------------------------------------------------
     def open(self) -> None:
-        """Create or check the spool directory and the textfile; start serving HTTP."""
-        if self.spool_dir is not None:
-            prepare_spool_dir(self.spool_dir)
+        """Make the spool (local rank 0), check the textfile; start serving HTTP."""
+        if self.spool_dir is not None and self.serves_node:
+            try:
+                self.spool_path, self._spool_made = _spool.make_spool(
+                    self.spool_dir, root=self.spool_root, job=self.job
+                )
+            except (UsageError, StorageError) as exc:
+                self.log_failure("preparing the metrics spool (the node's other local ranks go "
+                                 "unreported)", exc)  # fmt: skip
         if not self.serves_node:
             if self.port is not None or self.textfile is not None:
                 logger.debug(
@@ -331,31 +345,25 @@ class PrometheusExporter(PeriodicReporter):
     def _serve(self, port: int) -> None:
         try:
             family = socket.getaddrinfo(
-                self.addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+                self.host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
             )[0][0]
-            server = _MetricsServer((self.addr, port), family)
-        except OSError as exc:
+            server = MetricsServer((self.host, port), family, self._make_app(self._registry))
+        except (OSError, UnicodeError) as exc:
+            code = getattr(exc, "errno", None) or errno.EADDRNOTAVAIL
+            reason = getattr(exc, "strerror", None) or exc
             raise StorageError(
-                exc.errno or errno.EADDRNOTAVAIL,
-                f"cannot serve metrics on {self.addr}:{port}: {exc.strerror or exc}",
+                code, f"cannot serve metrics on {self.host}:{port}: {reason}"
             ) from exc
-        server.set_app(self._make_app(self._registry))
-        thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.5},
-            name="shardio-metrics-http",
-            daemon=True,
-        )
-        thread.start()
-        self._server, self._server_thread = server, thread
-        logger.info("serving shardio metrics on http://%s:%d/metrics", self.addr, self.bound_port)
+        server.start("shardio-metrics-http")
+        self._server = server
+        logger.info("serving shardio metrics on http://%s:%d/metrics", self.host, self.bound_port)
 
     def emit(self, snap: MetricsSnapshot) -> None:
         """Keep the snapshot for scrapes, leave it in the spool, rewrite the textfile."""
         self._latest = snap
         if self.spool_dir is not None:
             try:
-                self._write_spool(self.spool_dir, snap)
+                self._write_spool(snap)
             except Exception as exc:  # the textfile below still gets written
                 self.log_failure("writing the metrics spool file", exc)
         if self.serves_node and self.textfile is not None:
@@ -364,20 +372,45 @@ class PrometheusExporter(PeriodicReporter):
                 fh.write(self._generate(self._registry))
 
     def release(self) -> None:
-        """Stop serving HTTP."""
-        server, thread = self._server, self._server_thread
-        self._server = self._server_thread = None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join()
+        """Stop serving HTTP (in bounded time, whatever the clients do); on local rank 0,
+        remove the spool files and the spool directory it made."""
+        server, self._server = self._server, None
+        try:
+            if server is not None:
+                server.stop()
+        finally:
+            spool, self.spool_path = self.spool_path, None
+            if spool is not None and self.serves_node:
+                _spool.remove_spool(spool, made=self._spool_made)
 
     # -- the spool -----------------------------------------------------------------------
-    def _write_spool(self, spool_dir: str, snap: MetricsSnapshot) -> None:
+    def _current_spool(self) -> str | None:
+        """Local rank 0's spool, or on another local rank the one it finds now (None: not
+        there yet)."""
+        if self.serves_node or self.spool_dir is None:
+            return self.spool_path
+        if self.spool_dir == _spool.AUTO:
+            oldest = time.time() - STALE_INTERVALS * self.interval_s
+            self.spool_path = _spool.find_auto_spool(self.spool_root, self.job, oldest)
+        else:
+            try:
+                _spool.check_private(self.spool_dir)
+            except StorageError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+                self.spool_path = None  # local rank 0 has not made it (yet)
+            else:
+                self.spool_path = self.spool_dir
+        if self.spool_path is None:
+            logger.debug("local rank %d: no metrics spool yet", self.local_rank)
+        return self.spool_path
+
+    def _write_spool(self, snap: MetricsSnapshot) -> None:
+        spool = self._current_spool()
+        if spool is None:
+            return
         record = {"local_rank": self.local_rank, "job": self.job, "snapshot": snap.to_dict()}
-        path = os.path.join(spool_dir, f"local-rank-{self.local_rank}.json")
-        with atomic_write(path, durable=False) as fh:
+        with atomic_write(_spool.spool_file(spool, self.local_rank), durable=False) as fh:
             fh.write(json.dumps(record, separators=(",", ":")).encode())
 
     def node_snapshots(self) -> list[tuple[MetricsSnapshot, str]]:
@@ -387,8 +420,9 @@ class PrometheusExporter(PeriodicReporter):
         found: list[tuple[MetricsSnapshot, str]] = []
         if self._latest is not None:
             found.append((self._latest, own_job))
-        if self.serves_node and self.spool_dir is not None:
-            others = self._read_spool(self.spool_dir, own_job)
+        spool = self.spool_path
+        if self.serves_node and spool is not None:
+            others = self._read_spool(spool, own_job)
             found.extend(sorted(others, key=lambda pair: -pair[0].time_s))
         seen: set[tuple[str, int]] = set()
         out = []
@@ -445,60 +479,3 @@ def _read_spool_file(path: str, oldest: float) -> dict[str, Any] | None:
     if not isinstance(record, dict) or "snapshot" not in record:
         raise UsageError(f"metrics spool file {path} holds no snapshot")
     return record
-
-
-def prepare_spool_dir(path: str) -> None:
-    """Create the spool directory (mode 0700), or check that it is one made so earlier.
-
-    Raises:
-        UsageError: it is a symlink, not a directory, or not private to this user.
-        StorageError: it cannot be created.
-    """
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass  # made earlier, or by another local rank a moment ago: checked below
-    except OSError as exc:
-        raise storage_error(exc, path, "creating the metrics spool directory") from exc
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        raise storage_error(exc, path, "checking the metrics spool directory") from exc
-    if stat.S_ISLNK(st.st_mode):
-        raise UsageError(
-            f"metrics spool directory {path} is a symlink: shardio does not write through symlinks"
-        )
-    if not stat.S_ISDIR(st.st_mode):
-        raise UsageError(
-            f"metrics spool directory {path} is a {describe_kind(st.st_mode)}, not a directory"
-        )
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise UsageError(
-            f"metrics spool directory {path} is not one shardio made (owner uid {st.st_uid}, "
-            f"mode {stat.S_IMODE(st.st_mode):04o}); shardio makes it private (0700) to its user"
-        )
-
-
-def check_replaceable(path: str, *, what: str, parent: bool = False) -> None:
-    """Check that ``path`` is absent or a regular file, so renaming over it replaces no
-    symlink, directory or device; with ``parent``, that its directory exists.
-
-    Raises:
-        StorageError: it is not.
-    """
-    if parent:
-        head = os.path.dirname(path) or "."
-        if not os.path.isdir(head):
-            raise StorageError(errno.ENOENT, f"{what} {path}: no directory {head}")
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise storage_error(exc, path, f"checking {what}") from exc
-    if not stat.S_ISREG(st.st_mode):
-        raise StorageError(
-            errno.EINVAL,
-            f"{what} {path} is a {describe_kind(st.st_mode)}, not a regular file: "
-            "shardio replaces only regular files",
-        )

@@ -2,7 +2,8 @@
 
 Every part of the read path counts here and nowhere else: the file pool (opens), the map
 cache (map opens), the resolver (cache hits and misses, dropped and re-staged copies), the
-reader (bytes, samples and read latency by source, checksum failures, read errors) and the
+reader (bytes, samples and read latency by source, checksum failures, read errors, copies
+evicted under it, which are not errors) and the
 recovery steps (retries, substitutes, rebuilds). A DataLoader worker drains its figures into
 a :class:`ReadDelta` that travels with the batch it read (no channel of its own); the
 training process merges the deltas into one ReadMetrics per rank.
@@ -41,6 +42,9 @@ COUNTERS = (
     "map_opens",  # shard files mapped (the opt-in mmap transport)
     "cache_hits",  # shards located in the staging area
     "cache_misses",  # shards read from the source while a staging area is in use
+    "cache_missing",  # a cache= that holds no staging area (missing, empty, not one) at open
+    "evictions",  # a staged copy located, then evicted before it was opened: not an error
+    "drop_failures",  # a bad staged copy that could not be removed (read-only disk): kept
     "checksum_failures",  # members whose bytes differed from the index (any source)
     "read_errors",  # failed, short or truncated reads (any source)
     "retries",  # recovery: a sample read again

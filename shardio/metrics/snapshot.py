@@ -175,6 +175,8 @@ class MetricsSnapshot:
             parts.append(f"step {_ms(self.step_mean_s)} ± {_ms(self.step_std_s)}")
         if hits + misses:
             parts.append(f"cache hits {hits / (hits + misses):.0%}")
+        if self.counters.get("cache_missing", 0):  # cache= named no staging area (a typo?)
+            parts.append("cache missing: reading the source")
         faults = {
             k: self.counters.get(k, 0)
             for k in ("checksum_failures", "read_errors", "retries", "restages", "substitutes")

@@ -9,6 +9,10 @@ Taken from ``torch.distributed`` when it is initialised, else from SLURM's envir
 ``RANK``/``WORLD_SIZE``/``LOCAL_WORLD_SIZE`` (torchrun), else a single rank. Ranks per node
 (what a node-partitioned order needs) come from ``LOCAL_WORLD_SIZE`` or
 ``SLURM_NTASKS_PER_NODE``; unknown, the job counts as one node.
+
+Every one of these variables is parsed strictly (ASCII digits, bounded, consistent with the
+world size); a malformed one is refused with a :class:`~shardio.errors.UsageError` naming it,
+never read as "rank 0 of 1" (which would make that rank read the whole dataset).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from shardio._env import env_int, parse_tasks_per_node
 from shardio.errors import UsageError
 
 __all__ = ["RankInfo", "detect_ranks"]
@@ -73,64 +78,103 @@ class RankInfo:
         return RankInfo(rank=rank, world_size=self.world_size, ranks_per_node=self.node_size)
 
 
-def _int(env: Mapping[str, str], name: str) -> int | None:
-    value = env.get(name, "")
-    return int(value) if value.strip().isdigit() else None
-
-
-def _leading_int(env: Mapping[str, str], name: str) -> int:
-    """The leading integer of ``name`` ("4(x2)" is SLURM's 4 tasks on each of 2 nodes)."""
-    value = env.get(name, "").strip()
-    digits = value[: len(value) - len(value.lstrip("0123456789"))]
-    return int(digits) if digits and len(digits) < 10 else 0
-
-
 def _ranks_per_node(env: Mapping[str, str], world: int) -> int:
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        value = _leading_int(env, name)
-        if 0 < value <= world and world % value == 0:
-            return value
-    return 0
+    """``LOCAL_WORLD_SIZE``, else ``SLURM_NTASKS_PER_NODE`` (SLURM's ``"2(x3)"`` form too);
+    0 when neither is set or nodes run different numbers of tasks (``"4,2"``).
+
+    Raises:
+        UsageError: a malformed value, or more ranks per node than ranks.
+    """
+    local = env_int(env, "LOCAL_WORLD_SIZE", minimum=1)
+    name = "LOCAL_WORLD_SIZE"
+    if local is None and env.get("SLURM_NTASKS_PER_NODE") is not None:
+        name = "SLURM_NTASKS_PER_NODE"
+        local = parse_tasks_per_node(name, env["SLURM_NTASKS_PER_NODE"])
+    if local is None:
+        return 0
+    if local > world:
+        raise UsageError(f"{name}={local} is more than the world size {world}")
+    return local if world % local == 0 else 0
 
 
-def _first_int(env: Mapping[str, str], *names: str) -> int:
+def _local_rank(env: Mapping[str, str], names: tuple[str, ...], per_node: int, world: int) -> int:
+    """The first of ``names`` that is set, below the ranks per node (or the world); else 0."""
+    limit = per_node or world
     for name in names:
-        value = _int(env, name)
-        if value is not None:
-            return value
+        value = env_int(env, name)
+        if value is None:
+            continue
+        if value >= limit:
+            raise UsageError(f"{name}={value} is not a local rank of a node of {limit} rank(s)")
+        return value
     return 0
+
+
+def _pair(env: Mapping[str, str], rank_name: str, world_name: str) -> tuple[int, int] | None:
+    """(rank, world) when both variables are set; None when neither or only one is.
+
+    Raises:
+        UsageError: a malformed value, a world of 0, or a rank outside the world.
+    """
+    rank = env_int(env, rank_name)
+    world = env_int(env, world_name, minimum=1)
+    if rank is None or world is None:
+        return None
+    if rank >= world:
+        raise UsageError(
+            f"{rank_name}={rank} is not a rank of {world_name}={world} (ranks are 0 to {world - 1})"
+        )
+    return rank, world
 
 
 def detect_ranks(environ: Mapping[str, str] | None = None) -> RankInfo:
-    """Return this process's rank layout (see the module docstring for the order)."""
+    """Return this process's rank layout (see the module docstring for the order).
+
+    Every variable consulted is parsed strictly (:mod:`shardio._env`): ASCII digits,
+    bounded, the rank below the world size and the local rank below the ranks per node.
+    When SLURM's pair and ``RANK``/``WORLD_SIZE`` are both set they must agree (torchrun
+    inside a one-task-per-node srun sets both, differently: initialise torch.distributed
+    first, or pass the ranks explicitly).
+
+    Raises:
+        UsageError: a malformed or inconsistent rank variable; the message names it.
+    """
+    env = os.environ if environ is None else environ
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
-        env = os.environ if environ is None else environ
         world = dist.get_world_size()
+        per_node = _ranks_per_node(env, world)
         return RankInfo(
             rank=dist.get_rank(),
             world_size=world,
-            local_rank=_first_int(env, "LOCAL_RANK", "SLURM_LOCALID"),
+            local_rank=_local_rank(env, ("LOCAL_RANK", "SLURM_LOCALID"), per_node, world),
             source="torch.distributed",
-            ranks_per_node=_ranks_per_node(env, world),
+            ranks_per_node=per_node,
         )
-    env = os.environ if environ is None else environ
-    rank, world = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
-    if rank is not None and world is not None:
+    slurm = _pair(env, "SLURM_PROCID", "SLURM_NTASKS")
+    plain = _pair(env, "RANK", "WORLD_SIZE")
+    if slurm is not None and plain is not None and slurm != plain:
+        raise UsageError(
+            f"SLURM_PROCID/SLURM_NTASKS say rank {slurm[0]} of {slurm[1]} but RANK/WORLD_SIZE "
+            f"say rank {plain[0]} of {plain[1]}: initialise torch.distributed before reading, "
+            "or give the ranks explicitly"
+        )
+    if slurm is not None:
+        per_node = _ranks_per_node(env, slurm[1])
         return RankInfo(
-            rank=rank,
-            world_size=world,
-            local_rank=_first_int(env, "SLURM_LOCALID"),
+            rank=slurm[0],
+            world_size=slurm[1],
+            local_rank=_local_rank(env, ("SLURM_LOCALID",), per_node, slurm[1]),
             source="slurm",
-            ranks_per_node=_ranks_per_node(env, world),
+            ranks_per_node=per_node,
         )
-    rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
-    if rank is not None and world is not None:
+    if plain is not None:
+        per_node = _ranks_per_node(env, plain[1])
         return RankInfo(
-            rank=rank,
-            world_size=world,
-            local_rank=_first_int(env, "LOCAL_RANK"),
+            rank=plain[0],
+            world_size=plain[1],
+            local_rank=_local_rank(env, ("LOCAL_RANK",), per_node, plain[1]),
             source="env",
-            ranks_per_node=_ranks_per_node(env, world),
+            ranks_per_node=per_node,
         )
     return RankInfo()

@@ -3,9 +3,11 @@
 Reads each part's record and per-shard index fragments from the work directory (each
 fragment checked against the xxh3-128 its done-record holds), writes the global index, the
 pack report and, last and atomically, the manifest, which records every part's plan
-fingerprint for a later ``--resume`` to compare against. The pack report also gives each
-part's metadata calls on the source tree (:class:`~shardio.packing.calls.SourceCalls`) and
-their total.
+fingerprint for a later ``--resume`` to compare against. Every part must carry the same
+plan fingerprint (of the listing of the tree, the label map and the shard-shaping
+options): parts packed from different states of the source are refused. The pack report
+also gives each part's metadata calls on the source tree
+(:class:`~shardio.packing.calls.SourceCalls`) and their total.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 
 from shardio._version import __version__
-from shardio.errors import FormatError, ShardioError, StorageError, UsageError
+from shardio.errors import FormatError, PackError, ShardioError, StorageError, UsageError
 from shardio.format.checksum import file_xxh3_128
 from shardio.format.index import Index, merge_indexes, seal_manifest
 from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
@@ -89,10 +91,49 @@ def _load_parts(dst: str) -> list[PartRecord]:
         parts.append(record)
     first = parts[0]
     for p in parts[1:]:
-        for key in ("shard_format", "classes", "label_layout", "options"):
+        for key, what in _MUST_AGREE:
             if getattr(p, key) != getattr(first, key):
-                raise UsageError(f"{dst}: part {p.part} was packed with a different {key}")
+                raise UsageError(f"{dst}: part {p.part} was packed with a different {what}")
+    _check_one_plan(dst, parts)
     return parts
+
+
+# What every part must share, and its name in messages.
+_MUST_AGREE = (
+    ("shard_format", "shard format"),
+    ("classes", "label map (classes)"),
+    ("label_layout", "label layout"),
+    ("options", "set of options"),
+)
+
+
+def _check_one_plan(dst: str, parts: list[PartRecord]) -> None:
+    """Every part must come from one plan of one state of the source tree (and one pinned
+    label map): parts of different plans overlap or leave samples out."""
+    n = len(parts)
+    plans = [p.plan_fingerprint for p in parts]
+    for p in parts:
+        if p.plan_fingerprint is None:
+            raise PackError(
+                f"{dst}: part {p.part}/{n} was packed by a shardio that did not record its "
+                "plan, so merge cannot tell that it fits the other parts: pack every part "
+                "again into a new directory"
+            )
+    first = parts[0]
+    for p, plan in zip(parts[1:], plans[1:], strict=True):
+        if plan != plans[0] or _origin(p) != _origin(first):
+            raise PackError(
+                f"{dst}: part {p.part}/{n} was planned from another state of the source tree "
+                f"than part {first.part}/{n} (files added or removed between the runs, another "
+                "label map or other options; plan "
+                f"{str(plan)[:12]} vs {str(plans[0])[:12]}): merging them "
+                "would duplicate or lose samples; pack every part again from one unchanged "
+                "source into a new directory"
+            )
+
+
+def _origin(part: PartRecord) -> tuple[str, str] | None:
+    return part.label_source.identity if part.label_source is not None else None
 
 
 def _open_fragment(dst: str, part: PartRecord, rec: ShardRecord) -> Index:
@@ -135,6 +176,8 @@ def merge_parts(
     Raises:
         UsageError: no parts, parts missing, parts packed with different options, or a
             pack is still writing to DST.
+        PackError: the parts come from different plans (the source tree, the label map or
+            the options changed between their runs); the message names the part.
         FormatError: a part record or index fragment is damaged (naming the file).
     """
     if not os.path.isdir(dst):
@@ -222,6 +265,7 @@ def _merge(dst: str, parts: list[PartRecord], counters: Counters, *, durable: bo
         layout=first.layout.to_json(),
         created_by=f"shardio {__version__}",
         pack_fingerprints=tuple(p.fingerprint for p in parts),
+        label_source=first.label_source,
     )
     manifest = seal_manifest(manifest, index_path)  # per-shard index checksums, checked
     with atomic_write(os.path.join(dst, MANIFEST_FILENAME), durable=durable) as fh:

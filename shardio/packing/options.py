@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from shardio._pool import check_workers
 from shardio.errors import UsageError
+from shardio.format.manifest import LabelSource
 from shardio.format.spec import SHARD_FORMATS
 from shardio.packing.calls import SourceCalls
 from shardio.packing.merge import MergeResult
@@ -16,7 +18,6 @@ from shardio.storage.striping import LayoutResult, parse_stripe
 __all__ = ["PackOptions", "PackResult"]
 
 GiB = 1024**3
-_MAX_WORKERS = 4096
 _MAX_PARTS = 9999  # part records are named part-IIII-of-NNNN
 
 
@@ -29,6 +30,8 @@ class PackOptions:
         shard_size_bytes: target size of each shard; a larger single sample gets its own.
         workers: processes writing shards in parallel.
         labels: "auto" (class index from an ImageNet-style layout) or "none".
+        labels_from: pin the label map to that of this packed dataset (a directory).
+        classes_file: pin the label map to this file's class names, one per line.
         stripe: "auto", "none", "pfl" or "COUNTxSIZE" for the destination's layout.
         fs_type: force the filesystem type instead of detecting it.
         strict: fail instead of skipping unpackable files.
@@ -44,6 +47,8 @@ class PackOptions:
     shard_size_bytes: int = GiB
     workers: int = 1
     labels: str = "auto"
+    labels_from: str | None = None
+    classes_file: str | None = None
     stripe: str = "auto"
     fs_type: str | None = None
     strict: bool = False
@@ -61,10 +66,21 @@ class PackOptions:
             )
         if self.shard_size_bytes < 4096:
             raise UsageError(f"shard size {self.shard_size_bytes} bytes is too small (min 4 KiB)")
-        if not 1 <= self.workers <= _MAX_WORKERS:
-            raise UsageError(f"--workers must be between 1 and {_MAX_WORKERS}, got {self.workers}")
+        check_workers(self.workers)  # the one cap of a worker pool (verify's too)
         if self.labels not in LABEL_MODES:
             raise UsageError(f"invalid --labels {self.labels!r}: choose one of {LABEL_MODES}")
+        pins = [
+            (o, v)
+            for o, v in (("--labels-from", self.labels_from), ("--classes", self.classes_file))
+            if v is not None
+        ]
+        if len(pins) > 1:
+            raise UsageError("--labels-from and --classes exclude each other: give one")
+        for option, value in pins:
+            if not value or "\0" in value:
+                raise UsageError(f"invalid {option} {value!r}: give a path")
+            if self.labels == "none":
+                raise UsageError(f"{option} pins a label map: it cannot go with --labels none")
         if not 0 <= self.part < self.num_parts <= _MAX_PARTS:
             raise UsageError(
                 f"invalid part {self.part}/{self.num_parts}: need 0 <= I < N <= {_MAX_PARTS}"
@@ -86,7 +102,11 @@ class PackResult:
     """What a pack did.
 
     ``label_layout``, ``num_classes`` and ``labels_note`` say what labels were found (the
-    note explains "none"); ``replaced`` is set when ``force`` replaced an old dataset.
+    note explains "none"); ``classes`` is the label map (index order), ``label_source``
+    where a pinned one came from (None: the class directories), ``classes_without_files``
+    the classes no file of the source belongs to (they keep their index). ``replaced`` is
+    set when ``force`` replaced an old dataset; ``already_complete`` when ``resume`` found
+    the dataset complete and packed from this source with these options (nothing written).
     ``source_calls`` counts what this run asked of the source tree: the scan's directory
     listings and stat calls, and the opens of the files of the shards it wrote.
     """
@@ -111,6 +131,10 @@ class PackResult:
     labels_note: str = ""
     replaced: bool = False
     source_calls: SourceCalls = field(default_factory=SourceCalls)
+    classes: tuple[str, ...] = ()
+    label_source: LabelSource | None = None
+    classes_without_files: tuple[str, ...] = ()
+    already_complete: bool = False
 
     def with_labels(self, listing: Listing) -> PackResult:
         """A copy that says what labels ``listing`` found."""
@@ -119,4 +143,7 @@ class PackResult:
             label_layout=listing.label_layout,
             num_classes=len(listing.classes) if listing.classes is not None else 0,
             labels_note=listing.labels_note,
+            classes=listing.classes or (),
+            label_source=listing.label_source,
+            classes_without_files=listing.classes_without_files(),
         )

@@ -10,26 +10,28 @@ import concurrent.futures
 import concurrent.futures.process
 import errno
 import logging
-import multiprocessing
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shardio._pool import WorkerPool
 from shardio.errors import PackError, SourceError
 from shardio.format.spec import SHARD_DIR, WORK_DIR
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
 from shardio.packing.calls import SourceCalls
 from shardio.packing.dest import remove_temps
+from shardio.packing.labels import PinnedLabels, load_classes_file, load_dataset_labels
 from shardio.packing.merge import merge_locked
 from shardio.packing.options import PackOptions, PackResult
-from shardio.packing.plan import ShardPlan, plan_fingerprint, plan_shards
+from shardio.packing.plan import ShardPlan, listing_fingerprint, plan_fingerprint, plan_shards
 from shardio.packing.scan import Listing, PlannedSample, Skipped, list_tree, resolve_samples
 from shardio.packing.workfiles import (
     PartRecord,
     ShardRecord,
     StateRecord,
     load_record,
+    parse_record_name,
     part_record_name,
     state_name,
     write_record,
@@ -42,7 +44,16 @@ from shardio.storage.striping import LayoutResult, StripeSpec, apply_layout, par
 from shardio.units import format_size
 from shardio.writers.hdf5 import DEFAULT_HDF5_ALIGNMENT
 
-__all__ = ["Plan", "RunContext", "alignment_for", "fingerprint_of", "pack_part", "scan_part"]
+__all__ = [
+    "Plan",
+    "RunContext",
+    "alignment_for",
+    "fingerprint_of",
+    "pack_part",
+    "pinned_labels",
+    "plan_fingerprint_of",
+    "scan_part",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +94,7 @@ def scan_part(src: str, options: PackOptions) -> Plan:
         PackError: ``strict`` and a file cannot be packed.
     """
     calls = SourceCalls()
-    listing = list_tree(src, labels=options.labels, calls=calls)
+    listing = list_tree(src, labels=options.labels, calls=calls, pinned=pinned_labels(options))
     _first, groups = listing.part(options.part, options.num_parts)
     samples, skipped = resolve_samples(src, listing, groups, calls=calls)
     if options.part == 0:
@@ -110,6 +121,15 @@ def scan_part(src: str, options: PackOptions) -> Plan:
     return Plan(listing, samples, skipped, shards, oversized, calls)
 
 
+def pinned_labels(options: PackOptions) -> PinnedLabels | None:
+    """The label map ``--labels-from`` or ``--classes`` pins, read and validated; or None."""
+    if options.labels_from is not None:
+        return load_dataset_labels(options.labels_from)
+    if options.classes_file is not None:
+        return load_classes_file(options.classes_file)
+    return None
+
+
 def alignment_for(layout: LayoutResult, options: PackOptions) -> int:
     """HDF5 blob alignment: the stripe size where a stripe layout was applied."""
     stripe = parse_stripe(options.stripe)
@@ -134,6 +154,19 @@ def fingerprint_of(plan: Plan, options: PackOptions, alignment: int) -> str:
     )
 
 
+def plan_fingerprint_of(plan: Plan, options: PackOptions) -> str:
+    """The whole pack's plan fingerprint: the same in every part of one pack, and only then."""
+    return listing_fingerprint(
+        plan.listing,
+        {
+            "format": options.shard_format,
+            "shard_size": options.shard_size_bytes,
+            "labels": options.labels,
+            "num_parts": options.num_parts,
+        },
+    )
+
+
 def pack_part(src: str, dst: str, options: PackOptions, ctx: RunContext) -> PackResult:
     """Pack this part into ``dst`` (new, empty, or an interrupted pack to resume)."""
     plan = scan_part(src, options)
@@ -148,7 +181,7 @@ def pack_part(src: str, dst: str, options: PackOptions, ctx: RunContext) -> Pack
     )
     alignment = alignment_for(layout, options)
     fingerprint = fingerprint_of(plan, options, alignment)
-    _check_state(dst, options, fingerprint, plan)
+    _check_state(src, dst, options, fingerprint, plan)
     stems = [f".{s.name}" for s in plan.shards]
     remove_temps(shard_dir, stems)
     remove_temps(os.path.join(dst, WORK_DIR, "frag"), stems)
@@ -204,6 +237,8 @@ def pack_part(src: str, dst: str, options: PackOptions, ctx: RunContext) -> Pack
         part=options.part,
         num_parts=options.num_parts,
         fingerprint=fingerprint,
+        plan_fingerprint=plan_fingerprint_of(plan, options),
+        label_source=plan.listing.label_source,
         shard_format=options.shard_format,
         classes=plan.listing.classes,
         label_layout=plan.listing.label_layout,
@@ -254,24 +289,50 @@ def pack_part(src: str, dst: str, options: PackOptions, ctx: RunContext) -> Pack
     return result.with_labels(plan.listing)
 
 
-def _check_state(dst: str, options: PackOptions, fingerprint: str, plan: Plan) -> None:
-    """Record the part's plan; under --resume it must match the interrupted run's."""
-    path = os.path.join(dst, WORK_DIR, state_name(options.part, options.num_parts))
+def _check_state(src: str, dst: str, options: PackOptions, fingerprint: str, plan: Plan) -> None:
+    """Record the part's plan; under --resume it must match the interrupted run's, and it
+    must be the plan of every other part already begun in DST."""
+    work = os.path.join(dst, WORK_DIR)
+    own = state_name(options.part, options.num_parts)
+    path = os.path.join(work, own)
+    whole = plan_fingerprint_of(plan, options)
     if options.resume and os.path.lexists(path):
         previous = load_record(path, StateRecord)  # FormatError names a damaged one
-        if previous.fingerprint != fingerprint:
+        if previous.fingerprint != fingerprint or previous.plan_fingerprint not in (None, whole):
             raise PackError(
                 f"the source or the options changed since the interrupted pack into {dst}: "
                 "rerun with the same options, or with --force to start over"
             )
+    if options.num_parts > 1:
+        _check_other_parts(src, dst, options, whole)
     state = StateRecord(
         fingerprint=fingerprint,
         part=options.part,
         num_parts=options.num_parts,
         num_shards=len(plan.shards),
         shard_format=options.shard_format,
+        plan_fingerprint=whole,
     )
     write_record(path, state, durable=options.durable)
+
+
+def _check_other_parts(src: str, dst: str, options: PackOptions, whole: str) -> None:
+    """Refuse to pack a part whose plan is not that of the parts already begun in DST (the
+    source tree, the label map or the options changed in between): merge would refuse
+    them anyway, after this part's work."""
+    work = os.path.join(dst, WORK_DIR)
+    for name in sorted(os.listdir(work)):
+        split = parse_record_name(name, "state")
+        if split is None or split == (options.part, options.num_parts):
+            continue
+        other = load_record(os.path.join(work, name), StateRecord)
+        if other.plan_fingerprint is not None and other.plan_fingerprint != whole:
+            raise PackError(
+                f"part {other.part}/{other.num_parts} in {dst} was planned from another state "
+                f"of the source {src} (files added or removed, another label map or other "
+                "options) than this part: the parts would not fit together; pack every part "
+                "from one unchanged source into a new directory"
+            )
 
 
 def _run_jobs(jobs: Sequence[ShardJob], workers: int, counters: Counters) -> dict[int, ShardRecord]:
@@ -279,17 +340,14 @@ def _run_jobs(jobs: Sequence[ShardJob], workers: int, counters: Counters) -> dic
         return {}
     if workers == 1 or len(jobs) == 1:
         return {job.plan.seq: write_shard(job, counters) for job in jobs}
-    ctx = multiprocessing.get_context("forkserver")
     results: dict[int, ShardRecord] = {}
-    with concurrent.futures.ProcessPoolExecutor(
-        max_workers=min(workers, len(jobs)),
-        mp_context=ctx,
-        initializer=init_worker,
-        initargs=(counters, os.getpid()),
-    ) as pool:
-        futures = {pool.submit(write_shard, job): job for job in jobs}
+    # WorkerPool: on any failure what has not started is cancelled; a Ctrl-C stops the
+    # shards being written (their temp files removed) without a worker traceback.
+    size = min(workers, len(jobs))
+    with WorkerPool(size, initializer=init_worker, initargs=(counters,)) as pool:
+        futures = [pool.submit(write_shard, job) for job in jobs]
         try:
-            for fut in concurrent.futures.as_completed(futures):
+            for fut in pool.as_completed(futures):
                 record = fut.result()
                 results[record.seq] = record
         except concurrent.futures.process.BrokenProcessPool as exc:
@@ -297,8 +355,4 @@ def _run_jobs(jobs: Sequence[ShardJob], workers: int, counters: Counters) -> dic
                 "a pack worker process died (killed by signal or out of memory?): "
                 "rerun with --resume"
             ) from exc
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
     return results

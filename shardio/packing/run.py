@@ -19,7 +19,7 @@ import shutil
 import time
 
 from shardio.errors import FormatError, PackError, SourceError, UsageError
-from shardio.format.manifest import Manifest, load_manifest
+from shardio.format.manifest import LabelSource, Manifest, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME, WORK_DIR
 from shardio.metrics.progress import ProgressCallback
 from shardio.packing.dest import (
@@ -197,13 +197,25 @@ def _finished(
     layout = layout_of(manifest)
     plan = scan_part(src, options)
     fingerprint = fingerprint_of(plan, options, alignment_for(layout, options))
-    if len(fingerprints) != options.num_parts or fingerprints[options.part] != fingerprint:
+    same_map = (manifest.classes, _origin(manifest.label_source)) == (
+        plan.listing.classes,
+        _origin(plan.listing.label_source),
+    )
+    if (
+        len(fingerprints) != options.num_parts
+        or fingerprints[options.part] != fingerprint
+        or not same_map
+    ):
         raise PackError(
             f"the source or the options changed since {dst} was packed: rerun with the same "
             "options, or with --force to pack it again"
         )
+    leftovers = existing_dir(os.path.join(dst, WORK_DIR))
     remove_work_dir(dst)
     remove_temps(dst)
+    done = "nothing was packed or rewritten" + (
+        " (removed the work files a kill after the manifest left)" if leftovers else ""
+    )
     files = manifest.num_members - (manifest.num_samples if manifest.classes is not None else 0)
     result = PackResult(
         dst=dst,
@@ -219,10 +231,18 @@ def _finished(
         layout=layout,
         part=options.part,
         num_parts=options.num_parts,
-        warnings=(f"{dst} was already complete: nothing to resume",),
+        warnings=(
+            f"{dst} was already complete: nothing to resume (its recorded plan matches {src} "
+            f"and these options; {done})",
+        ),
         source_calls=plan.calls.copy(),
+        already_complete=True,
     )
     return result.with_labels(plan.listing)
+
+
+def _origin(source: LabelSource | None) -> tuple[str, str] | None:
+    return source.identity if source is not None else None
 
 
 # --------------------------------------------------------------------------- replace

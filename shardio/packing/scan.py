@@ -15,10 +15,12 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardio.errors import SourceError, UsageError
+from shardio.errors import PackError, SourceError, UsageError
 from shardio.format.keys import encode_component, split_name
+from shardio.format.manifest import LabelSource
 from shardio.format.spec import LABEL_EXT, NO_LABEL
 from shardio.packing.calls import SourceCalls
+from shardio.packing.labels import PinnedLabels
 
 __all__ = [
     "LABEL_MODES",
@@ -67,6 +69,7 @@ class Listing:
         num_files: directory entries that are not directories.
         excluded: hidden files outside the label layout, left out of every part.
         labels_note: for people: why there are no labels (empty when there are).
+        label_source: where a pinned label map came from; None: the class directories.
     """
 
     groups: tuple[_Group, ...]
@@ -75,6 +78,14 @@ class Listing:
     num_files: int
     excluded: tuple[Skipped, ...] = ()
     labels_note: str = ""
+    label_source: LabelSource | None = None
+
+    def classes_without_files(self) -> tuple[str, ...]:
+        """The classes of the map that no listed file of this tree belongs to."""
+        if self.classes is None:
+            return ()
+        found = {_class_of(g.dir_rel, self.label_layout) for g in self.groups}
+        return tuple(c for c in self.classes if os.fsencode(c) not in found)
 
     def part(self, part: int, num_parts: int) -> tuple[int, tuple[_Group, ...]]:
         """Return (first global sample position, groups) of one part of ``num_parts``."""
@@ -105,18 +116,29 @@ class PlannedSample:
 _File = tuple[bytes, bytes, str]  # (directory relative to the root, name, kind)
 
 
-def list_tree(src: str, *, labels: str = "auto", calls: SourceCalls | None = None) -> Listing:
+def list_tree(
+    src: str,
+    *,
+    labels: str = "auto",
+    calls: SourceCalls | None = None,
+    pinned: PinnedLabels | None = None,
+) -> Listing:
     """List a source tree (readdir only) and group its files into samples.
 
     Files with the same stem in one directory form one sample. Symbolic links to
     directories are not followed, so loops cannot occur. With ``labels="auto"``, hidden
     names (starting with ".") do not count when the label layout is decided, and hidden
     files that do not fit the layout found are left out (listed in ``excluded``). The
-    directories listed and the entries seen are added to ``calls``.
+    class names are those of the class directories, empty ones included, so a class's
+    index never depends on which other classes hold files; a ``pinned`` map replaces them
+    (every class directory must be in it). The directories listed and the entries seen are
+    added to ``calls``.
 
     Raises:
         SourceError: SRC is missing, not a directory, unreadable, or holds no files.
-        UsageError: ``labels`` is not one of LABEL_MODES.
+        UsageError: ``labels`` is not one of LABEL_MODES, or a map is pinned for a tree
+            without class directories.
+        PackError: a class directory is not in the pinned map.
     """
     if labels not in LABEL_MODES:
         raise UsageError(f"invalid --labels {labels!r}: choose one of {', '.join(LABEL_MODES)}")
@@ -125,10 +147,12 @@ def list_tree(src: str, *, labels: str = "auto", calls: SourceCalls | None = Non
         raise SourceError(errno.ENOENT, f"source {src} does not exist")
     if not os.path.isdir(root):
         raise SourceError(errno.ENOTDIR, f"source {src} is not a directory")
-    files = _walk(root, calls if calls is not None else SourceCalls())
+    files, dirs = _walk(root, calls if calls is not None else SourceCalls())
     if not files:
         raise SourceError(errno.ENOENT, f"source {src} holds no files to pack")
-    classes, label_layout, note = _detect_labels(files, labels)
+    classes, label_layout, note = _detect_labels(files, dirs, labels)
+    if pinned is not None:
+        classes = _pin(src, classes, dirs, layout=label_layout, note=note, pinned=pinned)
     kept, excluded = _fit_layout(files, classes, label_layout)
     groups: dict[tuple[bytes, bytes], list[tuple[bytes, str]]] = {}
     for rel_dir, name, kind in kept:
@@ -142,16 +166,49 @@ def list_tree(src: str, *, labels: str = "auto", calls: SourceCalls | None = Non
         num_files=len(files),
         excluded=tuple(excluded),
         labels_note=note,
+        label_source=pinned.source if pinned is not None else None,
     )
 
 
-def _walk(root: bytes, calls: SourceCalls) -> list[_File]:
-    """Every non-directory entry under ``root``, by directory, each directory listed once.
+def _pin(
+    src: str,
+    classes: tuple[str, ...] | None,
+    dirs: Sequence[bytes],
+    *,
+    layout: str,
+    note: str,
+    pinned: PinnedLabels,
+) -> tuple[str, ...]:
+    """The pinned classes, once every class directory of the tree is known to be in them."""
+    if classes is None:
+        raise UsageError(
+            f"{pinned.option} pins a label map, but {src} has no class directories ({note})"
+        )
+    known = set(pinned.classes)
+    for name in classes:
+        if name not in known:
+            raw = os.fsencode(name)
+            rel = next(
+                (d for d in dirs if _is_class_dir(d, layout) and _class_of(d, layout) == raw), raw
+            )
+            where = os.path.join(os.fsencode(src), rel).decode("utf-8", "backslashreplace")
+            raise PackError(
+                f"class directory {where} is not in the label map of "
+                f"{pinned.option} ({len(pinned.classes):,} class(es)): pack it against a map "
+                "that has it, or move it out of the source"
+            )
+    return pinned.classes
+
+
+def _walk(root: bytes, calls: SourceCalls) -> tuple[list[_File], list[bytes]]:
+    """Every non-directory entry under ``root``, by directory, each directory listed once,
+    and every directory (relative to ``root``; symlinks to directories are entries).
 
     Tells files, symlinks and directories apart by the entry type the listing carries
     (``d_type``), so nothing here is stat'ed.
     """
     files: list[_File] = []
+    dirs: list[bytes] = []
     stack = [b""]
     dirs_listed = entries_seen = 0
     while stack:
@@ -178,9 +235,10 @@ def _walk(root: bytes, calls: SourceCalls) -> list[_File]:
             else:
                 files.append((rel_dir, entry.name, _KIND_OTHER))
         stack.extend(reversed(subdirs))
+        dirs.extend(subdirs)
     calls.dirs_listed += dirs_listed
     calls.entries_seen += entries_seen
-    return files
+    return files, dirs
 
 
 def _depth(rel_dir: bytes) -> int:
@@ -200,8 +258,16 @@ def _class_of(rel_dir: bytes, layout: str) -> bytes:
     return rel_dir if layout == "class-dirs" else rel_dir.split(b"/")[1]
 
 
-def _detect_labels(files: Sequence[_File], labels: str) -> tuple[tuple[str, ...] | None, str, str]:
-    """Return (classes, layout, note) from the visible (not hidden) files."""
+def _is_class_dir(rel_dir: bytes, layout: str) -> bool:
+    """Whether directory ``rel_dir`` is a class directory of ``layout`` (empty or not)."""
+    return _depth(rel_dir) == _LAYOUT_DEPTH[layout] and not _hidden_dir(rel_dir)
+
+
+def _detect_labels(
+    files: Sequence[_File], dirs: Sequence[bytes], labels: str
+) -> tuple[tuple[str, ...] | None, str, str]:
+    """Return (classes, layout, note): the layout from the visible (not hidden) files, the
+    classes from the visible class directories of that layout, empty ones included."""
     if labels == "none":
         return None, "none", "--labels none"
     visible = [(d, n) for d, n, _ in files if not n.startswith(b".") and not _hidden_dir(d)]
@@ -213,6 +279,7 @@ def _detect_labels(files: Sequence[_File], labels: str) -> tuple[tuple[str, ...]
         for layout, want in _LAYOUT_DEPTH.items():
             if depth == want:
                 names = {_class_of(d, layout) for d, _ in visible}
+                names.update(_class_of(d, layout) for d in dirs if _is_class_dir(d, layout))
                 return tuple(os.fsdecode(c) for c in sorted(names)), layout, ""
         if depth == 0:
             why = "no class directories: every file is at the top of the source"

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from shardio.errors import FormatError, StorageError
 from shardio.format.fields import get_field
+from shardio.format.manifest import LabelSource
 from shardio.format.spec import SHARD_FORMATS, WORK_DIR
 from shardio.packing.calls import SourceCalls
 from shardio.packing.plan import shard_name
@@ -147,6 +148,13 @@ def _calls(doc: Mapping[str, Any], where: str) -> SourceCalls:
     return SourceCalls.from_json(doc["source_calls"], where)
 
 
+def _plan(doc: Mapping[str, Any], where: str) -> str | None:
+    """The ``plan_fingerprint``; absent (an older shardio wrote the record) means unknown."""
+    if doc.get("plan_fingerprint") is None:
+        return None
+    return _hex(doc, "plan_fingerprint", where)
+
+
 def _strings(doc: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
     values = get_field(doc, key, list, where)
     if not all(isinstance(v, str) for v in values):
@@ -159,13 +167,18 @@ def _strings(doc: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class StateRecord:
-    """A part's plan, written before its first shard."""
+    """A part's plan, written before its first shard.
+
+    ``fingerprint`` is the part's (its shards and files); ``plan_fingerprint`` the whole
+    pack's, which every part must share (None in a record an older shardio wrote).
+    """
 
     fingerprint: str
     part: int
     num_parts: int
     num_shards: int
     shard_format: str
+    plan_fingerprint: str | None = None
 
     def owns(self, rel: str) -> bool:
         """Whether ``rel`` (relative to the dataset) is a file this part planned to write."""
@@ -185,6 +198,7 @@ class StateRecord:
             "num_parts": self.num_parts,
             "num_shards": self.num_shards,
             "shard_format": self.shard_format,
+            "plan_fingerprint": self.plan_fingerprint,
         }
 
     @classmethod
@@ -197,6 +211,7 @@ class StateRecord:
             num_parts=num_parts,
             num_shards=_count(doc, "num_shards", where),
             shard_format=_format(doc, where),
+            plan_fingerprint=_plan(doc, where),
         )
 
 
@@ -282,6 +297,9 @@ class PartRecord:
     # The calls on the source: the scan of the run that finished the part, and the opens
     # made writing each of its shards, by whichever run wrote it.
     source_calls: SourceCalls = field(default_factory=SourceCalls)
+    # The whole pack's plan (see StateRecord); None in a record an older shardio wrote.
+    plan_fingerprint: str | None = None
+    label_source: LabelSource | None = None  # a pinned label map's origin
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document."""
@@ -289,6 +307,7 @@ class PartRecord:
             "part": self.part,
             "num_parts": self.num_parts,
             "fingerprint": self.fingerprint,
+            "plan_fingerprint": self.plan_fingerprint,
             "shard_format": self.shard_format,
             "classes": list(self.classes) if self.classes is not None else None,
             "label_layout": self.label_layout,
@@ -299,6 +318,7 @@ class PartRecord:
             "skipped": [s.to_json() for s in self.skipped],
             "oversized": list(self.oversized),
             "source_calls": self.source_calls.to_json(),
+            "label_source": self.label_source.to_json() if self.label_source else None,
         }
 
     @classmethod
@@ -317,10 +337,16 @@ class PartRecord:
             layout = LayoutResult.from_json(get_field(doc, "layout", dict, where))
         except (FormatError, ValueError) as exc:
             raise FormatError(f"{where}: {exc}") from exc
+        source = doc.get("label_source")
+        label_source = LabelSource.from_json(source, where) if source is not None else None
+        if label_source is not None and classes is None:
+            raise FormatError(f"{where}: label_source is set, but there are no classes")
         return cls(
             part=part,
             num_parts=num_parts,
             fingerprint=_hex(doc, "fingerprint", where),
+            plan_fingerprint=_plan(doc, where),
+            label_source=label_source,
             shard_format=_format(doc, where),
             classes=classes,
             label_layout=get_field(doc, "label_layout", str, where),

@@ -17,8 +17,6 @@ import itertools
 import logging
 import os
 import stat
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -76,24 +74,11 @@ class ShardJob:
 _WORKER_COUNTERS: Counters | None = None
 
 
-def init_worker(counters: Counters, parent_pid: int) -> None:
-    """Pool initializer: keep the progress counters, stop if the packing process dies."""
+def init_worker(counters: Counters) -> None:
+    """Pool initializer: keep the progress counters (the pool's own initializer stops the
+    worker if the packing process dies)."""
     global _WORKER_COUNTERS  # noqa: PLW0603 - per-process handle set by the pool initializer
     _WORKER_COUNTERS = counters
-    # The forkserver, not the packing process, is our parent, so PR_SET_PDEATHSIG cannot
-    # help: watch the packing process and stop if it was killed (kill -9, OOM killer).
-    threading.Thread(
-        target=_watch_parent, args=(parent_pid,), name="shardio-watchdog", daemon=True
-    ).start()
-
-
-def _watch_parent(pid: int) -> None:
-    while True:
-        time.sleep(0.5)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            os._exit(1)
 
 
 class _Stream:

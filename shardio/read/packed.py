@@ -22,9 +22,10 @@ import numpy as np
 from shardio.cache.protocol import lock_for_reading
 from shardio.errors import ChecksumMismatchError, FormatError, ShardioError, StorageError
 from shardio.format.checksum import hex64
+from shardio.format.identity import load_identified
 from shardio.format.index import Index
-from shardio.format.manifest import Manifest, load_manifest
-from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
+from shardio.format.manifest import Manifest
+from shardio.format.spec import LABEL_EXT
 from shardio.metrics.read import ReadMetrics
 from shardio.read.check import member_digest_problem
 from shardio.read.mapcache import MapCache
@@ -41,6 +42,10 @@ _ADVISE_GAP = 128 * 1024
 
 Event = dict[str, Any]
 
+# _read_at's problem for a staged copy evicted after it was located: not a fault, the shard
+# is located again (its stamp is gone: the source).
+EVICTED = "evicted"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Handoff:
@@ -51,10 +56,13 @@ class Handoff:
         manifest: the manifest, read and checked by the parent (the worker still maps the
             index and checks it against this manifest).
         staged: the shards the parent's resolver found staged (:meth:`ShardResolver.decide`).
+        dataset_id: the id of the parent's manifest bytes (the parent checked the cache
+            against it; the worker re-stages only into an area holding that dataset).
     """
 
     manifest: Manifest
     staged: frozenset[int]
+    dataset_id: str | None = None
 
 
 def _failure_counter(problem: str) -> str:
@@ -172,15 +180,18 @@ class PackedDataset:
         handoff: Handoff | None = None,
     ) -> None:
         self.root = os.fspath(root)
+        dataset_id = None
         if handoff is not None:
             # Read and checked by the parent (a stat and a read of the manifest per worker and
             # epoch saved); the index below is still mapped and checked against it here.
             self.manifest: Manifest = handoff.manifest
+            dataset_id = handoff.dataset_id
         else:
             if not os.path.isdir(self.root):
                 what = "is not a directory" if os.path.lexists(self.root) else "no such directory"
                 raise FormatError(f"{self.root}: {what} (a dataset is a directory with a manifest)")
-            self.manifest = load_manifest(os.path.join(self.root, MANIFEST_FILENAME))
+            # The dataset's id is of the very bytes parsed: the cache is checked against it.
+            self.manifest, dataset_id = load_identified(self.root)
         # Bound to the manifest: header checked now, each shard's records on first use.
         self.index = Index.open(
             os.path.join(self.root, self.manifest.index.path), manifest=self.manifest
@@ -193,9 +204,12 @@ class PackedDataset:
             self.root,
             os.fspath(cache) if cache is not None else None,
             metrics=self.metrics,
+            dataset_id=dataset_id,
         )
         if handoff is not None:
             self.resolver.inherit(handoff.staged)
+        elif cache is not None:
+            self.resolver.check_cache()  # another dataset's area is refused, a missing one said
         self.restage = restage
         self.on_event: Callable[[Event], None] | None = None
         self.pool = FilePool(self.opener, max_open, self.metrics)
@@ -218,7 +232,11 @@ class PackedDataset:
     def handoff(self) -> Handoff:
         """What a worker started by pickling needs to open this dataset without reading the
         manifest again (see ``handoff`` in the constructor)."""
-        return Handoff(manifest=self.manifest, staged=self.resolver.handed())
+        return Handoff(
+            manifest=self.manifest,
+            staged=self.resolver.handed(),
+            dataset_id=self.resolver.dataset_id,
+        )
 
     def decide(self, samples: Sequence[int] | np.ndarray[Any, Any]) -> None:
         """Check now which shards of ``samples`` are staged, once for this process and the
@@ -281,8 +299,17 @@ class PackedDataset:
             self.opener.advise(self.pool.fd(loc.path, staged=loc.staged), lo, hi - lo)
 
     # -- reading ---------------------------------------------------------------------------
+    def _was_evicted(self, loc: Location, exc: OSError, shard: int) -> bool:
+        """Whether a staged copy that could not be opened was evicted (counted as an
+        eviction, not as a read error; the shard is located again)."""
+        if not loc.staged or exc.errno != errno.ENOENT or not self.resolver.evicted(shard):
+            return False
+        self.metrics.add("evictions")
+        self.resolver.forget(shard)
+        return True
+
     def _read_at(
-        self, loc: Location, rec: Any, target: memoryview, *, verify: bool
+        self, loc: Location, rec: Any, target: memoryview, *, verify: bool, shard: int = -1
     ) -> tuple[str | None, OSError | None, tuple[int, int]]:
         """Read one member from ``loc``; return (problem, OS error, identity of the file).
 
@@ -301,6 +328,8 @@ class PackedDataset:
             fd = self.pool.fd(loc.path, staged=loc.staged)
             got = read_fully(self.opener, fd, target, int(rec["offset"]))
         except OSError as exc:
+            if fd < 0 and self._was_evicted(loc, exc, shard):
+                return EVICTED, exc, identity
             problem, error = f"unreadable: {exc.strerror or exc}", exc
         else:
             took = time.perf_counter_ns() - began if self.timed else None
@@ -354,9 +383,11 @@ class PackedDataset:
                 # shard's lock first) instead of reading the source for the rest of the job.
                 self._recover_copy(shard, "changed since it was staged", NOT_OPENED)
                 loc = self.resolver.locate(shard)
-            problem, error, identity = self._read_at(loc, rec, target, verify=verify)
+            problem, error, identity = self._read_at(loc, rec, target, verify=verify, shard=shard)
             if problem is None:
                 return
+            if problem == EVICTED:
+                continue
             if not loc.staged:
                 failure = self._source_error(
                     problem, error, loc.path, shard, member, sample, target
@@ -463,6 +494,8 @@ class PackedDataset:
             try:
                 view = self.maps.view(loc.path)
             except OSError as exc:
+                if self._was_evicted(loc, exc, shard):
+                    continue
                 problem, error, view = f"unreadable: {exc.strerror or exc}", exc, memoryview(b"")
             if problem is None and off + size > len(view):
                 problem = "truncated"

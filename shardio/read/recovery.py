@@ -2,7 +2,8 @@
 
 :class:`Recovery` wraps any batch read (``read(indices) -> batch``). When a sample fails
 with an ``OSError`` (EIO, a truncated or missing shard) or a checksum mismatch, it is handled
-in this order:
+in this order (a :class:`~shardio.errors.SampleDecodeError`, whose bytes are intact, goes
+straight to step 4: re-reading or rebuilding gives the same bytes):
 
 1. the bad staged copy (if the bytes came from one) was already dropped and staged again
    from the source, verified, once per node, by the reader (``PackedDataset(restage=True)``);
@@ -10,8 +11,10 @@ in this order:
    through freshly opened files;
 3. the shard is rebuilt by the ``rebuild`` hook when one is given (parity, later);
 4. the policy: ``raise`` a :class:`~shardio.errors.SampleUnavailableError` naming the shard,
-   the sample and everything tried, or ``skip``: substitute a sample drawn deterministically
-   from the same rank's share (so per-rank counts stay equal and a resume reads the same).
+   the sample and everything tried (the SampleDecodeError itself for an undecodable one), or
+   ``skip``: substitute a sample drawn deterministically from the same rank's share (so
+   per-rank counts stay equal and a resume reads the same); a substitute is read, and
+   decoded, before it is taken.
 
 Nothing retries forever: retries are counted, waits are capped, and an optional wall-clock
 budget (``budget_s``, from the policy's creation, shared by every worker of the job) stops
@@ -29,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from shardio.errors import SampleUnavailableError, StorageError, UsageError
+from shardio.errors import SampleDecodeError, SampleUnavailableError, StorageError, UsageError
 from shardio.read.journal import RepairJournal
 from shardio.read.packed import Event, PackedDataset
 
@@ -99,7 +102,9 @@ class RecoveryPolicy:
         return None if self.budget_s is None else self.created_at + self.budget_s
 
 
-_Recoverable = (OSError,)  # StorageError, ChecksumMismatchError (an IntegrityError) and raw EIO
+# StorageError, ChecksumMismatchError (an IntegrityError), raw EIO, and a sample whose checked
+# bytes its decoder refuses.
+_Recoverable = (OSError, SampleDecodeError)
 
 
 class Recovery:
@@ -113,6 +118,9 @@ class Recovery:
         context: fields added to every journal event (rank, epoch, ...).
         rebuild: rebuilds a shard in place from a repair source (parity); returns whether it
             did. None: no repair source.
+        probe: reads one sample as the caller delivers it (decoded too), raising what its read
+            would; used on retries and on every substitute before it is taken. None: read
+            and verify its members (``ds.read_sample``).
         sleep, clock: injected for tests.
     """
 
@@ -124,6 +132,7 @@ class Recovery:
         candidates: Callable[[int], Iterable[int]],
         context: Callable[[], dict[str, Any]] | None = None,
         rebuild: Callable[[int], bool] | None = None,
+        probe: Callable[[int], object] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -132,6 +141,7 @@ class Recovery:
         self.candidates = candidates
         self.context = context
         self.rebuild = rebuild
+        self.probe = probe
         self.sleep = sleep
         self.clock = clock
         self.metrics = ds.metrics  # counts retries, rebuilds, substitutes, ... with the reads
@@ -205,11 +215,15 @@ class Recovery:
         return deadline is None or self.clock() < deadline
 
     def _probe(self, sample: int) -> None:
-        """Read and verify every member of ``sample`` through freshly opened files."""
+        """Read and verify every member of ``sample`` through freshly opened files (and
+        decode it, with a ``probe``)."""
         shard = self.ds.shard_of(sample)
         self.ds.pool.discard(self.ds.shard_path(shard))
         self.ds.resolver.forget(shard)
-        self.ds.read_sample(sample, verify=True)
+        if self.probe is not None:
+            self.probe(sample)
+        else:
+            self.ds.read_sample(sample, verify=True)
 
     def recover(self, sample: int, error: BaseException) -> int:
         """The sample to read in place of ``sample``, which failed with ``error``: itself
@@ -217,12 +231,18 @@ class Recovery:
 
         Raises:
             SampleUnavailableError: under ``raise``, or when no substitute could be read.
+            SampleDecodeError: ``error`` itself when it is one, under ``raise``.
         """
         shard = self.ds.shard_of(sample)
         rel = self.ds.manifest.shards[shard].path
         key = self.ds.key(sample)
         base = {"shard": rel, "sample": sample, "key": key}
         tried = [f"read: {error}"]
+        if isinstance(error, SampleDecodeError):
+            # Its bytes match their checksum: a re-read, a re-stage or a rebuild gives the same
+            # bytes, and the shard's other samples are fine (it is not marked bad).
+            tried = [f"decode: {error}", "not read again: its bytes match their checksum"]
+            return self._give_up(sample, base, error, tried)
         if shard not in self.bad_shards:
             wait = self.policy.backoff_s
             for attempt in range(1, self.policy.retries + 1):
@@ -262,10 +282,17 @@ class Recovery:
         else:
             tried.append("shard already failed in this process: no more retries")
         self.bad_shards.add(shard)
+        return self._give_up(sample, base, error, tried)
+
+    def _give_up(self, sample: int, base: Event, error: BaseException, tried: list[str]) -> int:
+        """The policy for a sample nothing could read: raise, or a substitute (``skip``)."""
         self.bad_samples.add(sample)
+        key, rel = str(base["key"]), str(base["shard"])
         if self.policy.policy == "raise":
             self.metrics.add("unavailable")
             self.emit({**base, "event": "raise", "error": str(error), "tried": tried})
+            if isinstance(error, SampleDecodeError):
+                raise error  # the typed error itself: it names the sample already
             raise SampleUnavailableError(
                 f"sample {key!r} of shard {rel} cannot be read: " + "; ".join(tried),
                 shard=rel,

@@ -1,7 +1,10 @@
 """The resolver: where shard k is read from now (a staged copy or the source).
 
 A shard is read from its staged copy while that copy's stamp matches (see the protocol in
-:mod:`shardio.cache.protocol`), else from the source. A copy that fails a read is dropped
+:mod:`shardio.cache.protocol`), else from the source. A staging area given as the cache is
+checked at open (:meth:`ShardResolver.check_cache`): another dataset's area is refused, and
+a missing or empty one is said once and counted (``cache_missing``); a bad copy is staged
+again only into an area that holds this very dataset. A copy that fails a read is dropped
 (only if it is still the file that failed) and, when asked, staged again from the source
 under the shard's lock, so that however many workers and ranks of a node hit it at the same
 moment it is copied once. Decisions are cached per process; a forked worker starts afresh,
@@ -10,12 +13,21 @@ except for the copies its parent found staged when the epoch began (:meth:`Shard
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shardio.cache.copy import stage_one
+from shardio.cache.identity import (
+    DatasetIdentity,
+    area_dataset_id,
+    cache_problem,
+    check_area_holds,
+    identity_of,
+    same_dataset,
+)
 from shardio.cache.protocol import (
     STAGE_DIR,
     StampCache,
@@ -31,6 +43,8 @@ from shardio.metrics.read import ReadMetrics
 from shardio.storage.files import make_dirs_inside
 
 __all__ = ["Location", "ShardResolver"]
+
+logger = logging.getLogger(__name__)
 
 # The identity of a staged copy that could not even be opened: nothing to compare against, so
 # a file found there later (re-staged by another process) is kept.
@@ -61,7 +75,14 @@ class ShardResolver:
 
         metrics: counts ``cache_hits``/``cache_misses`` (shards located in the staging area /
             at the source while one is in use), ``drops`` and ``restages`` (bad copies
-            dropped, staged again).
+            dropped, staged again), ``cache_missing`` (the cache holds no staging area).
+        dataset_id: the id of the bytes of the manifest read from ``root``
+            (:func:`shardio.format.identity.load_identified`); None when not known here (a
+            worker whose parent checked the cache).
+
+    Attributes:
+        cache_problem: why the cache could not serve reads when it was checked (missing,
+            empty, not a staging area), or None.
     """
 
     def __init__(
@@ -71,8 +92,13 @@ class ShardResolver:
         cache: str | None,
         *,
         metrics: ReadMetrics | None = None,
+        dataset_id: str | None = None,
     ) -> None:
         self.manifest = manifest
+        self.root = root
+        self.dataset_id = dataset_id
+        self.cache_problem: str | None = None
+        self._area_ours = False  # an older release's area was found to hold this dataset
         self.source_root = manifest.staged_from or root
         self.cache_root = cache if cache is not None else (root if manifest.staged_from else None)
         self._source: dict[int, str] = {}  # joined on first use: 100,000 shards cost nothing
@@ -84,6 +110,42 @@ class ShardResolver:
         self._stamps = StampCache()  # each stamp read once while it is unchanged
         self._pid = os.getpid()
         self.metrics = metrics if metrics is not None else ReadMetrics()
+
+    def identity(self) -> DatasetIdentity:
+        """The identity of the dataset read (its manifest's id, or its area's)."""
+        if self.dataset_id is None:
+            return DatasetIdentity(None, self.manifest, self.root)
+        return identity_of(self.root, self.manifest, self.dataset_id)
+
+    def check_cache(self) -> None:
+        """Check the cache against the dataset, once at open.
+
+        Another dataset's staging area is refused (it is never read or written for this
+        one). A cache that does not exist, is empty or is not a staging area is said once
+        (a warning) and counted (``cache_missing``); its shards are read from the source,
+        and copies staged there later (``EpochStager``) are still read.
+
+        Raises:
+            UsageError: the cache holds another dataset, or one it cannot tell.
+        """
+        if self.cache_root is None:
+            return
+        problem = cache_problem(self.cache_root)
+        if problem is not None:
+            self.cache_problem = problem
+            self.metrics.add("cache_missing")
+            logger.warning(
+                "cache %s %s: shards are read from the source %s until it is staged "
+                "(shardio stage %s %s)",
+                self.cache_root,
+                problem,
+                self.source_root,
+                self.source_root,
+                self.cache_root,
+            )
+            return
+        check_area_holds(self.cache_root, self.identity(), action="read it as that dataset's cache")
+        self._area_ours = True
 
     def _cache(self) -> dict[int, Location]:
         if self._pid != os.getpid():
@@ -183,16 +245,52 @@ class ShardResolver:
         if self.cache_root is None:  # pragma: no cover - only called for staged shards
             raise RuntimeError("no staging area to drop from")
         rel = self.manifest.shards[shard].path
-        with shard_lock(self.cache_root, rel):
-            removed = drop_if_same(self.cache_root, rel, identity)
+        try:
+            with shard_lock(self.cache_root, rel):
+                removed = drop_if_same(self.cache_root, rel, identity)
+        except ShardioError as exc:
+            # A node disk remounted read-only after an I/O error (EROFS), or a lock file
+            # that is not ours: the copy stays, and this process reads the intact source.
+            removed = False
+            self.metrics.add("drop_failures")
+            logger.warning(
+                "cannot remove the bad staged copy %s (%s): reading %s instead",
+                os.path.join(self.cache_root, rel),
+                exc,
+                self.source_path(shard),
+            )
         self._cache()[shard] = Location(self.source_path(shard), staged=False)
         self._handed.discard(shard)
         self.metrics.add("drops")
         return removed
 
     def can_restage(self) -> bool:
-        """Whether bad copies can be staged again here (a recognised staging area)."""
-        return self.cache_root is not None and read_area_marker(self.cache_root) is not None
+        """Whether bad copies can be staged again here: a recognised staging area that holds
+        this very dataset (never another dataset's, which would be overwritten)."""
+        if self.cache_root is None or read_area_marker(self.cache_root) is None:
+            return False
+        ident = self.identity()
+        held = area_dataset_id(self.cache_root)
+        if held is not None and ident.dataset_id is not None:
+            # Asked again each time (a marker read, on the repair path only): the area may
+            # have been given to another dataset (stage --force) since it was checked.
+            return held == ident.dataset_id
+        if not self._area_ours:  # an older release's area: told by its manifest, once
+            try:
+                self._area_ours = bool(same_dataset(self.cache_root, ident))
+            except OSError:
+                return False
+        return self._area_ours
+
+    def evicted(self, shard: int) -> bool:
+        """Whether the staged copy of ``shard`` is gone with its stamp: evicted (or cleaned),
+        not a fault (eviction removes the stamp first, then the copy)."""
+        if self.cache_root is None:
+            return False
+        rel = self.manifest.shards[shard].path
+        return not os.path.lexists(os.path.join(self.cache_root, rel)) and not os.path.lexists(
+            stamp_path(self.cache_root, rel)
+        )
 
     def restage(self, shard: int, identity: tuple[int, int]) -> str:
         """Stage ``shard`` again from the source, verified, under its lock; the staged copy is

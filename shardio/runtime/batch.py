@@ -10,16 +10,19 @@ boundary.
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from shardio.errors import UsageError
+from shardio.errors import StorageError, UsageError
 from shardio.format.spec import LABEL_EXT
-from shardio.read.mapcache import MapCache
+from shardio.read.mapcache import FileIdentity, MapCache
 from shardio.read.packed import PackedDataset
+from shardio.units import format_size
 
 __all__ = [
     "ByteColumn",
@@ -27,8 +30,16 @@ __all__ = [
     "payload_rows",
     "read_batch",
     "read_batch_mapped",
+    "share_tensors",
     "shared_uint8",
+    "shm_full_error",
 ]
+
+# Where shm_open puts torch's shared storages on Linux (named in the error when it is full).
+SHM_DIR = "/dev/shm"
+# torch's messages when a shared storage finds no room (posix_fallocate/ftruncate failed).
+_NO_ROOM = ("No space left on device", "unable to allocate shared memory")
+_MAX_DEPTH = 4  # how deep share_tensors looks into a batch's lists and dicts
 
 # Mappings of shard files in the process that receives mapped batches (the training loop).
 # One per process and file, like the page cache they view; forked children map afresh.
@@ -82,12 +93,19 @@ class MappedColumn(ByteColumn):
     """A payload field whose bytes stay where they are: in the shard files' page cache.
 
     The worker verified each member through its own mapping and sends only (file, offset,
-    size) per sample; the receiving process views the same pages through its mapping of the
-    file, so no byte is copied until the caller copies it (``bytes(col[i])``, pinning, or
-    ``.buffer``, which gathers the column into one contiguous tensor on first use).
+    size) per sample, with the identity of each file it mapped; the receiving process views
+    the same pages through its mapping of that very file, so no byte is copied until the
+    caller copies it (``bytes(col[i])``, pinning, or ``.buffer``, which gathers the column
+    into one contiguous tensor on first use). A file replaced under its name since the worker
+    verified it (a rename: ``shardio pack --force``) is refused with a StorageError naming it
+    when a sample of it is first viewed, never viewed.
 
     Shard files are never modified in place (shardio publishes by rename and drops by
     unlink), which keeps such views valid.
+
+    Attributes:
+        identities: per path, the identity of the file the worker verified (None: the file
+            mapped here, unchecked: a column made by hand).
     """
 
     def __init__(
@@ -97,8 +115,15 @@ class MappedColumn(ByteColumn):
         starts: np.ndarray[Any, Any],
         sizes: np.ndarray[Any, Any],
         present: np.ndarray[Any, Any],
+        *,
+        identities: Sequence[FileIdentity | None] | None = None,
     ) -> None:
         self.paths = tuple(paths)
+        self.identities = tuple(identities) if identities is not None else (None,) * len(self.paths)
+        if len(self.identities) != len(self.paths):
+            raise UsageError(
+                f"MappedColumn: {len(self.identities)} identities for {len(self.paths)} paths"
+            )
         self.which = which
         self.starts = starts
         self.sizes = sizes
@@ -126,7 +151,8 @@ class MappedColumn(ByteColumn):
         i %= len(self)
         if not self.present[i]:
             return None  # type: ignore[return-value]
-        view = _RECEIVER_MAPS.view(self.paths[int(self.which[i])])
+        j = int(self.which[i])
+        view = _RECEIVER_MAPS.view(self.paths[j], self.identities[j])
         start = int(self.starts[i])
         return view[start : start + int(self.sizes[i])]
 
@@ -163,10 +189,91 @@ class MappedColumn(ByteColumn):
         return f"MappedColumn(n={len(self)}, bytes={int(self.sizes.sum())})"
 
 
-def shared_uint8(nbytes: int) -> torch.Tensor:
-    """A uint8 tensor whose storage is created in shared memory (no later move/copy)."""
-    storage = torch.UntypedStorage._new_shared(max(nbytes, 1))  # type: ignore[no-untyped-call]
+def shared_uint8(nbytes: int, *, shm_dir: str = SHM_DIR) -> torch.Tensor:
+    """A uint8 tensor whose storage is created in shared memory (no later move/copy).
+
+    Raises:
+        StorageError: shared memory has no room for it (:func:`shm_full_error`).
+    """
+    try:
+        storage = torch.UntypedStorage._new_shared(max(nbytes, 1))  # type: ignore[no-untyped-call]
+    except RuntimeError as exc:
+        error = shm_full_error(exc, max(nbytes, 1), what="a batch buffer", shm_dir=shm_dir)
+        if error is None:
+            raise
+        raise error from exc
     return torch.tensor([], dtype=torch.uint8).set_(storage)[:nbytes]
+
+
+def shm_full_error(
+    exc: BaseException, nbytes: int, *, what: str, shm_dir: str = SHM_DIR
+) -> StorageError | None:
+    """The one-line error for torch's failure ``exc`` to make ``nbytes`` of shared memory, or
+    None when ``exc`` is not about room.
+
+    It names ``shm_dir`` with its size and free space and says what to do: a container's
+    default /dev/shm (64 MiB under docker) holds a few batches of a few workers at most.
+    """
+    text = str(exc)
+    full = (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or any(
+        marker in text for marker in _NO_ROOM
+    )
+    if not full:
+        return None
+    try:
+        st = os.statvfs(shm_dir)
+    except OSError:
+        room = "size unknown"
+    else:
+        size = st.f_blocks * st.f_frsize
+        room = f"{format_size(size)}, {format_size(st.f_bavail * st.f_frsize)} free"
+    return StorageError(
+        errno.ENOSPC,
+        f"shared memory is full: {shm_dir} ({room}) has no room for {what} of "
+        f"{format_size(nbytes)}; give the job more (docker run --shm-size=8g, or "
+        "--tmpfs /dev/shm:size=8g; Kubernetes: an emptyDir of medium Memory on /dev/shm), or "
+        "use fewer workers, a smaller batch_size or prefetch_factor, or "
+        "transport='mmap' on node-local copies (num_workers=0 needs none)",
+    )
+
+
+def share_tensors(batch: Any, *, shm_dir: str = SHM_DIR) -> Any:
+    """Move the tensors of a worker's batch into shared memory now, in the worker.
+
+    torch would move them while pickling the batch, in its queue's feeder thread, where a
+    full /dev/shm prints a traceback, drops the batch and leaves the training loop waiting.
+    Here the failure is one StorageError the worker sends instead. Already shared tensors
+    (the batch buffers) are left as they are.
+
+    Raises:
+        StorageError: shared memory has no room (:func:`shm_full_error`).
+    """
+    _share(batch, shm_dir, _MAX_DEPTH)
+    return batch
+
+
+def _share(value: Any, shm_dir: str, depth: int) -> None:
+    if isinstance(value, torch.Tensor):
+        if (
+            value.device.type != "cpu"
+            or value.layout != torch.strided  # sparse: torch shares its parts itself
+            or value.is_shared()  # type: ignore[no-untyped-call]
+        ):
+            return
+        try:
+            value.share_memory_()  # type: ignore[no-untyped-call]
+        except RuntimeError as exc:
+            nbytes = value.untyped_storage().nbytes()
+            error = shm_full_error(exc, nbytes, what="a batch tensor", shm_dir=shm_dir)
+            if error is None:
+                raise
+            raise error from exc
+    elif depth > 0 and isinstance(value, dict):
+        for item in value.values():
+            _share(item, shm_dir, depth - 1)
+    elif depth > 0 and isinstance(value, list | tuple):
+        for item in value:
+            _share(item, shm_dir, depth - 1)
 
 
 def payload_rows(
@@ -306,12 +413,15 @@ def read_batch_mapped(
     labelled = ds.manifest.classes is not None
     n = len(indices)
     paths: dict[str, int] = {}
+    identities: dict[str, FileIdentity | None] = {}
     columns: dict[int, tuple[np.ndarray[Any, Any], ...]] = {}
     rows, positions = payload_rows(ds, samples)
     ext_ids = members["ext_id"][rows]
     for m, ext_id, pos in zip(rows.tolist(), ext_ids.tolist(), positions.tolist(), strict=True):
         shard = int(samples[pos]["shard"])
         path, view = ds.member_view(m, shard=shard, sample=int(indices[pos]), verify=verify)
+        # The file this worker's map holds, just checked through: the receiver maps that one.
+        identities.setdefault(path, ds.maps.identity(path))
         col = columns.get(ext_id)
         if col is None:
             col = columns[ext_id] = (
@@ -333,5 +443,7 @@ def read_batch_mapped(
         batch[LABEL_EXT] = samples["label"].astype(np.int64)
     ordered_paths = sorted(paths, key=paths.__getitem__)
     for ext_id in sorted(columns, key=lambda e: exts[e]):
-        batch[exts[ext_id]] = MappedColumn(ordered_paths, *columns[ext_id])
+        batch[exts[ext_id]] = MappedColumn(
+            ordered_paths, *columns[ext_id], identities=[identities[p] for p in ordered_paths]
+        )
     return batch

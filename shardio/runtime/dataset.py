@@ -27,8 +27,8 @@ from shardio.order import OrderSpec, RankStream, default_order, rank_stream
 from shardio.order.ranks import RankInfo, detect_ranks
 from shardio.read.opener import Opener
 from shardio.read.packed import Handoff, PackedDataset
-from shardio.runtime.batch import read_batch, read_batch_mapped
-from shardio.runtime.decode import Decoder, make_decoder
+from shardio.runtime.batch import read_batch, read_batch_mapped, share_tensors
+from shardio.runtime.decode import Decoder, decode_sample, make_decoder
 
 if TYPE_CHECKING:
     from shardio.runtime.transport import BatchRing
@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 MODES = ("map", "stream")
 TRANSPORTS = ("ring", "shm", "mmap")
-STATE_VERSION = 2  # 2: the order spec, ranks per node and the layouts of the epoch so far
+STATE_VERSION = 3  # 2: the order spec, ranks per node and the layouts of the epoch so far;
+# 3: rotating partitions computed directly from the epoch (their owners of epoch >= 1 differ)
 # Recovery events a worker sends with a batch (ResilientDataset); the loader takes them out.
 EVENTS_KEY = "__shardio_events__"
 # The read metrics a worker drained after reading a batch (a ReadDelta); the loader takes them
@@ -180,7 +181,9 @@ class ShardDataset(Dataset[dict[str, Any]]):
             such as ``"order=random,partition=node"``. With an OrderSpec, give seed,
             window_shards and drop_last in it, not here.
         window_shards: shards per shuffle window in shard-local order (at least 1).
-        decode: None (raw bytes), "pil", "torch" or a callable on the sample dict.
+        decode: None (raw bytes), "pil", "torch" or a callable on the sample dict; a
+            sample it fails on raises SampleDecodeError naming it (ResilientDataset's policy
+            substitutes or raises it).
         transform: a callable applied to each (decoded) sample.
         verify: check every member's xxh3-64 on read (cheap); a mismatch raises
             ChecksumMismatchError.
@@ -196,11 +199,12 @@ class ShardDataset(Dataset[dict[str, Any]]):
             slot is held, a batch takes a fresh segment instead). "shm": a fresh
             shared-memory segment per batch (its pages fault on every batch: slower).
             "mmap": opt-in, for node-local copies only: the worker verifies each member
-            through its mapping of the shard and sends (file, offset, size); the training
-            process maps the file and views the same page-cache pages, without a copy. A
-            shard truncated or unreadable (EIO on a parallel filesystem) after the check
-            then raises SIGBUS in the training process, and a file replaced in place yields
-            wrong bytes; the mapped page cache also counts in its RSS.
+            through its mapping of the shard and sends (file, offset, size) and the file's
+            identity; the training process maps that very file and views the same
+            page-cache pages, without a copy (a shard renamed over since, e.g. by
+            ``shardio pack --force``, raises StorageError when viewed). A shard truncated or
+            unreadable (EIO on a parallel filesystem) once mapped then raises SIGBUS in the
+            training process; the mapped page cache also counts in its RSS.
         metrics: time every member read into the read-latency histograms and send the
             workers' figures with their batches (``loader.metrics()``); False keeps only
             the counters of each process.
@@ -507,12 +511,10 @@ class ShardDataset(Dataset[dict[str, Any]]):
         return self.num_samples
 
     def _finish(self, sample: dict[str, Any]) -> dict[str, Any]:
-        key = sample["__key__"]
-        if self._decoder is not None:
-            sample = self._decoder(sample)
+        key = sample.get("__key__") if isinstance(sample, dict) else None
         if self.transform is not None:
             sample = self.transform(sample)
-        if isinstance(sample, dict) and "__key__" not in sample:
+        if isinstance(sample, dict) and "__key__" not in sample and key is not None:
             # The loader counts delivered samples by key (exact resume): keep it.
             sample = {"__key__": key, **sample}
         return sample
@@ -534,11 +536,27 @@ class ShardDataset(Dataset[dict[str, Any]]):
         return read(indices)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        """Sample ``index`` as a dict: ``__key__``, bytes per extension, ``cls`` as int."""
-        batch = self._read_checked(
-            lambda indices: read_batch(self.packed, indices, verify=self.verify, shared=False),
-            [self._sample_index(index)],
-        )
+        """Sample ``index`` as a dict: ``__key__``, bytes per extension, ``cls`` as int.
+
+        Raises:
+            SampleDecodeError: the decoder failed on the sample (naming it).
+        """
+        return self._sample(index)[0]
+
+    def _sample(self, index: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """(sample ``index`` decoded and transformed, the recovery events of its read)."""
+        got = self._read_checked(self._read_decoded, [self._sample_index(index)])
+        events = got.pop(EVENTS_KEY, None) if isinstance(got, dict) else None
+        return self._finish(got), events or []
+
+    def _read_decoded(self, indices: list[int]) -> dict[str, Any]:
+        """Read and decode the one sample of ``indices``: the read a ResilientDataset
+        recovers, so that a sample its decoder refuses is substituted like an unreadable one.
+
+        Raises:
+            SampleDecodeError: the decoder failed on it.
+        """
+        batch = read_batch(self.packed, indices, verify=self.verify, shared=False)
         sample = {
             k: (
                 v[0]
@@ -548,9 +566,21 @@ class ShardDataset(Dataset[dict[str, Any]]):
                 else (bytes(v[0]) if v[0] is not None else None)
             )
             for k, v in batch.items()
-            if k != EVENTS_KEY
         }
-        return self._finish(sample)
+        if self._decoder is None:
+            return sample
+        packed, index = self.packed, indices[0]
+        decoded = decode_sample(
+            self._decoder,
+            sample,
+            dataset=self.path,
+            shard=packed.manifest.shards[packed.shard_of(index)].path,
+            index=index,
+        )
+        if isinstance(decoded, dict) and "__key__" not in decoded:
+            # The loader counts delivered samples by key (exact resume): keep it.
+            decoded = {"__key__": sample["__key__"], **decoded}
+        return decoded
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
         """A batch: packed in shared memory when undecoded, else collated decoded samples."""
@@ -558,7 +588,8 @@ class ShardDataset(Dataset[dict[str, Any]]):
             if self.mode == "map" and self._read_plan is not None:
                 self._advise_planned(indices)
             try:
-                return self._read_items(indices)
+                # Shared now, not while torch pickles it (a full /dev/shm would fail there).
+                return share_tensors(self._read_items(indices))
             except ShardioError as exc:
                 return WorkerFailure(exc, self._drain_metrics())
         return self._read_items(indices)
@@ -642,7 +673,14 @@ class ShardDataset(Dataset[dict[str, Any]]):
         if self._decoder is None and self.transform is None:
             batch = self._read_checked(self._read_raw, checked)
         else:
-            batch = collate_samples([self[i] for i in checked])
+            samples, events = [], []
+            for i in checked:
+                sample, got = self._sample(i)
+                samples.append(sample)
+                events.extend(got)
+            batch = collate_samples(samples)
+            if events:
+                batch[EVENTS_KEY] = events
         delta = self._drain_metrics()
         if delta is not None and isinstance(batch, dict):
             batch[METRICS_KEY] = delta  # travels with the batch: no channel of its own
@@ -698,7 +736,7 @@ def _parse_state(state: object) -> dict[str, Any]:
     if version == 1 and type(version) is int:
         state = _upgrade_v1(state)
         version = STATE_VERSION
-    if type(version) is not int or version != STATE_VERSION:
+    if type(version) is not int or version not in (2, STATE_VERSION):
         raise UsageError(f"unsupported ShardDataset state version {version!r}")
     missing = [k for k in (*_STATE_INTS, "spec", "history") if k not in state]
     if missing:
@@ -726,6 +764,20 @@ def _parse_state(state: object) -> dict[str, Any]:
         )
         for w, r, c in history
     ]
+    spec = values["spec"]
+    if (
+        version == 2
+        and spec.partition == "rotating"
+        and spec.rotate > 0
+        and values["epoch"] > 0
+        and (values["consumed"] > 0 or values["history"])
+    ):
+        raise UsageError(
+            f"this state was saved mid-epoch (epoch {values['epoch']}) of a rotating partition "
+            "by an older shardio, whose rotation gave other node shares: resume from the start "
+            "of the epoch (load it after setting its 'consumed' to 0 and 'history' to []) or "
+            "finish the epoch with the older release"
+        )
     return values
 
 

@@ -6,9 +6,12 @@ DataLoader starts (:func:`worker_pinning`); each worker then runs the returned
 and ``torch.set_num_threads`` to the placement's thread count, then calls the user's own
 ``worker_init_fn``, if any.
 
-Nothing is pinned when ``SHARDIO_PIN_WORKERS=0``, on a machine without an NVIDIA GPU, or
-when the placement cannot be computed (logged at debug level). ``SHARDIO_SYSFS`` names
-another sysfs root to read the topology from (a fake tree in tests; default ``/sys``).
+Nothing is pinned when ``SHARDIO_PIN_WORKERS=0`` (a switch: 1/0, true/false, yes/no,
+on/off; anything else is refused in one line, like every variable of :mod:`shardio._env`),
+on a machine without an NVIDIA GPU, or when the placement cannot be computed (logged at
+debug level: a malformed tree, or one whose files are FIFOs or devices, which are refused
+without blocking). ``SHARDIO_SYSFS`` names another sysfs root to read the topology from (a
+fake tree in tests; default ``/sys``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shardio._env import env_flag
 from shardio.errors import ShardioError
 from shardio.topology import format_cpulist, placement, read_topology
 
@@ -28,13 +32,16 @@ log = logging.getLogger(__name__)
 
 PIN_ENV = "SHARDIO_PIN_WORKERS"
 SYSFS_ENV = "SHARDIO_SYSFS"
-_OFF = ("0", "false", "no", "off")
 
 
 def pin_workers_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """False when ``SHARDIO_PIN_WORKERS`` turns pinning off (0, false, no, off)."""
+    """False when ``SHARDIO_PIN_WORKERS`` turns pinning off (0, false, no, off).
+
+    Raises:
+        UsageError: ``SHARDIO_PIN_WORKERS`` is set to anything but a switch.
+    """
     env = os.environ if environ is None else environ
-    return env.get(PIN_ENV, "1").strip().lower() not in _OFF
+    return env_flag(env, PIN_ENV, default=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +86,9 @@ def worker_pinning(
         user_init: a ``worker_init_fn`` to chain after pinning.
         environ: the environment (``SHARDIO_PIN_WORKERS``, ``SHARDIO_SYSFS``,
             ``CUDA_VISIBLE_DEVICES``, ``SLURM_*``); this process's by default.
+
+    Raises:
+        UsageError: ``SHARDIO_PIN_WORKERS`` is not a switch.
     """
     env = os.environ if environ is None else environ
     if not pin_workers_enabled(env):

@@ -3,8 +3,9 @@
 ``ResilientDataset(ShardDataset(path, cache=stage), policy="skip")`` reads exactly like the
 dataset it wraps (map or stream mode, in DataLoader workers, with ``ds.loader(...)``, ranks
 and exact resume) and applies a :class:`~shardio.read.recovery.RecoveryPolicy` to every
-sample that fails: see :mod:`shardio.read.recovery` for the steps. Workers send their
-recovery events with the batches; the training process counts them in
+sample that fails, to be read or to be decoded (a
+:class:`~shardio.errors.SampleDecodeError`): see :mod:`shardio.read.recovery` for the steps.
+Workers send their recovery events with the batches; the training process counts them in
 :attr:`ResilientDataset.recovery_stats` (a view of the rank's read metrics).
 """
 
@@ -109,6 +110,7 @@ class ResilientDataset(ShardDataset):
                 candidates=self._candidates,
                 context=self._context,
                 rebuild=self.rebuild,
+                probe=self._probe_sample,
             )
             self._recovery_pid = os.getpid()
         return self._recovery
@@ -137,6 +139,11 @@ class ResilientDataset(ShardDataset):
         """Count events from a worker's batch (called by the loader)."""
         self.recovery_events.extend(events)
         del self.recovery_events[:-_MAX_EVENTS_KEPT]
+
+    def _probe_sample(self, sample: int) -> None:
+        """Read ``sample`` as it would be delivered (decoded too): a retry, or a substitute
+        before it is taken."""
+        self._read_decoded([sample])
 
     def _context(self) -> dict[str, Any]:
         ranks = self.ranks()

@@ -35,7 +35,7 @@ import torch
 from shardio.errors import ShardioError, StorageError
 from shardio.format.spec import LABEL_EXT
 from shardio.read.packed import PackedDataset
-from shardio.runtime.batch import ByteColumn, payload_rows, read_batch, shared_uint8
+from shardio.runtime.batch import SHM_DIR, ByteColumn, payload_rows, read_batch, shared_uint8
 from shardio.runtime.dataset import EVENTS_KEY, METRICS_KEY, WorkerFailure
 
 __all__ = ["BatchRing", "RingBatch", "max_batch_bytes"]
@@ -43,8 +43,6 @@ __all__ = ["BatchRing", "RingBatch", "max_batch_bytes"]
 logger = logging.getLogger(__name__)
 
 FREE, BUSY = 0, 1
-# Where shm_open puts torch's shared storages on Linux: its free space bounds the ring.
-_SHM_DIR = "/dev/shm"
 _COUNT_RING, _COUNT_FALLBACK = 0, 1
 
 # The rings of this process by token, so that the DataLoader's pin-memory thread, which
@@ -179,14 +177,23 @@ class BatchRing:
         _RINGS[self.token] = self
 
     @classmethod
-    def allocate(cls, *, workers: int, slots: int, slot_bytes: int) -> BatchRing | None:
+    def allocate(
+        cls, *, workers: int, slots: int, slot_bytes: int, shm_dir: str = SHM_DIR
+    ) -> BatchRing | None:
         """A ring, or None (with a warning) when shared memory has no room for it.
 
-        Without a ring every batch takes a fresh segment, as with ``transport="shm"``.
+        Without a ring every batch takes a fresh segment, as with ``transport="shm"``; where
+        even that finds no room, the worker's batch fails with one StorageError naming
+        ``shm_dir`` (:func:`~shardio.runtime.batch.shm_full_error`).
+
+        Args:
+            workers, slots, slot_bytes: as in the constructor.
+            shm_dir: where shared memory lives (whose free space bounds the ring): torch's
+                shm_open puts it in /dev/shm on Linux.
         """
         need = workers * slots * slot_bytes
         try:
-            stat = os.statvfs(_SHM_DIR)
+            stat = os.statvfs(shm_dir)
         except OSError:
             free = None  # nothing to check here: torch reports its own failure
         else:
@@ -199,13 +206,13 @@ class BatchRing:
                 workers,
                 slots,
                 slot_bytes,
-                _SHM_DIR,
+                shm_dir,
                 free,
             )
             return None
         try:
             return cls(workers=workers, slots=slots, slot_bytes=slot_bytes)
-        except RuntimeError as exc:  # torch's shared-memory allocation failed (it fallocates)
+        except (RuntimeError, StorageError) as exc:  # torch's allocation failed (it fallocates)
             logger.warning("ring transport: %s: each batch takes a fresh segment instead", exc)
             return None
 

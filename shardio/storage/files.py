@@ -18,9 +18,10 @@ import stat
 from collections.abc import Collection
 
 from shardio.errors import FormatError, ShardioError, StorageError, UsageError
-from shardio.storage.atomic import TEMP_MARK
+from shardio.storage.atomic import TEMP_MARK, storage_error
 
 __all__ = [
+    "check_replaceable",
     "describe_kind",
     "open_for_pread",
     "find_temps_inside",
@@ -158,6 +159,31 @@ def read_regular(
         ) from exc
     finally:
         os.close(fd)
+
+
+def check_replaceable(path: str, *, what: str, parent: bool = False) -> None:
+    """Check that ``path`` is absent or a regular file, so renaming over it replaces no
+    symlink, directory or device; with ``parent``, that its directory exists.
+
+    Raises:
+        StorageError: it is not.
+    """
+    if parent:
+        head = os.path.dirname(path) or "."
+        if not os.path.isdir(head):
+            raise StorageError(errno.ENOENT, f"{what} {path}: no directory {head}")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise storage_error(exc, path, f"checking {what}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise StorageError(
+            errno.EINVAL,
+            f"{what} {path} is a {describe_kind(st.st_mode)}, not a regular file: "
+            "shardio replaces only regular files",
+        )
 
 
 def real_dir(path: str) -> bool:

@@ -267,3 +267,78 @@ def test_mistakes_are_one_line(
     assert_cli_error(result, needle)
     assert result.stdout == ""
     assert not (tmp_path / "out.png").exists()
+
+
+def _shadow_env(tmp_path: pathlib.Path, package: str) -> dict[str, str]:
+    """An environment where ``import PACKAGE`` fails as if it were not installed."""
+    shadow = tmp_path / f"no-{package}"
+    shadow.mkdir()
+    (shadow / f"{package}.py").write_text(
+        f"raise ModuleNotFoundError(\"No module named '{package}'\", name='{package}')\n"
+    )
+    path = os.pathsep.join(p for p in (os.fspath(shadow), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path}
+
+
+def test_bench_without_torch_names_the_extra(
+    run_cli: Any, assert_cli_error: Callable[..., str], data: Data, tmp_path: pathlib.Path
+) -> None:
+    result = run_cli("bench", data.tar, env=_shadow_env(tmp_path, "torch"))
+    line = assert_cli_error(result, "shardio bench needs PyTorch: pip install 'shardio[torch]'")
+    assert "internal error" not in line and result.stdout == ""
+
+
+@pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "fifo", "device", "directory"])
+def test_plot_never_replaces_anything_but_a_regular_file(
+    run_cli: Any,
+    assert_cli_error: Callable[..., str],
+    data: Data,
+    tmp_path: pathlib.Path,
+    kind: str,
+) -> None:
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    out = tmp_path / "out.png"
+    if kind == "symlink":
+        out.symlink_to(target)
+    elif kind == "dangling symlink":
+        out.symlink_to(tmp_path / "nowhere.png")
+    elif kind == "fifo":
+        os.mkfifo(out)
+    elif kind == "device":
+        if os.geteuid() != 0:
+            pytest.skip("mknod of a device needs root")
+        os.mknod(out, 0o600 | __import__("stat").S_IFCHR, os.makedev(1, 3))  # like /dev/null
+    else:
+        out.mkdir()
+    before = os.lstat(out)
+    result = run_cli("bench", data.tar, "--compute-ms", "0", "--plot", out)
+    line = assert_cli_error(result, f"--plot {out}")
+    assert "regular file" in line or "is a directory" in line, line
+    assert result.stdout == ""  # refused before the run
+    after = os.lstat(out)
+    assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)
+    assert target.read_text() == "keep me\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.png", "precious.txt"]
+
+
+def test_plot_replaced_by_a_symlink_during_the_run_is_left_alone(
+    data: Data, tmp_path: pathlib.Path
+) -> None:
+    """The check is made again just before the rename (the run takes minutes)."""
+    from shardio.errors import StorageError
+    from shardio.metrics.plot import write_plot
+
+    run = run_shardio(os.fspath(data.tar), BenchSettings(workers=0, batch_size=BATCH,
+                                                          compute_ms=0.0))  # fmt: skip
+    out = tmp_path / "out.png"
+    write_plot([run], out)
+    assert out.read_bytes().startswith(PNG_SIGNATURE)  # a regular file is replaced
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    out.unlink()
+    out.symlink_to(target)
+    with pytest.raises(StorageError, match="is a symlink, not a regular file"):
+        write_plot([run], out)
+    assert out.is_symlink() and target.read_text() == "keep me\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.png", "precious.txt"]

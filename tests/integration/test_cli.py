@@ -264,10 +264,10 @@ def test_default_workers_from_slurm_env() -> None:
     assert default_workers({"SLURM_CPUS_PER_TASK": "3"}) == 3
     assert default_workers({"SLURM_CPUS_PER_TASK": "3", "SLURM_CPUS_ON_NODE": "64"}) == 3
     assert default_workers({"SLURM_CPUS_ON_NODE": "64"}) == 64
-    assert default_workers({"SLURM_CPUS_PER_TASK": "0"}) == affinity
-    assert default_workers({"SLURM_CPUS_PER_TASK": "x"}) == affinity
-    assert default_workers({"SLURM_CPUS_PER_TASK": ""}) == affinity
     assert default_workers({}) == affinity
+    for bad in ("0", "x", "", "\u00b2"):  # refused, not skipped
+        with pytest.raises(UsageError, match="SLURM_CPUS_PER_TASK="):
+            default_workers({"SLURM_CPUS_PER_TASK": bad})
     assert affinity >= 1
 
 
@@ -435,7 +435,7 @@ def test_part_auto_from_slurm_env(tiny_tree: pathlib.Path, tmp_path: pathlib.Pat
         ("auto", {}, "SLURM_PROCID"),
         ("2/2", {}, "'2/2'"),
         ("1", {}, "'1'"),
-        ("auto", {"SLURM_PROCID": "4", "SLURM_NTASKS": "4"}, "'4/4'"),
+        ("auto", {"SLURM_PROCID": "4", "SLURM_NTASKS": "4"}, "SLURM_PROCID=4 is not below"),
     ],
 )
 def test_bad_part_is_usage_error(

@@ -127,8 +127,9 @@ def test_this_machine(run_cli: Callable[..., Any]) -> None:
     [
         (["--sysfs", "{missing}"], ["no sysfs at", "missing"]),
         (["--sysfs", "{bad}"], ["malformed cpulist", "node1/cpulist", "'1-x'"]),
-        (["--sysfs", "{good}", "--local-rank", "-1"], ["--local-rank must be >= 0"]),
-        (["--sysfs", "{good}", "--workers", "-1"], ["--workers must be >= 0"]),
+        (["--sysfs", "{good}", "--local-rank", "-1"], ["--local-rank='-1' is not a whole"]),
+        (["--sysfs", "{good}", "--workers", "-1"], ["--workers='-1' is not a whole"]),
+        (["--sysfs", "{good}", "--local-rank", "\u0663"], ["--local-rank='\u0663' is not"]),
     ],
 )
 def test_bad_input_is_one_line(

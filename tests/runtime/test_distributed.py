@@ -114,10 +114,13 @@ def test_detects_torchrun_ranks():
     assert detect_ranks(environ=env) == RankInfo(rank=3, world_size=4, local_rank=3, source="env")
 
 
-def test_slurm_comes_before_rank_and_world_size():
-    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "RANK": "0", "WORLD_SIZE": "4"}
+def test_slurm_comes_before_rank_and_world_size_which_must_agree():
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "RANK": "1", "WORLD_SIZE": "2"}
     info = detect_ranks(environ=env)
     assert (info.rank, info.world_size, info.source) == (1, 2, "slurm")
+    # torchrun inside a one-task-per-node srun: two layouts, refused rather than guessed
+    with pytest.raises(UsageError, match="say rank 1 of 2 but RANK/WORLD_SIZE say rank 0 of 4"):
+        detect_ranks(environ=env | {"RANK": "0", "WORLD_SIZE": "4"})
 
 
 @pytest.mark.parametrize(
@@ -126,16 +129,22 @@ def test_slurm_comes_before_rank_and_world_size():
         {},
         {"SLURM_PROCID": "1"},  # half a layout is no layout
         {"RANK": "2"},
-        {"SLURM_PROCID": "x", "SLURM_NTASKS": "2"},
-        {"RANK": "", "WORLD_SIZE": "2"},
     ],
 )
 def test_single_rank_without_a_complete_layout(env):
     assert detect_ranks(environ=env) == RankInfo()
 
 
+@pytest.mark.parametrize(
+    "env", [{"SLURM_PROCID": "x", "SLURM_NTASKS": "2"}, {"RANK": "", "WORLD_SIZE": "2"}]
+)
+def test_a_malformed_layout_is_refused_not_read_as_one_rank(env):
+    with pytest.raises(UsageError, match="is not a whole number"):
+        detect_ranks(environ=env)
+
+
 def test_impossible_rank_is_a_usage_error():
-    with pytest.raises(UsageError, match="rank 4 of world size 4"):
+    with pytest.raises(UsageError, match="SLURM_PROCID=4 is not a rank of SLURM_NTASKS=4"):
         detect_ranks(environ={"SLURM_PROCID": "4", "SLURM_NTASKS": "4"})
     with pytest.raises(UsageError):
         detect_ranks(environ={"RANK": "0", "WORLD_SIZE": "0"})

@@ -152,3 +152,23 @@ def test_no_placement_means_no_pinning(tmp_path: pathlib.Path) -> None:
     malformed = fake_sysfs(tmp_path / "bad", {0: "0-x"}, [0])
     for sysfs in (no_gpu, malformed, os.fspath(tmp_path / "missing")):
         assert worker_pinning(num_workers=1, local_rank=0, environ={"SHARDIO_SYSFS": sysfs}) is None
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", " 0", "", "\u00b2"])
+def test_a_malformed_pin_switch_is_refused_naming_it(two_node_box: str, value: str) -> None:
+    from shardio.errors import UsageError
+
+    env = {"SHARDIO_SYSFS": two_node_box, "SHARDIO_PIN_WORKERS": value}
+    with pytest.raises(UsageError, match=r"^SHARDIO_PIN_WORKERS="):
+        worker_pinning(num_workers=2, local_rank=0, environ=env)
+
+
+def test_workers_keep_the_share_bind_sh_gave_whole(tmp_path: pathlib.Path) -> None:
+    # Two GPUs on one node of CPUs 0-1: local rank 1's split is CPU 1. bind.sh gave this
+    # task CPUs 0-1 as its own share (SHARDIO_BOUND_CPUS, its mask within it): kept whole.
+    sysfs = fake_sysfs(tmp_path / "sys", {0: "0-1"}, [0, 0])
+    env = {"SHARDIO_SYSFS": sysfs}
+    split = worker_pinning(num_workers=1, local_rank=1, environ=env)
+    assert split is not None and split.cpus == frozenset({1})
+    own = worker_pinning(num_workers=1, local_rank=1, environ=env | {"SHARDIO_BOUND_CPUS": "0-1"})
+    assert own is not None and own.cpus == frozenset({0, 1})

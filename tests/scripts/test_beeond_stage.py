@@ -7,6 +7,7 @@ writes a real, verifiable copy into it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import shutil
@@ -25,6 +26,12 @@ JOB_ID = "4242"
 def private_dir(mount: str | pathlib.Path) -> pathlib.Path:
     """The job's private directory on the BeeOND mount, where shardio stages."""
     return pathlib.Path(mount) / f"shardio-{os.getuid()}-{JOB_ID}"
+
+
+def area_name(name: str, src: str | pathlib.Path) -> str:
+    """The area's name in it: the source's name and 8 hex digits of the SHA-256 of its
+    real path (shardio.cache.default_stage_dir)."""
+    return f"{name}-{hashlib.sha256(os.fsencode(os.path.realpath(src))).hexdigest()[:8]}"
 
 
 @pytest.fixture
@@ -61,7 +68,7 @@ def test_start_stage_stop(
 
     staged = run_script([SCRIPT, "stage", tiny_dataset], env=beeond_env)
     assert staged.rc == 0, staged.stderr
-    dest = private_dir(mount) / "tiny-ds"
+    dest = private_dir(mount) / area_name("tiny-ds", tiny_dataset)
     assert staged.stdout.strip() == str(dest)  # only the path: DATA=$(... stage SRC)
     assert (private_dir(mount).stat().st_mode & 0o777) == 0o700  # shardio made it private
     assert "staged node 0/1" in staged.stderr
@@ -88,7 +95,8 @@ def test_start_stage_stop(
 def test_path_matches_stage(run_script: Callable[..., Any], beeond_env: dict[str, str]) -> None:
     result = run_script([SCRIPT, "path", "/lustre/proj/imagenet-shards/"], env=beeond_env)
     assert result.rc == 0, result.stderr
-    assert result.stdout == f"{private_dir(beeond_env['BEEOND_MOUNT'])}/imagenet-shards\n"
+    name = area_name("imagenet-shards", "/lustre/proj/imagenet-shards")
+    assert result.stdout == f"{private_dir(beeond_env['BEEOND_MOUNT'])}/{name}\n"
     assert result.calls == []
 
 
@@ -115,7 +123,7 @@ def test_stage_prints_where_shardio_staged(
     path = run_script([SCRIPT, "path", src], env=beeond_env)
     staged = run_script([SCRIPT, "stage", src], env=beeond_env)
     assert staged.rc == 0, staged.stderr
-    dest = private_dir(beeond_env["BEEOND_MOUNT"]) / name
+    dest = private_dir(beeond_env["BEEOND_MOUNT"]) / area_name(name, tiny_dataset)
     assert path.stdout == staged.stdout == f"{dest}\n"
     assert (dest / "manifest.json").is_file()
 

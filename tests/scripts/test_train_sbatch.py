@@ -6,6 +6,7 @@ real tiny dataset, "trains" with a command that records what it sees, and cleans
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -188,7 +189,7 @@ def test_bind_can_leave_every_gpu_visible(
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"SLURM_LOCALID": "x"}, "SLURM_LOCALID is not a number"),
+        ({"SLURM_LOCALID": "x"}, "SLURM_LOCALID='x' is not a local rank"),
         ({"SHARDIO_NUMA_NODES": "0"}, "SHARDIO_NUMA_NODES must be"),
         ({"SHARDIO_GPU_NUMA_MAP": "0,1", "SLURM_LOCALID": "3"}, "has 2 entries"),
         ({"SHARDIO_CPU_BIND": "sockets"}, "must be numa, cores or none"),
@@ -213,9 +214,12 @@ def private_dir(tmp_path: pathlib.Path) -> pathlib.Path:
     return tmp_path / "nvme" / f"shardio-{os.getuid()}-{JOB_ID}"
 
 
-def default_area(tmp_path: pathlib.Path) -> pathlib.Path:
-    """Where `shardio stage` stages the tiny dataset by default."""
-    return private_dir(tmp_path) / "tiny-ds"
+def default_area(tmp_path: pathlib.Path, src: str | os.PathLike[str]) -> pathlib.Path:
+    """Where `shardio stage` stages ``src`` by default: ``<name>-<hash>`` in the private
+    directory (the name from abspath, the hash from realpath: shardio.cache's rule)."""
+    name = os.path.basename(os.path.abspath(src))
+    digest = hashlib.sha256(os.fsencode(os.path.realpath(src))).hexdigest()[:8]
+    return private_dir(tmp_path) / f"{name}-{digest}"
 
 
 @pytest.fixture
@@ -263,7 +267,7 @@ def test_dry_run_stages_trains_and_cleans(
     tiny_dataset: pathlib.Path,
     tmp_path: pathlib.Path,
 ) -> None:
-    stage_dir = default_area(tmp_path)
+    stage_dir = default_area(tmp_path, tiny_dataset)
     seen = tmp_path / "seen.txt"
     train = (
         'test -e "$SHARDIO_STAGE_DIR/manifest.json" && echo "$CUDA_VISIBLE_DEVICES $OMP_NUM_THREADS'
@@ -287,12 +291,16 @@ def test_dry_run_stages_trains_and_cleans(
     assert train_call[8:] == [str(BIND), "bash", "-c", train]
     assert clean[:6] == stage[:6]
     assert clean[-3:] == [str(stage_dir), str(private_dir(tmp_path)), str(SHARDIO)]
-    assert ["numactl", "--cpunodebind=0", "--membind=0", "--", "bash", "-c", train] in (
-        result.calls
-    )
-    # The training command saw the staged copy, its GPU, its threads and the rendezvous.
+    # srun bound the task (the fake reports --cpu-bind=cores as srun does) and this machine
+    # has no GPU for shardio's map: bind.sh keeps srun's mask and binds memory only.
+    assert ["numactl", "--membind=0", "--", "bash", "-c", train] in result.calls
+    # The training command saw the staged copy, its GPU, its threads (no more than its CPUs)
+    # and the rendezvous.
     gpu, omp, master, cache, numa, world = seen.read_text().split()
-    assert (gpu, omp, master, cache, numa, world) == ("0", "8", "gpu07", str(stage_dir), "0", "8")
+    threads = str(min(8, len(os.sched_getaffinity(0))))
+    assert (gpu, omp, master, cache, numa, world) == (
+        "0", threads, "gpu07", str(stage_dir), "0", "8"
+    )  # fmt: skip
     assert not stage_dir.exists()  # the epilogue removed it
     assert not private_dir(tmp_path).exists()  # and the job's private directory
     assert sorted(os.listdir(tmp_path / "nvme")) == []
@@ -357,7 +365,8 @@ def test_a_damaged_source_shard_stops_the_job_under_policy_raise(
     assert steps(result.calls) == ["stage", "repair", "clean"]
     repair = next(c for c in result.calls if "shardio-repair" in c)
     assert "--kill-on-bad-exit=0" in repair  # one node's outcome stops no other's repair
-    assert repair[-3:] == [str(default_area(tmp_path)), str(private_dir(tmp_path)), str(SHARDIO)]
+    area = default_area(tmp_path, bad_source)
+    assert repair[-3:] == [str(area), str(private_dir(tmp_path)), str(SHARDIO)]
     assert "staging failed (exit" in result.stderr
     assert "could not repair shards/" in result.stderr  # shardio's own report, per node
     assert "error: damage is left after the repair" in result.stderr
@@ -460,7 +469,8 @@ def test_stage_with_make(
         "SHARDIO_STAGE_ARGS=--ranks-per-node 8 --no-progress --capacity 1GiB",
     ]  # fmt: skip
     # The stand-in staged nothing: the job says that training will not find the area.
-    assert f"warning: no staging area at {default_area(tmp_path)}" in result.stderr
+    area = default_area(tmp_path, job_env["SHARDIO_DATA"])
+    assert f"warning: no staging area at {area}" in result.stderr
 
     mine = tmp_path / "my-area"
     result = run_script(["bash", SBATCH], env=env | {"SHARDIO_STAGE_DIR": str(mine)})
@@ -493,7 +503,7 @@ def test_usr1_before_the_time_limit_stops_training_and_cleans(
         "SHARDIO_FAKE_LOG": str(fake_log),
         "PATH": f"{REPO / 'tests' / 'fakebin_beeond'}{os.pathsep}{os.environ['PATH']}",
     }
-    stage_dir = default_area(tmp_path)
+    stage_dir = default_area(tmp_path, job_env["SHARDIO_DATA"])
     with subprocess.Popen(
         ["bash", SBATCH],
         env=env,
@@ -542,7 +552,8 @@ def test_default_area_is_private_to_the_user_and_job(
     result = run_script(["bash", SBATCH], env=job_env | {"TRAIN_CMD": train})
     assert result.rc == 0, result.stderr
     assert seen.read_text().split() == ["700", str(os.getuid())]
-    assert f"staging {job_env['SHARDIO_DATA']} to {default_area(tmp_path)}" in result.stderr
+    area = default_area(tmp_path, job_env["SHARDIO_DATA"])
+    assert f"staging {job_env['SHARDIO_DATA']} to {area}" in result.stderr
     assert not private_dir(tmp_path).exists()
 
 
@@ -568,7 +579,8 @@ def test_default_area_is_where_shardio_stages(
     train = f'test -f "$SHARDIO_STAGE_DIR/manifest.json" && echo "$SHARDIO_STAGE_DIR" > {seen}'
     result = run_script(["bash", SBATCH], env=job_env | {"SHARDIO_DATA": data, "TRAIN_CMD": train})
     assert result.rc == 0, result.stderr
-    assert seen.read_text().strip() == str(private_dir(tmp_path) / name)
+    assert seen.read_text().strip() == str(default_area(tmp_path, data))
+    assert pathlib.Path(seen.read_text().strip()).name.startswith(f"{name}-")
     assert "warning" not in result.stderr
 
 
@@ -634,3 +646,24 @@ def test_a_job_id_that_is_no_file_name_is_refused(
     assert result.rc == 2
     assert "SLURM_JOB_ID '../777' is not a job id: set SHARDIO_STAGE_DIR" in result.stderr
     assert result.calls == []
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "8x", "-8", "0", "1" * 5000, "8(x2"])
+def test_a_malformed_tasks_per_node_stops_the_job_before_any_step(
+    run_script: Callable[..., Any], job_env: dict[str, str], value: str
+) -> None:
+    result = run_script(["bash", SBATCH], env=job_env | {"SLURM_NTASKS_PER_NODE": value})
+    assert result.rc == 2
+    assert "error: SLURM_NTASKS_PER_NODE=" in result.stderr
+    assert len(result.stderr) < 400
+    assert not any(c[0] == "srun" for c in result.calls)
+
+
+def test_slurm_s_per_node_list_gives_the_ranks_per_node(
+    run_script: Callable[..., Any], job_env: dict[str, str]
+) -> None:
+    env = job_env | {"SLURM_NTASKS_PER_NODE": "4(x1)", "TRAIN_CMD": "true"}
+    result = run_script(["bash", SBATCH], env=env)
+    assert result.rc == 0, result.stderr
+    train = next(c for c in result.calls if c[0] == "srun" and "--cpu-bind=cores" in c)
+    assert "--ntasks-per-node=4" in train

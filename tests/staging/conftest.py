@@ -11,6 +11,7 @@ import dataclasses
 import os
 import pathlib
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -298,3 +299,33 @@ def helpers() -> Any:
         snapshot = staticmethod(snapshot)
 
     return _Helpers
+
+
+@pytest.fixture
+def ro_mount(tmp_path: pathlib.Path) -> Iterator[Callable[[pathlib.Path], pathlib.Path]]:
+    """``ro_mount(path)`` -> a read-only bind mount of ``path`` (a node disk remounted
+    read-only after an I/O error); unmounted after the test. Skips unless root can mount
+    (chmod does not stop root)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a read-only bind mount needs root and mount(8)")
+    mounted: list[pathlib.Path] = []
+
+    def mount(path: pathlib.Path) -> pathlib.Path:
+        point = tmp_path / f"ro-{len(mounted)}"
+        point.mkdir()
+        for argv in (
+            ["mount", "--bind", str(path), str(point)],
+            ["mount", "-o", "remount,ro,bind", str(point)],
+        ):
+            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                if argv[1] == "-o":
+                    subprocess.run(["umount", "-l", str(point)], check=False)
+                pytest.skip(f"cannot make a read-only bind mount: {proc.stderr.strip()}")
+            if argv[1] == "--bind":
+                mounted.append(point)
+        return point
+
+    yield mount
+    for point in reversed(mounted):
+        subprocess.run(["umount", "-l", str(point)], check=False)

@@ -30,6 +30,7 @@ from shardio.cache import (
 )
 from shardio.cache.protocol import lock_path, stamp_matches, stamp_path
 from shardio.errors import FormatError, IntegrityError, StorageError, UsageError
+from shardio.format.identity import dataset_id
 from shardio.format.manifest import load_manifest
 
 CLI_TIMEOUT_S = 60  # a blocked open would hang far longer: the run is killed, the test fails
@@ -190,6 +191,7 @@ def test_a_new_area_gets_its_marker_before_anything_else(tiny_src, tmp_path, mon
         "format": "shardio-stage",
         "version": 1,
         "staged_from": os.path.abspath(tiny_src.path),
+        "dataset_id": dataset_id(tiny_src.path),  # the xxh3-128 of the source manifest's bytes
     }
     tiny_src.assert_staged_ok(dest, set(tiny_src.rels))
 
@@ -203,7 +205,7 @@ def test_an_area_of_the_previous_release_is_recognised(tiny_src, tmp_path):
     result = stage_dataset(tiny_src.path, dest, OPTIONS)
     assert result.copied == 0 and result.present == tiny_src.num_shards
     assert (dest / ".shardio-stage" / "area.json").is_file()
-    assert clean_stage(dest) == tiny_src.num_shards
+    assert clean_stage(dest).removed == tiny_src.num_shards
     assert os.listdir(dest) == []
 
 
@@ -212,7 +214,7 @@ def test_an_area_whose_creator_was_killed_before_its_marker(tiny_src, tmp_path):
     dest = tmp_path / "dest"
     (dest / ".shardio-stage").mkdir(parents=True)
     (dest / ".shardio-stage" / ".area.json.shardio-tmp-99999").write_text("{")
-    assert clean_stage(dest) == 0
+    assert clean_stage(dest).removed == 0
     assert os.listdir(dest) == []
     (dest / ".shardio-stage").mkdir()
     (dest / ".shardio-stage" / ".area.json.shardio-tmp-99999").write_text("{")
@@ -339,7 +341,7 @@ def test_clean_does_not_follow_a_symlinked_shards_directory(tiny_src, tmp_path):
     shutil.move(dest / "shards", outside)
     (dest / "shards").symlink_to(outside, target_is_directory=True)
     before = tree(outside)
-    assert clean_stage(dest) == 0
+    assert clean_stage(dest).removed == 0
     assert tree(outside) == before
     assert (dest / "shards").is_symlink()
 
@@ -351,7 +353,7 @@ def test_clean_removes_only_regular_files_it_staged(tiny_src, tmp_path):
     first = tiny_src.rels[0]
     (dest / first).unlink()
     os.mkfifo(dest / first)
-    assert clean_stage(dest) == tiny_src.num_shards - 1
+    assert clean_stage(dest).removed == tiny_src.num_shards - 1
     assert tree(dest) == {
         "shards": ("dir", ""),
         "shards/mine.bin": ("file", b"user"),

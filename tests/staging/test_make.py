@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import re
@@ -63,30 +64,37 @@ def test_stage_nvme_defaults_to_tmpdir(big_src, tmp_path, child_env):
     )
     assert proc.returncode == 0, proc.stderr
     private = scratch / f"shardio-{os.getuid()}-nojob"
-    dest = private / big_src.path.name
+    dest = private / f"{big_src.path.name}-{_source_hash(big_src.path)}"
     assert str(dest) in proc.stdout, proc.stdout
     big_src.assert_staged_ok(dest, set(big_src.rels))
     assert sorted(os.listdir(scratch)) == [private.name]
     assert stat.S_IMODE(os.lstat(private).st_mode) == 0o700
 
 
+def _source_hash(path: str | os.PathLike[str]) -> str:
+    """8 hex digits of the SHA-256 of the source's real path, as the docs give it."""
+    return hashlib.sha256(os.fsencode(os.path.realpath(path))).hexdigest()[:8]
+
+
 def test_default_stage_dir_order(tmp_path):
-    """$SLURM_TMPDIR, then $TMPDIR, then /mnt/nvme; + /shardio-<uid>-<job or nojob>/<name>,
-    the private directory made with mode 0700."""
+    """$SLURM_TMPDIR, then $TMPDIR, then /mnt/nvme; + /shardio-<uid>-<job or nojob>/
+    <name>-<hash>, the private directory made with mode 0700."""
+    h = _source_hash("/data/imagenet")
     uid = os.getuid()
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir()
     second.mkdir()
     env = {"SLURM_TMPDIR": str(first), "TMPDIR": str(second), "USER": "u", "SLURM_JOB_ID": "9"}
     got = default_stage_dir("/data/imagenet/", env)
-    assert got == f"{first}/shardio-{uid}-9/imagenet"
+    assert got == f"{first}/shardio-{uid}-9/imagenet-{h}"
     assert stat.S_IMODE(os.lstat(first / f"shardio-{uid}-9").st_mode) == 0o700
     assert not os.path.exists(got), "only the private directory is made"
     assert cli_default_stage_dir("/data/imagenet/", env) == got  # the CLI's is the same
     del env["SLURM_TMPDIR"]
-    assert default_stage_dir("/data/imagenet", env) == f"{second}/shardio-{uid}-9/imagenet"
+    assert default_stage_dir("/data/imagenet", env) == f"{second}/shardio-{uid}-9/imagenet-{h}"
     del env["SLURM_JOB_ID"]
-    assert default_stage_dir("/data/imagenet", env) == f"{second}/shardio-{uid}-nojob/imagenet"
+    got = default_stage_dir("/data/imagenet", env)
+    assert got == f"{second}/shardio-{uid}-nojob/imagenet-{h}"
     del env["TMPDIR"]
     env["SLURM_JOB_ID"] = "9"
     if os.path.isdir("/mnt/nvme"):
@@ -102,7 +110,7 @@ def test_default_stage_dir_names_no_escape(tmp_path):
     env = {"TMPDIR": str(tmp_path)}
     private = f"{tmp_path}/shardio-{os.getuid()}-nojob"
     got = default_stage_dir(os.path.join(str(tmp_path), "x", "data", ".."), env)
-    assert got == f"{private}/x"
+    assert got == f"{private}/x-{_source_hash(tmp_path / 'x')}"
     with pytest.raises(UsageError, match="SLURM_JOB_ID"):
         default_stage_dir("/data/imagenet", {**env, "SLURM_JOB_ID": "../../etc"})
     assert sorted(os.listdir(tmp_path)) == [os.path.basename(private)]
@@ -159,3 +167,32 @@ def test_stage_without_dest_refuses_a_hostile_dir(
     result = run_cli("stage", big_src.path, "--no-progress", env={"TMPDIR": str(tmp_path)})
     assert_cli_error(result, str(private))
     assert os.listdir(watched) == []
+
+
+def test_default_stage_dir_differs_per_source_of_one_name(tmp_path):
+    """/x/a/train and /x/b/train: two default areas (the defect: one, shared), named by the
+    source's name and a hash of its real path; a symlink to a source shares its hash."""
+    env = {"TMPDIR": str(tmp_path)}
+    for sub in ("a", "b"):
+        (tmp_path / "x" / sub / "train").mkdir(parents=True)
+    first = default_stage_dir(tmp_path / "x" / "a" / "train", env)
+    second = default_stage_dir(tmp_path / "x" / "b" / "train", env)
+    assert first != second
+    assert os.path.basename(first).startswith("train-")
+    assert os.path.basename(second).startswith("train-")
+    (tmp_path / "link").symlink_to(tmp_path / "x" / "a" / "train")
+    linked = default_stage_dir(tmp_path / "link", env)
+    assert os.path.basename(linked) == f"link-{os.path.basename(first)[len('train-') :]}"
+
+
+@pytest.mark.skipif(shutil.which("sha256sum") is None, reason="needs coreutils")
+def test_default_stage_dir_hash_is_the_documented_shell_line(tmp_path):
+    """The shell line the README and job scripts use gives the same hash."""
+    src = tmp_path / "données" / "train"
+    src.mkdir(parents=True)
+    line = 'printf %s "$(realpath -m -- "$1")" | sha256sum | cut -c1-8'
+    proc = subprocess.run(
+        ["bash", "-c", line, "hash", str(src)], capture_output=True, text=True, check=True
+    )
+    got = default_stage_dir(src, {"TMPDIR": str(tmp_path)})
+    assert got.endswith(f"/train-{proc.stdout.strip()}")

@@ -6,7 +6,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 
 import pytest
-from fakesysfs import fake_sysfs
+from fakesysfs import block_masks, fake_sysfs, srun_env
 
 from shardio.errors import FormatError, UsageError
 from shardio.topology import (
@@ -112,8 +112,9 @@ def test_eight_gpus_on_two_sockets_split_each_node_among_its_four_ranks(
     ]  # fmt: skip
     assert got[5].shared_with == (4, 5, 6, 7)
     assert all(p.threads == 1 for p in got)  # (1 + 7) x 1 <= 8
-    assert all(
-        p.numactl == f"numactl --cpunodebind={p.numa_node} --membind={p.numa_node}" for p in got
+    assert all(  # a share of the node: its own CPUs, not the whole node's
+        p.numactl == f"numactl --physcpubind={format_cpulist(p.cpus)} --membind={p.numa_node}"
+        for p in got
     )
 
 
@@ -139,14 +140,14 @@ def test_unknown_gpu_numa_node_on_one_node_is_node_0(tmp_path: pathlib.Path) -> 
     assert any("-1" in n for n in t.notes)
 
 
-def test_unknown_gpu_numa_node_on_two_nodes_uses_the_allowed_mask(tmp_path: pathlib.Path) -> None:
+def test_unknown_gpu_numa_node_on_two_nodes_takes_cpus_of_its_own(tmp_path: pathlib.Path) -> None:
     t = topo(tmp_path, {0: "0-3", 1: "4-7"}, [-1, 1], allowed="0-7")
     p = placement(t, 0, num_workers=0)
     assert p.numa_node is None
-    assert p.numactl is None
-    assert p.cpus == frozenset(range(8))
+    assert p.numactl is None  # no node to bind memory to
+    assert p.cpus == frozenset(range(4))  # node 0 (the first of the largest): not rank 1's
     assert p.reason is not None and "unknown" in p.reason
-    assert p.taskset == "taskset -c 0-7"
+    assert p.taskset == "taskset -c 0-3"
     assert cpus_of(t, 1) == "4-7"
 
 
@@ -159,22 +160,25 @@ def test_a_restricted_allowed_mask_keeps_each_rank_on_its_own_node(tmp_path: pat
     assert (first.threads, second.threads, first.reason) == (1, 1, None)
 
 
-def test_a_node_outside_the_allowed_mask_falls_back_to_the_mask(tmp_path: pathlib.Path) -> None:
+def test_a_node_outside_the_allowed_mask_shares_the_allowed_node(tmp_path: pathlib.Path) -> None:
     t = topo(tmp_path, {0: "0-15", 1: "16-31"}, [0, 1], allowed="0-3")
     p = placement(t, 1, num_workers=1)
     assert p.numa_node == 1  # memory still belongs next to the GPU
-    assert format_cpulist(p.cpus) == "0-3"
+    assert format_cpulist(p.cpus) == "2-3"  # node 0's allowed CPUs, split with rank 0
     assert p.reason is not None and "none of NUMA node 1's CPUs (16-31)" in p.reason
-    assert p.threads == 2
-    assert p.numactl == "numactl --physcpubind=0-3 --membind=1"  # --cpunodebind=1 would fail
-    assert p.taskset == "taskset -c 0-3"
+    assert p.shared_with == (0, 1)
+    assert p.threads == 1
+    assert p.numactl == "numactl --physcpubind=2-3 --membind=1"  # --cpunodebind=1 would fail
+    assert p.taskset == "taskset -c 2-3"
+    assert cpus_of(t, 0) == "0-1"  # the ranks never share a core
 
 
 def test_a_gpu_on_a_node_sysfs_does_not_list(tmp_path: pathlib.Path) -> None:
     t = topo(tmp_path, {0: "0-3"}, [0, 2])
     p = placement(t, 1, num_workers=0)
-    assert (p.numa_node, p.numactl, p.cpus) == (None, None, frozenset(range(4)))
+    assert (p.numa_node, p.numactl, p.cpus) == (None, None, frozenset({2, 3}))
     assert p.reason is not None and "NUMA node 2 is not listed" in p.reason
+    assert cpus_of(t, 0) == "0-1"
 
 
 def test_ranks_on_one_node_split_its_cores_without_splitting_a_core(
@@ -274,7 +278,7 @@ def test_local_rank_comes_from_slurm_then_local_rank(tmp_path: pathlib.Path) -> 
     assert topo(tmp_path / "c", {0: "0"}, [0], env={"LOCAL_RANK": "5"}).local_rank == 5
 
 
-def test_slurm_cpu_binding_is_reported_and_not_split_again(tmp_path: pathlib.Path) -> None:
+def test_slurm_per_task_masks_are_reported_and_their_union_split(tmp_path: pathlib.Path) -> None:
     env = {
         "SLURM_CPU_BIND": "quiet,mask_cpu:0x0F,0xF0",
         "SLURM_CPU_BIND_TYPE": "mask_cpu:",
@@ -285,9 +289,10 @@ def test_slurm_cpu_binding_is_reported_and_not_split_again(tmp_path: pathlib.Pat
     assert t.slurm.task_cpus == frozenset(range(4, 8))
     assert t.slurm.per_task
     assert t.to_json()["slurm"]["task_cpus"] == "4-7"
+    assert t.to_json()["slurm"]["step_cpus"] == "0-7"
     p = placement(t, 1, num_workers=3)
-    assert format_cpulist(p.cpus) == "4-7"  # SLURM's per-task mask, whole
-    assert p.shared_with == (1,)
+    assert format_cpulist(p.cpus) == "4-7"  # the node's masks split: SLURM's own choice here
+    assert p.shared_with == (0, 1)
 
 
 def test_one_slurm_mask_for_every_task_is_split_among_ranks(tmp_path: pathlib.Path) -> None:
@@ -365,3 +370,182 @@ def test_json_forms(tmp_path: pathlib.Path) -> None:
     assert p["taskset"] == "taskset -c 1"
     assert p["numactl"] == "numactl --cpunodebind=1 --membind=1"
     assert not any(isinstance(v, dict) for v in p.values())  # flat: bind.sh reads it
+
+
+# -- srun's binding modes: co-located ranks never share a core ------------------------------
+#
+# What srun's task environment holds (slurmd turns --cpu-bind=cores|threads|sockets into one
+# hex mask per task of the node, full width, and clears the level; map_cpu keeps its list;
+# none says so; without a task plugin or binding nothing is set):
+#   cores    SLURM_CPU_BIND=quiet,mask_cpu:0x00FF,0xFF00  SLURM_CPU_BIND_TYPE=mask_cpu:
+#            SLURM_CPU_BIND_LIST=0x00FF,0xFF00  SLURM_CPU_BIND_VERBOSE=quiet
+#   map_cpu  SLURM_CPU_BIND=quiet,map_cpu:0,8  SLURM_CPU_BIND_TYPE=map_cpu:  ..._LIST=0,8
+#   none     SLURM_CPU_BIND=quiet,none  SLURM_CPU_BIND_TYPE=none  SLURM_CPU_BIND_LIST=
+#   unbound  none of them
+
+
+BOXES = {
+    # name: (NUMA nodes, GPU nodes, SMT siblings, CPUs per task)
+    "1gpu": ({0: "0-15", 1: "16-31"}, [1], None, 32),
+    "2gpu": ({0: "0-15", 1: "16-31"}, [0, 1], None, 16),
+    "2gpu-half": ({0: "0-15", 1: "16-31"}, [0, 1], None, 8),  # the step: socket 0 only
+    "8gpu": ({0: "0-31", 1: "32-63"}, [0, 0, 0, 0, 1, 1, 1, 1], None, 8),
+    "8gpu-smt": (
+        {0: "0-31,64-95", 1: "32-63,96-127"},
+        [0, 0, 0, 0, 1, 1, 1, 1],
+        {c: f"{c % 64},{c % 64 + 64}" for c in range(128)},
+        8,
+    ),
+    "8gpu-nonlinear": (
+        {n: f"{8 * n}-{8 * n + 7}" for n in range(8)}, [3, 3, 1, 1, 7, 7, 5, 5], None, 8
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["cores", "widened", "map_cpu", "none", "unbound"])
+@pytest.mark.parametrize("box", sorted(BOXES))
+def test_srun_binding_modes_give_each_local_rank_cpus_of_its_own(
+    tmp_path: pathlib.Path, box: str, mode: str
+) -> None:
+    nodes, gpu_nodes, siblings, per_task = BOXES[box]
+    root = fake_sysfs(tmp_path / "sys", nodes, gpu_nodes, siblings=siblings)
+    node_cpus = {n: parse_cpulist(c) for n, c in nodes.items()}
+    everything = sorted(frozenset().union(*node_cpus.values()))
+    first_threads = [c for c in everything if not siblings or c < 64]
+    ranks = len(gpu_nodes)
+    tasks = block_masks(ranks, per_task, first_threads)
+    step = frozenset().union(*tasks) if mode in ("cores", "widened", "map_cpu") else None
+    if mode == "map_cpu":
+        step = frozenset(min(t) for t in tasks)
+    got = []
+    for local in range(ranks):
+        env = srun_env(mode, tasks, local, len(everything))
+        if mode == "cores":
+            allowed = tasks[local]  # srun's mask, as the task starts
+        elif mode == "map_cpu":
+            allowed = frozenset({min(tasks[local])})
+        elif mode == "widened":  # then `numactl --cpunodebind` (the old bind.sh) widened it
+            allowed = frozenset().union(*(c for c in node_cpus.values() if c & tasks[local]))
+        else:
+            allowed = frozenset(everything)
+        t = read_topology(root, environ=env, allowed_cpus=allowed)
+        got.append(placement(t, local, num_workers=3))
+    usable = step if step is not None else frozenset(everything)
+    for p in got:
+        assert p.cpus, p
+        assert p.cpus <= usable  # never CPUs the step was not given
+        own_node = node_cpus[gpu_nodes[p.local_rank]]
+        room = len(own_node & usable)  # the steps here hold one thread of each core
+        if room >= gpu_nodes.count(gpu_nodes[p.local_rank]):  # on its GPU's node if it can be
+            assert p.cpus <= own_node, (p.local_rank, format_cpulist(p.cpus))
+        elif not p.cpus <= own_node:
+            assert p.reason is not None  # and says why
+        assert p.numa_node == gpu_nodes[p.local_rank]  # memory next to the GPU, always
+        assert (1 + p.num_workers) * p.threads <= max(p.cores, 1 + p.num_workers)
+    for a in got:
+        for b in got:
+            if a is not b:
+                assert not a.cpus & b.cpus, (box, mode, a.local_rank, b.local_rank)
+    if box in ("8gpu", "8gpu-smt") and mode in ("cores", "widened"):
+        # block:block on a linear board: the split is srun's own choice, mask for mask
+        assert [p.cpus for p in got] == tasks
+
+
+def test_a_mask_widened_after_srun_is_not_taken_as_the_tasks_own(tmp_path: pathlib.Path) -> None:
+    # The issue's case: srun --cpu-bind=cores gave 8 tasks 8 cores each, bind.sh's numactl
+    # --cpunodebind widened each to its 32-CPU node; the old placement kept the widened mask
+    # whole for every rank of the node.
+    nodes = {0: "0-31", 1: "32-63"}
+    tasks = block_masks(8, 8, list(range(64)))
+    shares = []
+    for local in range(8):
+        env = srun_env("cores", tasks, local, 64)
+        widened = frozenset(range(0, 32)) if local < 4 else frozenset(range(32, 64))
+        t = topo(tmp_path / str(local), nodes, EIGHT_GPUS, allowed=format_cpulist(widened), env=env)
+        shares.append(placement(t, local, num_workers=7).cpus)
+    assert shares == tasks
+
+
+def test_a_share_bind_sh_gave_is_kept_whole(tmp_path: pathlib.Path) -> None:
+    # bind.sh pinned the task to its share and made its GPU the only visible one: the loader
+    # must neither split the share again nor take the whole node.
+    env = srun_env("cores", block_masks(8, 8, list(range(64))), 5, 64) | {
+        "CUDA_VISIBLE_DEVICES": "5",
+        "SHARDIO_BOUND_CPUS": "40-47",
+    }
+    t = topo(tmp_path / "a", EIGHT, EIGHT_GPUS, allowed="40-47", env=env)
+    p = placement(t, 5, num_workers=3)
+    assert (format_cpulist(p.cpus), p.shared_with, p.threads) == ("40-47", (0,), 2)
+    assert p.numactl == "numactl --physcpubind=40-47 --membind=1"
+    # Every GPU visible (SHARDIO_BIND_GPU=0): the same share.
+    t = topo(
+        tmp_path / "b", EIGHT, EIGHT_GPUS, allowed="40-47", env=env | {"CUDA_VISIBLE_DEVICES": ""}
+    )
+    assert t.gpus == ()
+    env.pop("CUDA_VISIBLE_DEVICES")
+    t = topo(tmp_path / "c", EIGHT, EIGHT_GPUS, allowed="40-47", env=env)
+    assert format_cpulist(placement(t, 5, num_workers=3).cpus) == "40-47"
+    # Widened since (the mask is no longer within the share): split again, not trusted.
+    t = topo(tmp_path / "d", EIGHT, EIGHT_GPUS, allowed="32-63", env=env)
+    assert format_cpulist(placement(t, 5, num_workers=3).cpus) == "40-47"
+
+
+@pytest.mark.parametrize(
+    ("env", "task", "step"),
+    [
+        ({"SLURM_CPU_BIND": "verbose,mask_cpu:0x3,0xC"}, "2-3", "0-3"),  # no _TYPE/_LIST
+        ({"SLURM_CPU_BIND_TYPE": "ldoms,mask_cpu:", "SLURM_CPU_BIND_LIST": "3,c"}, "2-3", "0-3"),
+        ({"SLURM_CPU_BIND_TYPE": "map_cpu:", "SLURM_CPU_BIND_LIST": "0x1,0x3"}, "3", "1,3"),
+        ({"SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": "3,C"}, "2-3", "0-3"),
+        ({"SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": "0xZZ,0x1"}, None, None),
+        ({"SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": "0x_3,0x1"}, None, None),
+        ({"SLURM_CPU_BIND_TYPE": "map_cpu:", "SLURM_CPU_BIND_LIST": "\u00b2,1"}, None, None),
+        ({"SLURM_CPU_BIND_TYPE": "map_cpu:", "SLURM_CPU_BIND_LIST": "99999999,1"}, None, None),
+        ({"SLURM_CPU_BIND_TYPE": "mask_ldom:", "SLURM_CPU_BIND_LIST": "0x1,0x2"}, None, None),
+        ({"SLURM_CPU_BIND": "quiet,none", "SLURM_CPU_BIND_TYPE": "none"}, None, None),
+    ],
+)  # fmt: skip
+def test_slurm_binding_forms(
+    tmp_path: pathlib.Path, env: dict[str, str], task: str | None, step: str | None
+) -> None:
+    t = topo(tmp_path, {0: "0-3"}, [0, 0], env=env | {"SLURM_LOCALID": "1"})
+    shown = t.to_json()["slurm"]
+    assert (shown["task_cpus"], shown["step_cpus"]) == (task, step)
+    if step is None:  # not understood, or no CPU list: the allowed CPUs are split
+        assert cpus_of(t, 1) == "2-3"
+
+
+@pytest.mark.parametrize("value", ["-1", "\u0663", "1" * 5000, " 1", "1_0"])
+@pytest.mark.parametrize("var", ["SLURM_LOCALID", "LOCAL_RANK"])
+def test_a_malformed_local_rank_is_refused(tmp_path: pathlib.Path, var: str, value: str) -> None:
+    root = fake_sysfs(tmp_path / "sys", {0: "0"}, [0])
+    with pytest.raises(UsageError, match=f"^{var}="):
+        read_topology(root, environ={var: value}, allowed_cpus={0})
+
+
+@pytest.mark.parametrize(
+    "cvd", ["\u00b2", "\u0663", "1" * 5000, "0,\u00b2"], ids=["sup2", "arabic3", "huge", "mixed"]
+)
+def test_odd_cuda_visible_devices_do_not_crash(tmp_path: pathlib.Path, cvd: str) -> None:
+    t = topo(
+        tmp_path, EIGHT, EIGHT_GPUS, env={"CUDA_VISIBLE_DEVICES": cvd, "SLURM_STEP_GPUS": "\u00b2"}
+    )
+    assert len(t.gpus) == 8  # not indices: every GPU, with a note
+    assert any("names GPUs" in n for n in t.notes)
+
+
+@pytest.mark.parametrize("text", ["\u00b2", "\u0663-4", "0-\u00b2", "1" * 5000])
+def test_non_ascii_cpulists_are_format_errors(text: str) -> None:
+    with pytest.raises(FormatError, match="malformed CPU list"):
+        parse_cpulist(text)
+
+
+def test_node_directories_with_non_ascii_digits_are_not_nodes(tmp_path: pathlib.Path) -> None:
+    root = pathlib.Path(fake_sysfs(tmp_path / "sys", {0: "0"}, [0]))
+    odd = root / "devices" / "system" / "node" / "node\u00b2"
+    odd.mkdir()
+    (odd / "cpulist").write_text("1\n")
+    (root / "bus/pci/devices/0000:07:00.0/numa_node").write_text("\u0663\n")
+    t = read_topology(str(root), environ={}, allowed_cpus={0})
+    assert list(t.nodes) == [0]
+    assert t.gpus[0].numa_node is None

@@ -1,4 +1,6 @@
-"""PrometheusExporter: scraped over real HTTP, two local ranks sharing a spool, a textfile."""
+"""PrometheusExporter: scraped over real HTTP, two local ranks sharing a spool, a textfile;
+and against hostile neighbours: stalled and trickling clients, the listening address, a spool
+directory another local user made first, and what is left after close."""
 
 from __future__ import annotations
 
@@ -141,12 +143,14 @@ def test_one_port_serves_both_local_ranks(
     exporters.append(other)
     other.start()
     assert other.bound_port is None  # the port is local rank 0's
+    assert not spool.exists()  # local rank 0 makes the spool; until then rank 1 waits
+    spool.mkdir(mode=0o700)  # (as local rank 0 would)
+    assert other.report()
     assert (spool / "local-rank-1.json").is_file()
-    assert os.stat(spool).st_mode & 0o777 == 0o700
     node = PrometheusExporter(
         rank0,
         port=port,
-        addr="127.0.0.1",
+        host="127.0.0.1",
         textfile=textfile,
         local_rank=0,
         spool_dir=spool,
@@ -188,6 +192,8 @@ def test_one_port_serves_both_local_ranks(
     assert value(final, "shardio_cache_misses_total", rank="0", job="vit") == 10
     with pytest.raises(urllib.error.URLError):
         scrape(port)
+    # Local rank 0 removed the spool files; the directory it did not make stays.
+    assert list(spool.iterdir()) == []
 
 
 def test_rank_one_in_another_process(
@@ -203,13 +209,14 @@ def test_rank_one_in_another_process(
         "src = lambda: snapshot(read, steps, rank=5, world_size=8)\n"
         "PrometheusExporter(src, local_rank=1, spool_dir=sys.argv[1], job='j').start().close()\n"
     )
-    subprocess.run([sys.executable, "-c", code, str(spool)], check=True, timeout=120)
     port = free_port()
     node = PrometheusExporter(
-        make_rank(0), port=port, addr="127.0.0.1", spool_dir=spool, job="j", interval_s=3600
+        make_rank(0), port=port, host="127.0.0.1", spool_dir=spool, job="j", interval_s=3600
     )
     exporters.append(node)
     node.start()
+    assert os.stat(spool).st_mode & 0o777 == 0o700
+    subprocess.run([sys.executable, "-c", code, str(spool)], check=True, timeout=120)
     samples = parse(scrape(port))
     assert ranks_in(samples) == {"0", "5"}
     assert value(samples, "shardio_rebuilds_total", rank="5", job="j") == 7
@@ -219,6 +226,7 @@ def test_rank_one_in_another_process(
 def test_stale_and_malformed_spool_files_are_passed_over(
     make_rank: Any, spool: Path, exporters: list[PrometheusExporter], caplog: Any
 ) -> None:
+    spool.mkdir(mode=0o700)
     gone = PrometheusExporter(make_rank(2), local_rank=2, spool_dir=spool, interval_s=1)
     gone.start().close()
     alive = PrometheusExporter(make_rank(3), local_rank=3, spool_dir=spool, interval_s=1)
@@ -231,7 +239,7 @@ def test_stale_and_malformed_spool_files_are_passed_over(
     port = free_port()
     caplog.set_level(logging.WARNING)
     node = PrometheusExporter(
-        make_rank(0), port=port, addr="127.0.0.1", spool_dir=spool, interval_s=60
+        make_rank(0), port=port, host="127.0.0.1", spool_dir=spool, interval_s=60
     )
     exporters.append(node)
     node.start()
@@ -248,7 +256,7 @@ def test_without_a_spool_only_the_own_snapshot_is_served(
     make_rank: Any, exporters: list[PrometheusExporter]
 ) -> None:
     port = free_port()
-    node = PrometheusExporter(make_rank(4), port=port, addr="127.0.0.1", interval_s=3600)
+    node = PrometheusExporter(make_rank(4), port=port, host="127.0.0.1", interval_s=3600)
     exporters.append(node)
     node.start()
     samples = parse(scrape(port))
@@ -256,24 +264,31 @@ def test_without_a_spool_only_the_own_snapshot_is_served(
     check_rank(samples, "4", "", scale=1)
 
 
-def test_spool_dir_must_be_private_and_no_symlink(make_rank: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_an_unusable_spool_dir_is_logged_never_written_through_and_training_goes_on(
+    make_rank: Any, tmp_path: Path, caplog: Any, local_rank: int
+) -> None:
     real = tmp_path / "real"
     real.mkdir(mode=0o700)
     link = tmp_path / "link"
     link.symlink_to(real)
-    with pytest.raises(UsageError, match=f"{link} is a symlink"):
-        PrometheusExporter(make_rank(0), local_rank=1, spool_dir=link).start()
-    assert list(real.iterdir()) == []
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o755)
-    with pytest.raises(UsageError, match="not one shardio made"):
-        PrometheusExporter(make_rank(0), local_rank=1, spool_dir=shared).start()
-    assert list(shared.iterdir()) == []
     afile = tmp_path / "afile"
     afile.write_text("x")
-    with pytest.raises(UsageError, match="not a directory"):
-        PrometheusExporter(make_rank(0), local_rank=1, spool_dir=afile).start()
+    caplog.set_level(logging.WARNING)
+    for path, message in ((link, "is a symlink"), (shared, "not private to this user"),
+                          (afile, "not a directory")):  # fmt: skip
+        caplog.clear()
+        rank = make_rank(0)
+        with PrometheusExporter(rank, local_rank=local_rank, spool_dir=path) as exporter:
+            assert exporter.report()  # reports go on
+        assert rank.calls >= 2
+        logged = [r.getMessage() for r in caplog.records]
+        assert any(message in m and str(path) in m for m in logged), logged
+    assert list(real.iterdir()) == [] and list(shared.iterdir()) == []
+    assert afile.read_text() == "x" and link.is_symlink()
     assert metrics_threads() == []
 
 
@@ -304,7 +319,7 @@ def test_a_busy_port_is_a_storage_error(make_rank: Any) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        exporter = PrometheusExporter(make_rank(0), port=port, addr="127.0.0.1")
+        exporter = PrometheusExporter(make_rank(0), port=port, host="127.0.0.1")
         with pytest.raises(StorageError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
             exporter.start()
     assert metrics_threads() == []
@@ -316,7 +331,7 @@ def test_a_busy_port_is_a_storage_error(make_rank: Any) -> None:
         ({"port": 70000}, "port"),
         ({"port": True}, "port"),
         ({"local_rank": -1}, "local_rank"),
-        ({"addr": ""}, "addr"),
+        ({"host": ""}, "host"),
         ({"job": 3}, "job"),
         ({"interval_s": 0}, "interval_s"),
     ],
@@ -330,7 +345,7 @@ def test_missing_prometheus_client_says_what_to_install(
     make_rank: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
-    with pytest.raises(UsageError, match=r"pip install shardio\[metrics\]"):
+    with pytest.raises(UsageError, match=r"pip install 'shardio\[metrics\]'"):
         PrometheusExporter(make_rank(0), port=0)
 
 
@@ -339,14 +354,198 @@ def test_one_series_per_rank_when_spool_files_repeat_a_rank(
 ) -> None:
     # A spool file left by another local rank that reported rank 0 too (a restarted job
     # with another layout): the node's own figures win, and no series appears twice.
+    spool.mkdir(mode=0o700)
     stray = make_rank(0, scale=5)
     PrometheusExporter(stray, local_rank=3, spool_dir=spool, interval_s=60).start().close()
     port = free_port()
     node = PrometheusExporter(
-        make_rank(0), port=port, addr="127.0.0.1", spool_dir=spool, interval_s=60
+        make_rank(0), port=port, host="127.0.0.1", spool_dir=spool, interval_s=60
     )
     exporters.append(node)
     node.start()
     samples = parse(scrape(port))  # parse() fails on a repeated sample
     assert ranks_in(samples) == {"0"}
     check_rank(samples, "0", "", scale=1)
+
+
+# -- hostile neighbours ------------------------------------------------------------------
+GENEROUS_S = 60.0  # a test timeout, not a measurement
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local addresses of the listening TCP sockets on ``port`` (from /proc/net/tcp{,6})."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as fh:
+            next(fh)
+            for line in fh:
+                local, state = line.split()[1], line.split()[3]
+                addr, _, hexport = local.partition(":")
+                if state == "0A" and int(hexport, 16) == port:
+                    found.add(addr)
+    return found
+
+
+def test_the_default_address_is_this_node_only(
+    make_rank: Any, exporters: list[PrometheusExporter]
+) -> None:
+    node = PrometheusExporter(make_rank(0), port=0, interval_s=3600)
+    exporters.append(node)
+    node.start()
+    assert node.bound_port is not None
+    assert _listening_addresses(node.bound_port) == {"0100007F"}  # 127.0.0.1, nothing else
+    assert node.host == "127.0.0.1"
+    assert ranks_in(parse(scrape(node.bound_port))) == {"0"}
+
+
+class _Trickler(threading.Thread):
+    """A client that sends its request one byte a second (and never reads)."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X: " + b"y" * 10_000
+        try:
+            for byte in request:
+                if self.done.wait(1.0):
+                    return
+                self.sock.send(bytes([byte]))
+        except OSError:
+            return  # cut off by the server: what it should do
+
+
+def test_stalled_and_trickling_clients_block_neither_scrapes_nor_close(
+    make_rank: Any, exporters: list[PrometheusExporter]
+) -> None:
+    node = PrometheusExporter(make_rank(0), port=0, interval_s=3600)
+    exporters.append(node)
+    node.start()
+    port = node.bound_port
+    assert port is not None
+    silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]  # send nothing
+    half = socket.create_connection(("127.0.0.1", port))
+    half.sendall(b"GET /metr")  # half a request line, then nothing
+    greedy = socket.create_connection(("127.0.0.1", port))
+    greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    greedy.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")  # and never reads the answer
+    trickler = _Trickler(port)
+    trickler.start()
+    try:
+        time.sleep(0.2)  # let the server accept them all first
+        for _ in range(3):
+            samples = parse(scrape(port))
+            assert value(samples, "shardio_samples_delivered_total", rank="0", job="") == 12
+        closer = threading.Thread(target=node.close, daemon=True)
+        closer.start()
+        closer.join(GENEROUS_S)
+        assert not closer.is_alive(), "close() hung on a stalled client"
+        assert metrics_threads() == []
+    finally:
+        trickler.done.set()
+        for sock in [*silent, half, greedy, trickler.sock]:
+            sock.close()
+
+
+def _foreign_dir(path: Path, *, beat: bool = False) -> Path:
+    """A directory made by "another user" (uid 54321), mode 0700."""
+    path.mkdir(mode=0o700)
+    if beat:  # dressed up as a live spool: a fresh local-rank-0.json
+        (path / "local-rank-0.json").write_text(json.dumps({"snapshot": {}}))
+        os.chown(path / "local-rank-0.json", 54321, 54321)
+    os.chown(path, 54321, 54321)
+    return path
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="making another user's dir needs root")
+
+
+@needs_root
+def test_a_spool_path_another_user_made_first_does_not_stop_training(
+    make_rank: Any, tmp_path: Path, caplog: Any, exporters: list[PrometheusExporter]
+) -> None:
+    taken = _foreign_dir(tmp_path / "shardio-metrics-1234")  # the README's old, guessable name
+    caplog.set_level(logging.WARNING)
+    node = PrometheusExporter(make_rank(0), port=0, spool_dir=taken, job="1234", interval_s=3600)
+    exporters.append(node)
+    node.start()  # no exception: training goes on
+    other = PrometheusExporter(make_rank(1), local_rank=1, spool_dir=taken, job="1234")
+    exporters.append(other)
+    other.start()
+    assert other.report()
+    assert node.bound_port is not None
+    assert ranks_in(parse(scrape(node.bound_port))) == {"0"}
+    assert list(taken.iterdir()) == []  # nothing written into another user's directory
+    assert any("not private to this user" in r.getMessage() for r in caplog.records)
+    other.close()
+    node.close()
+    assert taken.is_dir() and os.stat(taken).st_uid == 54321  # and nothing removed
+
+
+@needs_root
+def test_the_auto_spool_is_private_unpredictable_shared_and_removed_at_close(
+    make_rank: Any, tmp_path: Path, exporters: list[PrometheusExporter]
+) -> None:
+    from shardio.metrics._spool import auto_prefix
+
+    root = tmp_path / "shm"
+    root.mkdir(mode=0o1777)
+    # Another user's decoys with the job's prefix, one dressed up as a live spool.
+    decoys = [_foreign_dir(root / f"{auto_prefix('77')}{n}", beat=True) for n in "ab"]
+    (root / f"{auto_prefix('77')}link").symlink_to(decoys[0])
+    rank1 = PrometheusExporter(
+        make_rank(1, scale=3), local_rank=1, spool_dir="auto", spool_root=root, job="77"
+    )
+    exporters.append(rank1)
+    rank1.start()  # before local rank 0: finds nothing yet, writes nowhere
+    assert rank1.spool_path is None
+    node = PrometheusExporter(
+        make_rank(0), port=0, spool_dir="auto", spool_root=root, job="77", interval_s=3600
+    )
+    exporters.append(node)
+    node.start()
+    spool = node.spool_path
+    assert spool is not None and os.path.dirname(spool) == str(root)
+    assert os.path.basename(spool).startswith(auto_prefix("77"))
+    st = os.lstat(spool)
+    assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o700
+    assert rank1.report()  # finds local rank 0's spool by its owner, not the decoys
+    assert rank1.spool_path == spool
+    assert node.bound_port is not None
+    samples = parse(scrape(node.bound_port))
+    assert ranks_in(samples) == {"0", "1"}
+    assert value(samples, "shardio_samples_read_total", rank="1", job="77") == 18
+    assert all(list(d.iterdir()) == [d / "local-rank-0.json"] for d in decoys)
+    # Another job's exporter makes another, unpredictable name.
+    again = PrometheusExporter(make_rank(0), spool_dir="auto", spool_root=root, job="77")
+    again.start()
+    assert again.spool_path not in (None, spool)
+    again.close()
+    rank1.close()
+    node.close()
+    left = sorted(p.name for p in root.iterdir())
+    assert left == sorted([d.name for d in decoys] + [f"{auto_prefix('77')}link"])
+    assert all(os.stat(d).st_uid == 54321 for d in decoys)  # decoys untouched
+
+
+def test_the_auto_spool_lives_in_dev_shm_and_goes_at_close(make_rank: Any) -> None:
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    with PrometheusExporter(make_rank(0), spool_dir="auto", job="dev-shm-test") as node:
+        spool = node.spool_path
+        assert spool is not None and spool.startswith("/dev/shm/shardio-metrics-")
+        assert os.path.isfile(os.path.join(spool, "local-rank-0.json"))
+    assert not os.path.exists(spool)
+
+
+def test_a_user_file_in_the_spool_is_left_alone(make_rank: Any, tmp_path: Path) -> None:
+    node = PrometheusExporter(make_rank(0), spool_dir="auto", spool_root=tmp_path, job="x")
+    node.start()
+    assert node.spool_path is not None
+    keep = Path(node.spool_path) / "notes.txt"
+    keep.write_text("mine")
+    node.close()
+    assert keep.read_text() == "mine"
+    assert sorted(p.name for p in keep.parent.iterdir()) == ["notes.txt"]

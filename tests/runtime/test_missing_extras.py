@@ -1,0 +1,82 @@
+"""Optional extras that are not installed: one error naming the extra to install (a
+MissingExtraError, which is both a UsageError and an ImportError), never a bare
+ModuleNotFoundError. Each case runs in a subprocess where the module cannot be imported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+def _run(code: str, env: dict[str, str] | None = None) -> list[str]:
+    full = {**os.environ, **(env or {})}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        check=False, capture_output=True, text=True, timeout=120, env=full,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+_CATCH = """
+def report(call):
+    from shardio.errors import MissingExtraError
+    try:
+        call()
+    except ImportError as exc:
+        print(type(exc).__name__, isinstance(exc, MissingExtraError), exc)
+    else:
+        print("no error")
+"""
+
+
+def test_import_shardio_dali_without_dali_names_the_extra() -> None:
+    out = _run(
+        "import sys\nsys.modules['nvidia.dali'] = None\n" + _CATCH + "\n"
+        "report(lambda: __import__('shardio.dali'))\n"
+    )
+    assert out == [
+        "MissingExtraError True shardio.dali needs NVIDIA DALI: pip install 'shardio[dali]'"
+    ]
+
+
+def test_a_broken_dali_install_names_the_extra_and_the_cause(tmp_path: Path) -> None:
+    stub = tmp_path / "stub" / "nvidia" / "dali"
+    stub.mkdir(parents=True)
+    (stub.parent / "__init__.py").write_text("")
+    (stub / "__init__.py").write_text("raise ImportError('libcudart.so.12: cannot open')\n")
+    path = os.pathsep.join(p for p in (str(tmp_path / "stub"), os.environ.get("PYTHONPATH")) if p)
+    out = _run(
+        _CATCH + "\nimport shardio.dali\n"
+        f"report(lambda: shardio.dali.pipeline({str(tmp_path / 'ds')!r}, batch_size=2))\n",
+        env={"PYTHONPATH": path},
+    )
+    assert out == [
+        "MissingExtraError True shardio.dali needs NVIDIA DALI: pip install 'shardio[dali]' "
+        "(libcudart.so.12: cannot open)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("blocked", "call", "message"),
+    [
+        (
+            "prometheus_client",
+            "lambda: __import__('shardio.metrics').metrics.PrometheusExporter(lambda: None)",
+            "PrometheusExporter needs prometheus_client: pip install 'shardio[metrics]'",
+        ),
+        (
+            "matplotlib",
+            "lambda: __import__('shardio.metrics.plot').metrics.plot.require_matplotlib()",
+            "--plot needs matplotlib: pip install 'shardio[plot]'",
+        ),
+    ],
+)
+def test_other_extras_name_theirs(blocked: str, call: str, message: str) -> None:
+    out = _run(f"import sys\nsys.modules[{blocked!r}] = None\n" + _CATCH + f"\nreport({call})\n")
+    assert out == [f"MissingExtraError True {message}"]
