@@ -8,7 +8,7 @@ import math
 import os
 from typing import Any
 
-from shardio.cli.common import EXIT_OK, default_workers
+from shardio.cli.common import EXIT_OK, default_workers, whole_number
 from shardio.errors import MissingExtraError, StorageError, UsageError
 
 __all__ = ["add_bench_parser", "cmd_bench"]
@@ -34,11 +34,13 @@ def add_bench_parser(sub: argparse._SubParsersAction[Any]) -> None:
     b.add_argument("--mode", choices=["map", "stream"], default="map", help="default map")
     b.add_argument(
         "--workers",
-        type=int,
+        type=whole_number("--workers"),
         default=None,
         help="DataLoader workers (default: 4, or the CPUs of the job when fewer)",
     )
-    b.add_argument("--batch", type=int, default=32, help="samples per batch (default 32)")
+    b.add_argument(
+        "--batch", type=whole_number("--batch"), default=32, help="samples per batch (default 32)"
+    )
     b.add_argument(
         "--compute-ms",
         type=float,
@@ -47,8 +49,15 @@ def add_bench_parser(sub: argparse._SubParsersAction[Any]) -> None:
         help="emulated compute per step in ms: your model's step time on your GPU "
         f"(default {DEFAULT_COMPUTE_MS:g})",
     )
-    b.add_argument("--epochs", type=int, default=1, help="epochs to run (default 1)")
-    b.add_argument("--seed", type=int, default=0, help="the seed of the shuffles (default 0)")
+    b.add_argument(
+        "--epochs", type=whole_number("--epochs"), default=1, help="epochs to run (default 1)"
+    )
+    b.add_argument(
+        "--seed",
+        type=whole_number("--seed", digits=20),
+        default=0,
+        help="the seed of the shuffles (default 0)",
+    )
     b.add_argument(
         "--cold",
         action="store_true",

@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import re
 import select
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from shardio._env import env_int, parse_env_int, parse_tasks_per_node, shown_value
 from shardio._pool import MAX_WORKERS, check_workers
@@ -28,6 +29,7 @@ __all__ = [
     "one_line",
     "parse_part",
     "parse_workers",
+    "whole_number",
     "print_error",
     "silence_stdout",
     "stdout_is_closed",
@@ -49,6 +51,25 @@ def default_workers(environ: Mapping[str, str] | None = None) -> int:
         if value is not None:
             return min(value, MAX_WORKERS)  # a default, so capped rather than refused
     return min(MAX_WORKERS, max(1, len(os.sched_getaffinity(0))))
+
+
+def whole_number(option: str, *, digits: int = 9) -> Callable[[str], int]:
+    """An argparse type for a count, seed or epoch option: ASCII digits only, at most
+    ``digits`` of them (``int()`` also takes "٣", " 1", "+1", "1_0" and 5,000 digits).
+
+    The range is left to the library's own check, which names the option's meaning.
+    """
+    pattern = re.compile(rf"0|[1-9][0-9]{{0,{digits - 1}}}")
+
+    def parse(text: str) -> int:
+        if pattern.fullmatch(text) is None:
+            raise argparse.ArgumentTypeError(
+                f"{option}={shown_value(text)} is not a whole number: expected at most "
+                f"{digits} ASCII digits (no sign, space or leading zero)"
+            )
+        return int(text)
+
+    return parse
 
 
 def parse_workers(text: str) -> int:

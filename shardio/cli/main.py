@@ -35,6 +35,7 @@ from shardio.cli.common import (
     print_error,
     silence_stdout,
     stdout_is_closed,
+    whole_number,
 )
 from shardio.cli.pack import cmd_merge, cmd_pack, label_map_json, label_map_text
 from shardio.cli.stage import cmd_stage, default_stage_dir
@@ -170,7 +171,7 @@ def _build_parser() -> argparse.ArgumentParser:
     st.add_argument("--node", default="auto", help="I/N (0-based) or auto (SLURM_NODEID/NNODES)")
     st.add_argument(
         "--ranks-per-node",
-        type=int,
+        type=whole_number("--ranks-per-node"),
         default=None,
         help="training ranks per node (default SLURM_NTASKS_PER_NODE or 1)",
     )
@@ -188,17 +189,31 @@ def _build_parser() -> argparse.ArgumentParser:
         default="map",
         help="ShardDataset's mode, whose default order applies (map: random, stream: shard-local)",
     )
-    st.add_argument("--seed", type=int, default=None, help="override the spec's seed")
-    st.add_argument("--epoch", type=int, default=0, help="the epoch to stage for")
+    st.add_argument(
+        "--seed",
+        type=whole_number("--seed", digits=20),
+        default=None,
+        help="override the spec's seed",
+    )
+    st.add_argument(
+        "--epoch", type=whole_number("--epoch", digits=19), default=0, help="the epoch to stage for"
+    )
     st.add_argument(
         "--ahead",
-        type=int,
+        type=whole_number("--ahead"),
         default=0,
         help="also stage the shards of this many following epochs and evict the rest "
         "(a rotating order; see shardio.cache.EpochStager)",
     )
-    st.add_argument("--window-shards", type=int, default=None, help="override the spec's window")
-    st.add_argument("--streams", type=int, default=4, help="parallel copy streams")
+    st.add_argument(
+        "--window-shards",
+        type=whole_number("--window-shards"),
+        default=None,
+        help="override the spec's window",
+    )
+    st.add_argument(
+        "--streams", type=whole_number("--streams"), default=4, help="parallel copy streams"
+    )
     st.add_argument("--capacity", default=None, help="stage at most this much, e.g. 800GiB")
     st.add_argument(
         "--clean",

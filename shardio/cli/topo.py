@@ -7,26 +7,13 @@ import json
 import os
 from typing import Any
 
-from shardio._env import parse_env_int
-from shardio.cli.common import EXIT_OK
+from shardio.cli.common import EXIT_OK, whole_number
 from shardio.errors import UsageError
 from shardio.topology import Placement, Topology, format_cpulist, placement, read_topology
 
 __all__ = ["add_topo_parser", "cmd_topo"]
 
 SYSFS_ENV = "SHARDIO_SYSFS"  # the same variable the loader's worker pinning reads
-
-
-def _count(option: str) -> Any:
-    """An argparse type: ASCII digits only (``int()`` also takes "٣", " 1" and "1_0")."""
-
-    def parse(text: str) -> int:
-        try:
-            return parse_env_int(option, text)
-        except UsageError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
-
-    return parse
 
 
 def add_topo_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -40,14 +27,14 @@ def add_topo_parser(sub: argparse._SubParsersAction[Any]) -> None:
     t.add_argument("--json", action="store_true", help="print the map as JSON (for scripts)")
     t.add_argument(
         "--local-rank",
-        type=_count("--local-rank"),
+        type=whole_number("--local-rank"),
         default=None,
         metavar="N",
         help="show this local rank only (default: one rank per visible GPU)",
     )
     t.add_argument(
         "--workers",
-        type=_count("--workers"),
+        type=whole_number("--workers"),
         default=0,
         metavar="W",
         help="DataLoader workers per rank, for the thread counts (default 0)",

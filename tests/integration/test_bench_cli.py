@@ -239,7 +239,7 @@ def _no_matplotlib(tmp_path: pathlib.Path) -> dict[str, str]:
         (["{tar}", "--compare", "rsync"], "invalid --compare 'rsync'"),
         (["{tar}", "--compare", "loose:{missing}"], "not a directory"),
         (["{hdf5}", "--compare", "webdataset"], "holds hdf5 shards"),
-        (["{tar}", "--workers", "-1"], "--workers must be >= 0"),
+        (["{tar}", "--workers", "-1"], "--workers='-1' is not a whole number"),
         (["{tar}", "--batch", "0"], "--batch must be >= 1"),
         (["{tar}", "--epochs", "0"], "--epochs must be >= 1"),
         (["{tar}", "--compute-ms", "-5"], "--compute-ms must be a number >= 0"),
