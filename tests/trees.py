@@ -38,3 +38,22 @@ def tree_files(root: pathlib.Path) -> dict[str, bytes]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and not p.is_symlink()
     }
+
+
+def flip_member(root: pathlib.Path, shard: int) -> str:
+    """Flip a byte in the middle of a member of ``shard``; return the sample's key."""
+    from shardio.read.packed import PackedDataset
+
+    with PackedDataset(root) as ds:
+        entry = ds.manifest.shards[shard]
+        sample = entry.first_sample + entry.num_samples // 2
+        member = next(iter(ds.index.sample_member_range(sample)))
+        rec = ds.index.members[member]
+        where = int(rec["offset"]) + int(rec["size"]) // 2
+        key = ds.key(sample)
+    with open(root / entry.path, "r+b") as fh:
+        fh.seek(where)
+        byte = fh.read(1)
+        fh.seek(where)
+        fh.write(bytes([byte[0] ^ 0x81]))
+    return key

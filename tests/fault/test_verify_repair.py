@@ -17,9 +17,9 @@ import shutil
 from typing import Any
 
 import pytest
+from trees import flip_member
 
 from shardio.format.manifest import load_manifest
-from shardio.read.packed import PackedDataset
 from shardio.repair import repair_dataset
 
 W1 = ("--workers", "1", "--no-progress")
@@ -40,23 +40,6 @@ def files_of(root: pathlib.Path) -> dict[str, bytes]:
 
 def shard_rels(root: pathlib.Path) -> list[str]:
     return [s.path for s in load_manifest(root / "manifest.json").shards]
-
-
-def flip_member(root: pathlib.Path, shard: int) -> str:
-    """Flip a byte in the middle of a member of ``shard``; return the sample's key."""
-    with PackedDataset(root) as ds:
-        entry = ds.manifest.shards[shard]
-        sample = entry.first_sample + entry.num_samples // 2
-        member = next(iter(ds.index.sample_member_range(sample)))
-        rec = ds.index.members[member]
-        where = int(rec["offset"]) + int(rec["size"]) // 2
-        key = ds.key(sample)
-    with open(root / entry.path, "r+b") as fh:
-        fh.seek(where)
-        byte = fh.read(1)
-        fh.seek(where)
-        fh.write(bytes([byte[0] ^ 0x81]))
-    return key
 
 
 @pytest.fixture(params=["tar", "hdf5"])

@@ -16,12 +16,12 @@ import shutil
 from typing import Any
 
 import pytest
+from trees import flip_member
 
 from shardio.cli.progressbar import ProgressBar
 from shardio.errors import UsageError
 from shardio.format.manifest import load_manifest
 from shardio.metrics.progress import ProgressSnapshot
-from shardio.read.packed import PackedDataset
 from shardio.repair import repair_dataset
 from shardio.verify import verify_dataset
 
@@ -54,23 +54,6 @@ def copy(good: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path:
     dst = tmp_path / "ds"
     shutil.copytree(good, dst)
     return dst
-
-
-def flip_member(root: pathlib.Path, shard: int) -> str:
-    """Flip a byte in one member of ``shard``; return its sample's key."""
-    with PackedDataset(root) as ds:
-        entry = ds.manifest.shards[shard]
-        sample = entry.first_sample + entry.num_samples // 2
-        member = next(iter(ds.index.sample_member_range(sample)))
-        rec = ds.index.members[member]
-        where = int(rec["offset"]) + int(rec["size"]) // 2
-        key = ds.key(sample)
-    with open(root / entry.path, "r+b") as fh:
-        fh.seek(where)
-        byte = fh.read(1)
-        fh.seek(where)
-        fh.write(bytes([byte[0] ^ 0x81]))
-    return key
 
 
 # --------------------------------------------------------------------------- --workers
