@@ -17,7 +17,9 @@ from shardio.errors import (
     CommandNotFoundError,
     FormatError,
     IntegrityError,
+    MissingExtraError,
     PackError,
+    SampleDecodeError,
     SampleUnavailableError,
     ShardioError,
     SourceError,
@@ -32,6 +34,7 @@ __all__ = [
     "FormatError",
     "GPUPrefetcher",
     "IntegrityError",
+    "MissingExtraError",
     "OrderSpec",
     "PackError",
     "PackOptions",
@@ -40,6 +43,7 @@ __all__ = [
     "RankInfo",
     "RecoveryPolicy",
     "ResilientDataset",
+    "SampleDecodeError",
     "SampleUnavailableError",
     "ShardDataset",
     "ShardLoader",
@@ -55,6 +59,9 @@ __all__ = [
     "unpack_dataset",
     "verify_dataset",
 ]
+
+# Names whose module imports torch: without it, one line naming the extra.
+_NEEDS_TORCH = frozenset({"ShardDataset", "ShardLoader", "GPUPrefetcher", "ResilientDataset"})
 
 _LAZY = {
     "PackOptions": "shardio.packing.run",
@@ -83,6 +90,12 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'shardio' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(module), name)
+    try:
+        imported = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if name in _NEEDS_TORCH and exc.name is not None and exc.name.split(".")[0] == "torch":
+            raise MissingExtraError(f"shardio.{name} needs PyTorch", "torch") from exc
+        raise
+    value = getattr(imported, name)
     globals()[name] = value
     return value

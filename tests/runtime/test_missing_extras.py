@@ -80,3 +80,18 @@ def test_a_broken_dali_install_names_the_extra_and_the_cause(tmp_path: Path) -> 
 def test_other_extras_name_theirs(blocked: str, call: str, message: str) -> None:
     out = _run(f"import sys\nsys.modules[{blocked!r}] = None\n" + _CATCH + f"\nreport({call})\n")
     assert out == [f"MissingExtraError True {message}"]
+
+
+@pytest.mark.parametrize(
+    "name", ["ShardDataset", "ShardLoader", "GPUPrefetcher", "ResilientDataset"]
+)
+def test_torch_side_names_without_torch_name_the_extra(name: str) -> None:
+    out = _run(
+        "import sys\nsys.modules['torch'] = None\n" + _CATCH + "\n"
+        f"import shardio\nreport(lambda: getattr(shardio, {name!r}))\n"
+        "print(shardio.PackedDataset.__name__)  # the torch-free names still load\n"
+    )
+    assert out == [
+        f"MissingExtraError True shardio.{name} needs PyTorch: pip install 'shardio[torch]'",
+        "PackedDataset",
+    ]
