@@ -38,6 +38,7 @@ _R = TypeVar("_R", bound="PeriodicReporter")
 # Distinct errors remembered for "log once"; past this, new ones go to the debug level too
 # (a message that embeds a changing value must not grow the set without bound).
 _MAX_DISTINCT_ERRORS = 64
+CLOSE_TIMEOUT_S = 10.0  # how long close() waits for a report in flight
 
 
 def check_interval(interval_s: object) -> float:
@@ -123,9 +124,18 @@ class PeriodicReporter:
             self._state = "closed"
             return
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(CLOSE_TIMEOUT_S)
+            if thread.is_alive():
+                # Its sink stalls (a hung network filesystem): the end of training must not
+                # wait on it. The daemon thread is left behind; no last report races it.
+                self._state = "closed"
+                self.log_failure(
+                    f"closing the metrics {self.kind} reporter",
+                    TimeoutError(f"its sink did not return within {CLOSE_TIMEOUT_S:g} s"),
+                )
+                return
         try:
             self.report()
         finally:

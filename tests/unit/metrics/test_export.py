@@ -183,6 +183,43 @@ def test_a_failing_sink_is_logged_once_per_distinct_error(
     assert metrics_threads() == []
 
 
+def test_close_does_not_wait_on_a_stalled_sink(
+    make_rank: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sink that hangs (a stalled network filesystem) must not hang the end of training."""
+    from shardio.metrics import export
+
+    monkeypatch.setattr(export, "CLOSE_TIMEOUT_S", 0.2)
+
+    class Stalled(PeriodicReporter):
+        kind = "stalled"
+
+        def __init__(self) -> None:
+            super().__init__(make_rank(0), interval_s=0.01)
+            self.inside = threading.Event()
+            self.release_sink = threading.Event()
+
+        def emit(self, snap: MetricsSnapshot) -> None:
+            self.inside.set()
+            self.release_sink.wait(60)
+
+    caplog.set_level(logging.WARNING)
+    reporter = Stalled().start()
+    try:
+        assert reporter.inside.wait(30)
+        closer = threading.Thread(target=reporter.close)
+        closer.start()
+        closer.join(30)
+        assert not closer.is_alive(), "close() waited on the stalled sink"
+        assert any("did not return within 0.2 s" in r.getMessage() for r in caplog.records)
+    finally:
+        reporter.release_sink.set()
+    for thread in threading.enumerate():
+        if thread.name == "shardio-metrics-stalled":
+            thread.join(30)
+    assert metrics_threads() == []
+
+
 # -- LogReporter ---------------------------------------------------------------------------
 
 
