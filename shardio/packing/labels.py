@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import xxhash
 
 from shardio.errors import FormatError, StorageError, UsageError
-from shardio.format.manifest import LabelSource, parse_manifest
-from shardio.format.spec import MANIFEST_FILENAME, MAX_MANIFEST_BYTES
+from shardio.format.identity import load_identified
+from shardio.format.manifest import LabelSource
+from shardio.format.spec import MANIFEST_FILENAME
 from shardio.storage.files import read_regular
 
 __all__ = ["MAX_CLASSES_FILE_BYTES", "PinnedLabels", "load_classes_file", "load_dataset_labels"]
@@ -125,8 +126,7 @@ def load_dataset_labels(path: str) -> PinnedLabels:
     if not os.path.lexists(manifest_path):
         raise UsageError(f"{option}: {manifest_path} does not exist (not a packed dataset)")
     try:
-        data = read_regular(manifest_path, max_bytes=MAX_MANIFEST_BYTES, what="manifest")
-        manifest = parse_manifest(data, where=manifest_path)
+        manifest, ident = load_identified(path)
     except FormatError as exc:
         raise FormatError(f"{option}: {exc}") from exc
     except StorageError as exc:
@@ -140,7 +140,5 @@ def load_dataset_labels(path: str) -> PinnedLabels:
         problem = _dir_name_problem(name)
         if problem:
             raise FormatError(f"{option}: {manifest_path}: class {i} {name!r} {problem}")
-    source = LabelSource(
-        kind="dataset", path=os.path.abspath(path), xxh3_128=xxhash.xxh3_128_hexdigest(data)
-    )
+    source = LabelSource(kind="dataset", path=os.path.abspath(path), xxh3_128=ident)
     return PinnedLabels(manifest.classes, source, option)
