@@ -47,6 +47,7 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/bench_open.py
 	$(PY) benchmarks/bench_faults.py
 	$(PY) benchmarks/bench_decode.py
+	$(PY) benchmarks/bench_hardening.py
 
 # Job prologue: stage this node's shards of $(SHARDIO_DATA) to node-local storage, verified.
 # SHARDIO_STAGE_DIR defaults (in the CLI) to <base>/shardio-<uid>-<job>/<name>-<hash>, private
