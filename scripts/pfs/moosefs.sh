@@ -1,0 +1,255 @@
+#!/usr/bin/env bash
+# A MooseFS test bed on one machine: a master (metadata server), N chunkservers (data servers)
+# and a FUSE client mount, for shardio's parallel-filesystem tests and benchmarks.
+#
+#   scripts/pfs/moosefs.sh up DIR [--chunkservers N] [--ioretries N] [--goal N]
+#   scripts/pfs/moosefs.sh status DIR
+#   scripts/pfs/moosefs.sh stop-cs DIR I      # stop chunkserver I (1-based): a dead data server
+#   scripts/pfs/moosefs.sh start-cs DIR I
+#   scripts/pfs/moosefs.sh stop-master DIR | start-master DIR
+#   scripts/pfs/moosefs.sh exec DIR CMD...    # run an mfs* admin tool inside the bed's namespace
+#   scripts/pfs/moosefs.sh down DIR           # stop everything, leave nothing behind
+#
+# The servers run in a private network namespace with a 10.x address on its loopback
+# (chunkservers refuse a 127.x master); the client is mounted with nsenter into that network
+# namespace only, so the mount stays visible in this mount namespace. Nothing listens outside
+# the namespace. DIR holds the configuration, data, logs and the mount point DIR/mnt; `up`
+# prints `MFS_MOUNT=...`, `MFS_NETNS=...` and `MFS_ADDR=...` lines and writes them to DIR/bed.env.
+# Needs root (network namespaces, FUSE); installs the Debian packages where missing.
+set -euo pipefail
+
+usage() {
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+die() {
+  echo "moosefs.sh: $*" >&2
+  exit 1
+}
+
+[ $# -ge 2 ] || usage
+cmd=$1
+dir=$2
+shift 2
+case "$dir" in
+  /*) ;;
+  *) dir="$(pwd)/$dir" ;;
+esac
+
+# One namespace and address per bed directory, so two beds (two CI runs) never share one.
+tag=$(printf %s "$dir" | sha256sum | cut -c1-8)
+ns="shardio-mfs-$tag"
+octet2=$((16#${tag:0:2}))
+octet3=$((16#${tag:2:2}))
+addr="10.$octet2.$octet3.1"
+marker="$dir/.shardio-moosefs-bed"
+mnt="$dir/mnt"
+
+in_ns() {
+  ip netns exec "$ns" "$@"
+}
+
+install_packages() {
+  local missing=()
+  command -v mfsmaster >/dev/null 2>&1 || missing+=(moosefs-master)
+  command -v mfschunkserver >/dev/null 2>&1 || missing+=(moosefs-chunkserver)
+  command -v mfsmount >/dev/null 2>&1 || missing+=(moosefs-client)
+  command -v mfscli >/dev/null 2>&1 || missing+=(moosefs-cli)
+  command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "moosefs.sh: installing ${missing[*]}" >&2
+    if [ ! -e /tmp/.shardio-apt-updated ]; then
+      apt-get update -qq && touch /tmp/.shardio-apt-updated
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+empty_metadata() {
+  local f
+  for f in /var/lib/mfs/metadata.mfs.empty /usr/share/doc/moosefs-master/metadata.mfs.empty; do
+    if [ -f "$f" ]; then
+      echo "$f"
+      return 0
+    fi
+  done
+  die "no metadata.mfs.empty from moosefs-master"
+}
+
+write_configs() {
+  local n=$1
+  mkdir -p "$dir/etc" "$dir/master" "$dir/log"
+  cat >"$dir/etc/mfsexports.cfg" <<EOF
+* / rw,alldirs,maproot=0
+* . rw
+EOF
+  cat >"$dir/etc/mfsmaster.cfg" <<EOF
+WORKING_USER = root
+WORKING_GROUP = root
+SYSLOG_IDENT = shardio-mfsmaster-$tag
+DATA_PATH = $dir/master
+EXPORTS_FILENAME = $dir/etc/mfsexports.cfg
+MATOML_LISTEN_HOST = $addr
+MATOCS_LISTEN_HOST = $addr
+MATOCL_LISTEN_HOST = $addr
+REPLICATIONS_DELAY_INIT = 0
+NICE_LEVEL = 0
+LOCK_MEMORY = 0
+EOF
+  local i
+  for i in $(seq 1 "$n"); do
+    mkdir -p "$dir/cs$i/data" "$dir/cs$i/hdd"
+    echo "$dir/cs$i/hdd" >"$dir/etc/mfshdd$i.cfg"
+    cat >"$dir/etc/mfschunkserver$i.cfg" <<EOF
+WORKING_USER = root
+WORKING_GROUP = root
+SYSLOG_IDENT = shardio-mfscs$i-$tag
+DATA_PATH = $dir/cs$i/data
+HDD_CONF_FILENAME = $dir/etc/mfshdd$i.cfg
+HDD_LEAVE_SPACE_DEFAULT = 64MiB
+MASTER_HOST = $addr
+BIND_HOST = $addr
+CSSERV_LISTEN_HOST = $addr
+CSSERV_LISTEN_PORT = $((9421 + i))
+NICE_LEVEL = 0
+LOCK_MEMORY = 0
+EOF
+  done
+}
+
+chunkservers() {
+  local n=0
+  while [ -e "$dir/etc/mfschunkserver$((n + 1)).cfg" ]; do n=$((n + 1)); done
+  echo "$n"
+}
+
+mounted() {
+  grep -qsF " $mnt fuse" /proc/self/mounts
+}
+
+start_master() {
+  in_ns mfsmaster -c "$dir/etc/mfsmaster.cfg" start >>"$dir/log/master.log" 2>&1 ||
+    die "mfsmaster did not start (see $dir/log/master.log)"
+}
+
+stop_master() {
+  in_ns mfsmaster -c "$dir/etc/mfsmaster.cfg" stop >>"$dir/log/master.log" 2>&1 || true
+}
+
+start_cs() {
+  in_ns mfschunkserver -c "$dir/etc/mfschunkserver$1.cfg" start >>"$dir/log/cs$1.log" 2>&1 ||
+    die "chunkserver $1 did not start (see $dir/log/cs$1.log)"
+}
+
+stop_cs() {
+  in_ns mfschunkserver -c "$dir/etc/mfschunkserver$1.cfg" stop >>"$dir/log/cs$1.log" 2>&1 || true
+}
+
+connected_chunkservers() {
+  # mfscli -SCS lists one line per connected chunkserver with its address.
+  in_ns mfscli -H "$addr" -SCS -s '|' 2>/dev/null | grep -c "$addr" || true
+}
+
+wait_for() {
+  local what=$1 want=$2 i
+  for i in $(seq 1 150); do
+    if [ "$("$what")" -ge "$want" ]; then return 0; fi
+    sleep 0.2
+  done
+  return 1
+}
+
+up() {
+  local n=2 retries=30 goal=1
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --chunkservers) n=${2:?}; shift 2 ;;
+      --ioretries) retries=${2:?}; shift 2 ;;
+      --goal) goal=${2:?}; shift 2 ;;
+      *) usage ;;
+    esac
+  done
+  case "$n$retries$goal" in *[!0-9]*) die "counts must be whole numbers" ;; esac
+  [ "$n" -ge 1 ] && [ "$n" -le 8 ] || die "--chunkservers takes 1 to 8"
+  [ "$(id -u)" = 0 ] || die "needs root (network namespace, FUSE mount)"
+  if [ -e "$marker" ]; then
+    die "$dir already holds a bed: run 'down' first"
+  fi
+  if [ -e "$dir" ] && [ -n "$(ls -A "$dir")" ]; then
+    die "$dir is not empty: give a new or empty directory"
+  fi
+  install_packages
+  mkdir -p "$dir" "$mnt"
+  echo "$ns" >"$marker"
+  ip netns add "$ns"
+  in_ns ip link set lo up
+  in_ns ip addr add "$addr/32" dev lo
+  write_configs "$n"
+  cp "$(empty_metadata)" "$dir/master/metadata.mfs"
+  start_master
+  local i
+  for i in $(seq 1 "$n"); do start_cs "$i"; done
+  wait_for connected_chunkservers "$n" || die "only $(connected_chunkservers) of $n chunkservers registered"
+  [ -e /dev/fuse ] || mknod -m 666 /dev/fuse c 10 229
+  nsenter --net="/var/run/netns/$ns" mfsmount "$mnt" -H "$addr" -P 9421 \
+    -o "mfsioretries=$retries" -o mfsmkdircopysgid=0 >>"$dir/log/mount.log" 2>&1 ||
+    die "mfsmount failed (see $dir/log/mount.log)"
+  mounted || die "the client mount did not appear at $mnt"
+  in_ns mfssetgoal -r "$goal" "$mnt" >/dev/null
+  # Chunkservers report their space a moment after registering: wait until a write succeeds.
+  for i in $(seq 1 100); do
+    if (head -c 65536 /dev/zero >"$mnt/.probe") 2>/dev/null; then
+      rm -f "$mnt/.probe"
+      break
+    fi
+    sleep 0.2
+  done
+  {
+    echo "MFS_MOUNT=$mnt"
+    echo "MFS_NETNS=$ns"
+    echo "MFS_ADDR=$addr"
+    echo "MFS_CHUNKSERVERS=$n"
+  } | tee "$dir/bed.env"
+}
+
+status() {
+  [ -e "$marker" ] || die "$dir holds no bed"
+  echo "netns $ns, master $addr"
+  if mounted; then echo "mounted at $mnt"; else echo "not mounted"; fi
+  echo "chunkservers connected: $(connected_chunkservers) of $(chunkservers)"
+}
+
+down() {
+  [ -e "$marker" ] || die "$dir holds no bed (nothing of ours to remove)"
+  if mounted; then
+    fusermount3 -u "$mnt" 2>/dev/null || umount "$mnt" 2>/dev/null || umount -l "$mnt" || true
+  fi
+  local i
+  if ip netns list | grep -qw "$ns"; then
+    for i in $(seq 1 "$(chunkservers)"); do stop_cs "$i"; done
+    stop_master
+    # Anything of ours still in the namespace (a daemon that would not stop) is killed.
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns delete "$ns"
+  fi
+  mounted && die "$mnt is still mounted; not removing $dir"
+  # Only what `up` created: the bed directory itself was empty or new.
+  rm -rf "${dir:?}/etc" "$dir/master" "$dir/log" "$dir"/cs[0-9]* "$dir/bed.env"
+  rmdir "$mnt" 2>/dev/null || true
+  rm -f "$marker"
+  rmdir "$dir" 2>/dev/null || true
+}
+
+case "$cmd" in
+  up) up "$@" ;;
+  down) down ;;
+  status) status ;;
+  stop-cs) [ -e "$marker" ] || die "$dir holds no bed"; stop_cs "${1:?chunkserver number}" ;;
+  start-cs) [ -e "$marker" ] || die "$dir holds no bed"; start_cs "${1:?chunkserver number}" ;;
+  stop-master) [ -e "$marker" ] || die "$dir holds no bed"; stop_master ;;
+  start-master) [ -e "$marker" ] || die "$dir holds no bed"; start_master ;;
+  exec) [ -e "$marker" ] || die "$dir holds no bed"; in_ns "$@" ;;
+  *) usage ;;
+esac
