@@ -1,0 +1,141 @@
+"""The read path per filesystem: which way a worker turns member reads into requests.
+
+On a local disk one ``pread`` per member, in the reading thread, is as fast as the device
+(kernel readahead and an NVMe queue do the rest). On a network or parallel filesystem each
+request pays a round trip to a data server, so the fast way is large sequential requests
+with several in flight. The strategy is chosen from the filesystem that holds the dataset
+(:func:`shardio.storage.fsdetect.describe_fs`), and the user can override it with
+``ShardDataset(..., read_strategy=...)`` or the ``SHARDIO_READ_STRATEGY`` environment
+variable (``auto``, ``local`` or ``pfs``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from shardio.errors import UsageError
+from shardio.storage.fsdetect import FsInfo, describe_fs
+
+__all__ = [
+    "ENV_VAR",
+    "LOCAL",
+    "PFS",
+    "STRATEGIES",
+    "STRATEGY_NAMES",
+    "ReadStrategy",
+    "StrategyChoice",
+    "choose_strategy",
+]
+
+ENV_VAR = "SHARDIO_READ_STRATEGY"
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadStrategy:
+    """How members are read.
+
+    Attributes:
+        name: ``local`` or ``pfs``.
+        inflight: requests in flight per reading process (1: each pread in the reading
+            thread, one at a time).
+        coalesce_gap_bytes: neighbouring members of one shard closer than this are read by one
+            request (the bytes between are read and dropped).
+        request_bytes: the largest single request; a longer run is cut into requests of this
+            size, aligned to it.
+        stream_readahead_bytes: stream mode: how far ahead of the reads each shard of the
+            epoch's window is read sequentially (0: none).
+    """
+
+    name: str
+    inflight: int
+    coalesce_gap_bytes: int
+    request_bytes: int
+    stream_readahead_bytes: int
+
+    def __post_init__(self) -> None:
+        for field in ("inflight", "request_bytes"):
+            if getattr(self, field) < 1:
+                raise UsageError(f"ReadStrategy.{field} must be at least 1")
+        for field in ("coalesce_gap_bytes", "stream_readahead_bytes"):
+            if getattr(self, field) < 0:
+                raise UsageError(f"ReadStrategy.{field} must not be negative")
+
+    def describe(self) -> str:
+        """One phrase for the CLI."""
+        if self.inflight == 1 and not self.stream_readahead_bytes:
+            return f"{self.name} (one pread per member, in the reading thread)"
+        return (
+            f"{self.name} ({self.inflight} requests in flight, members within "
+            f"{self.coalesce_gap_bytes // 1024} KiB coalesced, requests up to "
+            f"{self.request_bytes // MiB} MiB, stream read-ahead "
+            f"{self.stream_readahead_bytes // MiB} MiB)"
+        )
+
+
+LOCAL = ReadStrategy(
+    name="local", inflight=1, coalesce_gap_bytes=0, request_bytes=8 * MiB, stream_readahead_bytes=0
+)
+PFS = ReadStrategy(
+    name="pfs",
+    inflight=16,
+    coalesce_gap_bytes=256 * 1024,
+    request_bytes=8 * MiB,
+    stream_readahead_bytes=64 * MiB,
+)
+STRATEGIES: dict[str, ReadStrategy] = {"local": LOCAL, "pfs": PFS}
+STRATEGY_NAMES = ("auto", *STRATEGIES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyChoice:
+    """The strategy in use for a dataset, the filesystem it was chosen for, and why."""
+
+    strategy: ReadStrategy
+    fs: FsInfo
+    reason: str
+
+    def describe(self) -> str:
+        """``pfs (auto: moosefs is a network filesystem)``."""
+        return f"{self.strategy.name} ({self.reason})"
+
+
+def _parse(value: str, what: str) -> str:
+    name = value.strip().lower()
+    if name not in STRATEGY_NAMES:
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise UsageError(f"invalid {what} {shown!r}: choose one of {', '.join(STRATEGY_NAMES)}")
+    return name
+
+
+def choose_strategy(
+    root: str | os.PathLike[str],
+    requested: str | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> StrategyChoice:
+    """Choose the read strategy for the dataset at ``root``.
+
+    ``requested`` (the ``read_strategy=`` argument) wins, then ``SHARDIO_READ_STRATEGY``,
+    then the filesystem: ``pfs`` on a network or parallel filesystem, ``local`` elsewhere.
+
+    Raises:
+        UsageError: ``requested`` or the environment variable is not a strategy name.
+    """
+    env = os.environ if environ is None else environ
+    fs = describe_fs(root)
+    if requested is not None:
+        name, reason = _parse(requested, "read_strategy"), "read_strategy="
+    elif env.get(ENV_VAR, "").strip():
+        name, reason = _parse(env[ENV_VAR], ENV_VAR), f"{ENV_VAR}="
+    else:
+        name, reason = "auto", ""
+    if name == "auto":
+        name = "pfs" if fs.network else "local"
+        kind = "a network filesystem" if fs.network else "not a network filesystem"
+        reason = f"{reason}auto: {fs.name} is {kind}" if reason else f"auto: {fs.name} is {kind}"
+    else:
+        reason = f"{reason}{name}"
+    return StrategyChoice(strategy=STRATEGIES[name], fs=fs, reason=reason)
