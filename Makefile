@@ -8,7 +8,7 @@ STAMP := $(VENV)/.stamp-install
 BENCH_STAMP := $(VENV)/.stamp-bench
 PYTEST_ARGS ?= -q
 
-.PHONY: install test lint typecheck check bench demo stage-nvme clean
+.PHONY: install test test-pfs lint typecheck check bench demo stage-nvme clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ install: $(STAMP)
 
 test: install
 	$(PY) -m pytest -m "not gpu and not bench" $(PYTEST_ARGS)
+
+# Only the tests on the MooseFS bed (root; scripts/pfs/moosefs.sh installs the packages).
+# SHARDIO_PFS=required makes a bed that cannot start, or a skipped pfs test, a failure.
+test-pfs: install
+	SHARDIO_PFS=$${SHARDIO_PFS:-required} $(PY) -m pytest -m pfs $(PYTEST_ARGS) tests/pfs
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -48,6 +53,7 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/bench_faults.py
 	$(PY) benchmarks/bench_decode.py
 	$(PY) benchmarks/bench_hardening.py
+	$(PY) benchmarks/bench_pfs.py
 
 # Job prologue: stage this node's shards of $(SHARDIO_DATA) to node-local storage, verified.
 # SHARDIO_STAGE_DIR defaults (in the CLI) to <base>/shardio-<uid>-<job>/<name>-<hash>, private

@@ -7,6 +7,7 @@ Nothing here asserts on timings: the benchmarks measure and report, they never f
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import hashlib
@@ -15,6 +16,7 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -88,6 +90,7 @@ class ChildRun:
     ready_s: float | None = None  # spawn to the child's READY line (handshake runs only)
     user_s: float = 0.0  # CPU time of the child and the descendants it reaped (wait4)
     sys_s: float = 0.0
+    timed_out: bool = False  # killed (with its process group) after ``timeout_s``
 
 
 def _children(pid: int) -> list[int]:
@@ -156,6 +159,7 @@ def run_child(
     cwd: str | None = None,
     sample_interval_s: float = 0.1,
     on_ready: Callable[[], None] | None = None,
+    timeout_s: float | None = None,
 ) -> ChildRun:
     """Run ``argv`` as a child process (stdout discarded) and measure it.
 
@@ -171,6 +175,10 @@ def run_child(
     among the child and the descendants it reaped); ``peak_tree_rss_bytes`` sums the RSS of
     all live processes of the tree, sampled every ``sample_interval_s`` (shared pages count
     once per process, so it is an upper bound for parallel workers).
+
+    With ``timeout_s``, the child runs in a session of its own and its whole process group
+    (DataLoader workers included) is killed with SIGKILL after that many seconds; the result
+    then has ``timed_out`` set (a benchmark on a faulty filesystem must end, never hang).
     """
     start = time.perf_counter()
     handshake = on_ready is not None
@@ -181,7 +189,19 @@ def run_child(
         stdin=subprocess.PIPE if handshake else None,
         stdout=subprocess.PIPE if handshake else subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        start_new_session=timeout_s is not None,
     )
+    killed = threading.Event()
+
+    def kill() -> None:
+        killed.set()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    timer = threading.Timer(timeout_s, kill) if timeout_s is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
     stderr_chunks: list[bytes] = []
 
     def drain() -> None:
@@ -191,6 +211,7 @@ def run_child(
     reader = threading.Thread(target=drain, name="bench-stderr", daemon=True)
     reader.start()
     ready_s: float | None = None
+    out_reader: threading.Thread | None = None
     with _TreeSampler(proc.pid, sample_interval_s) as sampler:
         if handshake and proc.stdin is not None and proc.stdout is not None:
             line = proc.stdout.readline()  # b"" if the child died before getting ready
@@ -204,11 +225,20 @@ def run_child(
                 except BrokenPipeError:
                     pass
             out = proc.stdout
-            threading.Thread(target=out.read, name="bench-stdout", daemon=True).start()
+            out_reader = threading.Thread(target=out.read, name="bench-stdout", daemon=True)
+            out_reader.start()
         _, status, rusage = os.wait4(proc.pid, 0)
     wall_s = time.perf_counter() - start
+    if timer is not None:
+        timer.cancel()
     proc.returncode = os.waitstatus_to_exitcode(status)
     reader.join()
+    if out_reader is not None:
+        out_reader.join()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):  # no ResourceWarning at collection
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
     stderr = b"".join(stderr_chunks).decode(errors="replace")
     return ChildRun(
         argv=tuple(argv),
@@ -220,6 +250,7 @@ def run_child(
         ready_s=ready_s,
         user_s=rusage.ru_utime,
         sys_s=rusage.ru_stime,
+        timed_out=killed.is_set(),
     )
 
 

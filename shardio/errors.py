@@ -11,6 +11,9 @@
     ├── StorageError(OSError)             reading or writing a dataset failed (ENOSPC, EIO, ...)
     │   ├── CommandNotFoundError          an external command (lfs, beegfs-ctl) is not installed
     │   ├── IntegrityError                bytes on disk differ from what the index promises
+    │   ├── StorageUnavailableError       the storage did not answer (ENXIO, ENOTCONN, ESTALE,
+    │   │   │                             ETIMEDOUT, EIO, ...): retryable, ``.retryable``
+    │   │   └── ReadStalledError          a read stalled past its deadline and was abandoned
     │   │   └── ChecksumMismatchError     one member's or shard's xxh3 does not match
     │   └── SampleUnavailableError        a sample stayed unreadable after every recovery step
     ├── SampleDecodeError(ValueError)     a sample's bytes (checked) cannot be decoded
@@ -22,6 +25,7 @@ sees storage problems and ``except ValueError`` sees malformed input.
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 __all__ = [
@@ -31,12 +35,16 @@ __all__ = [
     "IntegrityError",
     "MissingExtraError",
     "PackError",
+    "ReadStalledError",
     "SampleDecodeError",
     "SampleUnavailableError",
     "ShardioError",
     "SourceError",
     "StorageError",
+    "StorageUnavailableError",
+    "UNAVAILABLE_ERRNOS",
     "UsageError",
+    "unavailable_error",
 ]
 
 
@@ -92,6 +100,54 @@ class StorageError(ShardioError, _PlainOSError):
     """
 
     sample_index: int | None = None
+
+
+# What a distributed filesystem's client returns when a server (data server, metadata server,
+# the client daemon itself) is gone or slow: the data may come back, so these are retried.
+UNAVAILABLE_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "EIO", "ENXIO", "ENOTCONN", "ESTALE", "ETIMEDOUT", "EHOSTDOWN", "EHOSTUNREACH",
+        "ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "ENETDOWN", "ENETUNREACH", "ENETRESET",
+        "ENOLINK", "EREMOTEIO", "ECOMM", "ESHUTDOWN", "EAGAIN", "EBUSY",
+    )
+    if hasattr(errno, name)
+)  # fmt: skip
+
+
+class StorageUnavailableError(StorageError):
+    """The storage did not answer: a dead or unreachable server, a stale handle, a gone
+    mount. The same read may succeed later or from another copy.
+
+    Attributes:
+        retryable: always True (what a caller's retry loop can test).
+    """
+
+    retryable = True
+
+
+class ReadStalledError(StorageUnavailableError):
+    """A read (or open) stalled past its deadline and was abandoned (``read_timeout_s``), or
+    was not attempted because its shard is held unavailable after such a stall; its errno is
+    ``ETIMEDOUT``.
+
+    Attributes:
+        waited_s: how long the caller waited before abandoning it (0 for a call refused at
+            once; in the raising process only, not carried by pickling).
+    """
+
+    waited_s: float = 0.0
+
+
+def unavailable_error(exc: OSError, message: str) -> StorageError:
+    """A StorageError for ``exc`` with ``message``: typed :class:`StorageUnavailableError`
+    (or :class:`ReadStalledError`) when its errno says the storage did not answer."""
+    code = exc.errno if exc.errno else errno.EIO
+    if isinstance(exc, ReadStalledError):
+        return ReadStalledError(code, message)
+    if isinstance(exc, StorageUnavailableError) or code in UNAVAILABLE_ERRNOS:
+        return StorageUnavailableError(code, message)
+    return StorageError(code, message)
 
 
 class CommandNotFoundError(StorageError):

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -168,3 +168,68 @@ def lustre_env(tmp_path: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:
         "SHARDIO_FAKE_LOG": str(log),
     }
     return env, log
+
+
+# --------------------------------------------------------------------------- pfs proof
+# Under SHARDIO_PFS=required (CI) a run that collected tests marked ``pfs`` (tests/pfs, the
+# MooseFS bed) fails unless every one of them ran: a skip, or a session that ran none of them,
+# would let CI pass without ever touching the parallel filesystem. A selection (-k, -m, a file)
+# that collects no pfs test is not held to this.
+_PFS_REQUIRED = os.environ.get("SHARDIO_PFS", "") == "required"
+_pfs_collected = pytest.StashKey[int]()
+_pfs_ran = pytest.StashKey[set[str]]()
+_pfs_skipped = pytest.StashKey[list[str]]()
+_pfs_problem = pytest.StashKey[str]()
+_CONFIG: dict[str, pytest.Config] = {}  # the session's config, for the report hook
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    config.stash[_pfs_collected] = sum(1 for item in session.items if "pfs" in item.keywords)
+    config.stash[_pfs_ran] = set()
+    config.stash[_pfs_skipped] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if not _PFS_REQUIRED or "pfs" not in report.keywords:
+        return
+    config = _CONFIG.get("config")
+    if config is None or _pfs_ran not in config.stash:
+        return
+    if report.skipped and not hasattr(report, "wasxfail"):  # an xfail did run
+        config.stash[_pfs_skipped].append(report.nodeid)
+    elif report.when == "call":
+        config.stash[_pfs_ran].add(report.nodeid)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _CONFIG["config"] = config
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if not _PFS_REQUIRED or config.option.collectonly or _pfs_collected not in config.stash:
+        return
+    collected = config.stash[_pfs_collected]
+    if not collected:
+        return
+    skipped = config.stash[_pfs_skipped]
+    ran = len(config.stash[_pfs_ran])
+    if skipped:
+        shown = ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else "")
+        problem = f"{len(skipped)} pfs test(s) skipped: {shown}"
+    elif ran == 0:
+        problem = f"{collected} pfs test(s) collected but none ran"
+    else:
+        return
+    config.stash[_pfs_problem] = problem
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    problem = config.stash.get(_pfs_problem, "")
+    if problem:
+        terminalreporter.write_line(
+            f"SHARDIO_PFS=required: {problem} (the MooseFS bed must run in CI)", red=True
+        )

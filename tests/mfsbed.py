@@ -8,12 +8,15 @@ session's bed (the ``pfs_bed`` fixture in conftest.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "pfs" / "moosefs.sh"
@@ -25,6 +28,39 @@ REQUIRED = os.environ.get("SHARDIO_PFS", "") == "required"
 
 class BedError(RuntimeError):
     """The bed could not be started, or a command on it failed."""
+
+
+def run_shielded(argv: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run a moosefs.sh command to its end even through Ctrl-C or SIGTERM.
+
+    ``subprocess.run`` kills its child when interrupted, which would cut a ``down`` half-way
+    and leave a namespace or a mount behind; here the command runs in a session of its own
+    (a terminal's Ctrl-C does not reach it), an interrupt is held until it has finished and
+    raised then. Only the timeout kills it.
+    """
+    proc = subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    interrupted: BaseException | None = None
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            break
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        except KeyboardInterrupt as exc:
+            interrupted = exc  # let the bed's command finish first
+    if interrupted is not None:
+        raise interrupted
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
 
 
 def unavailable_reason() -> str | None:
@@ -49,13 +85,7 @@ class Bed:
     chunkservers: int
 
     def _script(self, *args: str, timeout: float = 120.0) -> str:
-        proc = subprocess.run(
-            [str(SCRIPT), args[0], str(self.root), *args[1:]],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+        proc = run_shielded([str(SCRIPT), args[0], str(self.root), *args[1:]], timeout=timeout)
         if proc.returncode != 0:
             raise BedError(f"moosefs.sh {' '.join(args)}: {proc.stderr.strip()}")
         return proc.stdout
@@ -86,8 +116,8 @@ class Bed:
         out = self.admin("mfsfileinfo", os.fspath(path))
         found: list[tuple[int, pathlib.Path]] = []
         chunk = ""
-        for line in out.splitlines():
-            line = line.strip()
+        for raw in out.splitlines():
+            line = raw.strip()
             if line.startswith("chunk ") and ":" in line:
                 chunk = line.split(":", 1)[1].split("/")[0].strip()  # 000..02_00000001
             elif line.startswith("copy ") and chunk:
@@ -122,33 +152,98 @@ def start_bed(
 ) -> Bed:
     """Start a bed in ``root`` (new or empty); the caller must call :meth:`Bed.down`."""
     root = pathlib.Path(root)
-    proc = subprocess.run(
-        [
-            str(SCRIPT),
-            "up",
-            str(root),
-            "--chunkservers",
-            str(chunkservers),
-            "--ioretries",
-            str(ioretries),
-            "--goal",
-            str(goal),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    argv = [str(SCRIPT), "up", str(root), "--chunkservers", str(chunkservers)]
+    argv += ["--ioretries", str(ioretries), "--goal", str(goal), *extra]
+    try:
+        proc = run_shielded(argv, timeout=600)
+    except BaseException:
+        # Interrupted or timed out: leave nothing behind of a bed nobody will own.
+        run_shielded([str(SCRIPT), "down", str(root)], timeout=180)
+        raise
     if proc.returncode != 0:
         # Leave nothing behind from a half-started bed.
-        subprocess.run([str(SCRIPT), "down", str(root)], capture_output=True, check=False)
+        run_shielded([str(SCRIPT), "down", str(root)], timeout=180)
         raise BedError(f"the MooseFS bed did not start: {proc.stderr.strip()[-2000:]}")
     env = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
-    return Bed(
+    bed = Bed(
         root=root,
         mount=pathlib.Path(env["MFS_MOUNT"]),
         netns=env["MFS_NETNS"],
         addr=env["MFS_ADDR"],
         chunkservers=int(env["MFS_CHUNKSERVERS"]),
     )
+    claim(bed)
+    return bed
+
+
+OWNER_FILE = ".shardio-bed-owner"  # in a bed's directory: the pid of the session that started it
+
+
+def claim(bed: Bed) -> None:
+    """Record this process as the bed's owner (see :func:`reap_orphan_beds`)."""
+    (bed.root / OWNER_FILE).write_text(f"{os.getpid()}\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_orphan_beds(base: pathlib.Path) -> list[pathlib.Path]:
+    """Take down the beds under ``base`` whose owning test session is gone (killed with
+    SIGKILL, which no finalizer survives). A bed with no owner record, or a live owner, is
+    left alone: it may be another session's, still starting or in use."""
+    reaped = []
+    for marker in sorted(base.glob("shardio-bed-*/.shardio-moosefs-bed")):
+        root = marker.parent
+        try:
+            pid = int((root / OWNER_FILE).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if pid == os.getpid() or _alive(pid):
+            continue
+        proc = run_shielded([str(SCRIPT), "down", str(root)], timeout=180)
+        if proc.returncode == 0:
+            (root / OWNER_FILE).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                root.rmdir()
+            reaped.append(root)
+    return reaped
+
+
+# --------------------------------------------------------------------------- datasets
+@dataclasses.dataclass(frozen=True)
+class PfsDataset:
+    """The small tree packed onto the shared bed once (read-only by convention: a test that
+    damages it copies it first, on the mount).
+
+    Attributes:
+        path: the dataset directory on the mount.
+        source: the source tree (local disk).
+        payload: sample key -> the source file's bytes.
+    """
+
+    path: pathlib.Path
+    source: pathlib.Path
+    payload: Mapping[str, bytes]
+
+
+def source_payload(src: pathlib.Path) -> dict[str, bytes]:
+    """Sample key (the relative path without its extension) -> the file's bytes."""
+    return {
+        f.relative_to(src).as_posix().rsplit(".", 1)[0]: f.read_bytes()
+        for f in sorted(src.rglob("*"))
+        if f.is_file()
+    }
+
+
+def pfs_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child process on the bed: no SLURM or shardio knobs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SHARDIO_"))}
+    env.update(extra or {})
+    return env

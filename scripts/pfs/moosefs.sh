@@ -36,6 +36,11 @@ case "$dir" in
   /*) ;;
   *) dir="$(pwd)/$dir" ;;
 esac
+# The mount table escapes whitespace (\040), and the MooseFS configuration files take a path
+# to the end of the line: refuse such a directory rather than start a bed we cannot find.
+case "$dir" in
+  *[[:space:]\\]*) die "the bed directory must not contain whitespace or a backslash: $dir" ;;
+esac
 
 # One namespace and address per bed directory, so two beds (two CI runs) never share one.
 tag=$(printf %s "$dir" | sha256sum | cut -c1-8)
@@ -172,7 +177,7 @@ up() {
     esac
   done
   case "$n$retries$goal" in *[!0-9]*) die "counts must be whole numbers" ;; esac
-  [ "$n" -ge 1 ] && [ "$n" -le 8 ] || die "--chunkservers takes 1 to 8"
+  if [ "$n" -lt 1 ] || [ "$n" -gt 8 ]; then die "--chunkservers takes 1 to 8"; fi
   [ "$(id -u)" = 0 ] || die "needs root (network namespace, FUSE mount)"
   if [ -e "$marker" ]; then
     die "$dir already holds a bed: run 'down' first"
@@ -238,16 +243,26 @@ down() {
   # Only what `up` created: the bed directory itself was empty or new.
   rm -rf "${dir:?}/etc" "$dir/master" "$dir/log" "$dir"/cs[0-9]* "$dir/bed.env"
   rmdir "$mnt" 2>/dev/null || true
-  rm -f "$marker"
+  rm -f "$marker" "$dir/.shardio-bed-owner" # the owner record tests/mfsbed.py writes
   rmdir "$dir" 2>/dev/null || true
+}
+
+cs_number() {
+  # A chunkserver of this bed, 1 to N.
+  local i=${1:-}
+  case "$i" in '' | *[!0-9]*) die "give a chunkserver number, 1 to $(chunkservers)" ;; esac
+  if [ "$i" -lt 1 ] || [ "$i" -gt "$(chunkservers)" ]; then
+    die "no chunkserver $i: the bed has $(chunkservers)"
+  fi
+  echo "$((10#$i))"
 }
 
 case "$cmd" in
   up) up "$@" ;;
   down) down ;;
   status) status ;;
-  stop-cs) [ -e "$marker" ] || die "$dir holds no bed"; stop_cs "${1:?chunkserver number}" ;;
-  start-cs) [ -e "$marker" ] || die "$dir holds no bed"; start_cs "${1:?chunkserver number}" ;;
+  stop-cs) [ -e "$marker" ] || die "$dir holds no bed"; i=$(cs_number "${1:-}"); stop_cs "$i" ;;
+  start-cs) [ -e "$marker" ] || die "$dir holds no bed"; i=$(cs_number "${1:-}"); start_cs "$i" ;;
   stop-master) [ -e "$marker" ] || die "$dir holds no bed"; stop_master ;;
   start-master) [ -e "$marker" ] || die "$dir holds no bed"; start_master ;;
   exec) [ -e "$marker" ] || die "$dir holds no bed"; in_ns "$@" ;;

@@ -18,6 +18,8 @@ import mmap
 import os
 import stat
 from collections.abc import Callable
+from functools import partial
+from typing import Protocol
 
 import xxhash
 
@@ -50,6 +52,7 @@ from shardio.storage.files import (
     read_regular,
     unlink_inside,
 )
+from shardio.storage.stall import IoThreads, call_with_deadline
 
 __all__ = [
     "READ_NOFOLLOW",
@@ -63,6 +66,7 @@ logger = logging.getLogger(__name__)
 
 READ_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _CHUNK = 16 * 1024 * 1024
+_MAX_ABANDONED_COPIES = 4  # stalled chunks of one copy before it fails at once
 # A DALI .idx holds one short text line per sample: bound what is read of one.
 _IDX_BASE_BYTES = 64 * 1024 * 1024
 _IDX_BYTES_PER_SAMPLE = 64
@@ -129,14 +133,22 @@ def _staged_equals(path: str, data: bytes, what: str) -> bool:
 # --------------------------------------------------------------------------- copies
 
 
-def _copy_range(fin: int, fout: int, limit: int, counters: Counters) -> int:
+def _copy_range(
+    fin: int,
+    fout: int,
+    limit: int,
+    counters: Counters,
+    bound: _Bound | None = None,
+) -> int:
     """Copy at most ``limit`` bytes inside the kernel (copy_file_range, else sendfile, else
-    read/write); return the bytes copied."""
+    read/write); return the bytes copied. ``bound`` runs each chunk's call (under a read
+    deadline; an abandoned call writes only into the temp file, which is then removed)."""
     total = 0
+    run = bound if bound is not None else _direct
     for copy in (os.copy_file_range, _sendfile):
         try:
             while total < limit:
-                n = copy(fin, fout, min(_CHUNK, limit - total))
+                n = run(partial(copy, fin, fout, min(_CHUNK, limit - total)))
                 if n == 0:
                     break
                 total += n
@@ -153,7 +165,7 @@ def _copy_range(fin: int, fout: int, limit: int, counters: Counters) -> int:
     buf = bytearray(min(_CHUNK, max(limit, 1)))
     view = memoryview(buf)
     while total < limit:
-        n = os.readv(fin, [view[: min(len(buf), limit - total)]])
+        n = run(partial(os.readv, fin, [view[: min(len(buf), limit - total)]]))
         if n == 0:
             break
         written = 0
@@ -162,6 +174,19 @@ def _copy_range(fin: int, fout: int, limit: int, counters: Counters) -> int:
         total += n
         counters.add(0, n)
     return total
+
+
+class _Bound(Protocol):
+    """Runs one call of the copy under its read deadline."""
+
+    def __call__(
+        self, call: Callable[[], int], cleanup: Callable[[int], None] | None = None
+    ) -> int: ...
+
+
+def _direct(call: Callable[[], int], cleanup: Callable[[int], None] | None = None) -> int:
+    del cleanup
+    return call()
 
 
 def _sendfile(fin: int, fout: int, count: int) -> int:
@@ -194,6 +219,7 @@ def copy_verified(
     what: str = "source shard",
     action: str = "staging",
     before_publish: Callable[[], None] | None = None,
+    read_timeout_s: float = 0.0,
 ) -> int:
     """Copy src to a temp file in the kernel, hash the copy's own bytes, publish if it matches.
 
@@ -206,8 +232,52 @@ def copy_verified(
         action: what the copy is for, in error messages ("staging", "repairing").
         before_publish: called after the copy verified, just before the rename (a last
             check that nothing was planted at ``dst`` meanwhile); may raise to refuse.
+        read_timeout_s: seconds the open or one chunk's copy may stall before the copy is
+            abandoned with :class:`~shardio.errors.ReadStalledError` naming the shard (0:
+            no deadline).
+
+    Raises:
+        ReadStalledError: the source stalled past ``read_timeout_s``.
     """
-    fin = open_regular(src, what=what)
+    if not read_timeout_s:
+        return _copy_verified(
+            src, dst, expected, size_bytes=size_bytes, durable=durable, counters=counters,
+            what=what, action=action, before_publish=before_publish, bound=None,
+        )  # fmt: skip
+    pool = IoThreads(_MAX_ABANDONED_COPIES)
+
+    def bound(call: Callable[[], int], cleanup: Callable[[int], None] | None = None) -> int:
+        got: int = call_with_deadline(
+            pool, call, read_timeout_s, f"copy of {what} {src}", cleanup=cleanup
+        )
+        return got
+
+    try:
+        return _copy_verified(
+            src, dst, expected, size_bytes=size_bytes, durable=durable, counters=counters,
+            what=what, action=action, before_publish=before_publish, bound=bound,
+        )  # fmt: skip
+    finally:
+        pool.close()
+
+
+def _copy_verified(
+    src: str,
+    dst: str,
+    expected: str,
+    *,
+    size_bytes: int,
+    durable: bool,
+    counters: Counters,
+    what: str,
+    action: str,
+    before_publish: Callable[[], None] | None,
+    bound: _Bound | None,
+) -> int:
+    if bound is None:
+        fin = open_regular(src, what=what)
+    else:
+        fin = bound(partial(open_regular, src, what=what), os.close)
     try:
         size = os.fstat(fin).st_size
         if size != size_bytes:
@@ -225,7 +295,7 @@ def copy_verified(
             raise storage_error(exc, dst, action) from exc
         try:
             try:
-                total = _copy_range(fin, fout, size_bytes + 1, counters)
+                total = _copy_range(fin, fout, size_bytes + 1, counters, bound)
                 actual = _hash_file(fout) if total == size_bytes else ""
             finally:
                 os.close(fout)
@@ -298,6 +368,7 @@ def stage_one(
     durable: bool,
     counters: Counters,
     bad_copy: tuple[int, int] | None = None,
+    read_timeout_s: float = 0.0,
 ) -> tuple[str, str, int]:
     """Stage one shard (and its DALI index) under its lock; return (rel, outcome, bytes).
 
@@ -307,6 +378,7 @@ def stage_one(
     Args:
         bad_copy: (device, inode) of a staged copy a reader found bad: dropped first if it is
             still the file staged (a copy another process re-staged meanwhile is kept).
+        read_timeout_s: the copy's read deadline (:func:`copy_verified`); 0: none.
     """
     rel, expected = entry.path, entry.xxh3_128
     final = os.path.join(dest, rel)
@@ -335,6 +407,7 @@ def stage_one(
                     size_bytes=entry.size_bytes,
                     durable=durable,
                     counters=counters,
+                    read_timeout_s=read_timeout_s,
                 )
                 write_stamp(dest, rel, expected, durable)
         if entry.dali_index is not None:  # DALI wants the .idx beside the staged tar

@@ -22,7 +22,7 @@ from shardio.cache.evict import evict_for
 from shardio.cache.identity import DatasetIdentity
 from shardio.cache.plan import choose_shards, node_shard_order
 from shardio.cache.protocol import STAGE_DIR, write_plan
-from shardio.errors import IntegrityError, UsageError
+from shardio.errors import IntegrityError, StorageUnavailableError, UsageError
 from shardio.format.identity import load_identified
 from shardio.format.manifest import Manifest
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
@@ -69,6 +69,9 @@ class StageOptions:
             also covers a copy damaged by a node crash.
         force: DEST holds another dataset (its marker records another dataset id): remove
             what shardio staged there, then stage (without it, staging is refused).
+        read_timeout_s: seconds a copy's open or one of its chunks may stall (a dead data
+            server) before that shard is given up, like a damaged one (it is read from the
+            source later); 0: no deadline.
     """
 
     node: int = 0
@@ -81,8 +84,18 @@ class StageOptions:
     capacity_bytes: int | None = None
     durable: bool = False
     force: bool = False
+    read_timeout_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if (
+            isinstance(self.read_timeout_s, bool)
+            or not isinstance(self.read_timeout_s, int | float)
+            or not 0 <= self.read_timeout_s <= 86_400  # NaN fails both
+        ):
+            raise UsageError(
+                f"read_timeout_s must be seconds in [0, 86400] (0: none), got "
+                f"{self.read_timeout_s!r}"
+            )
         if not 1 <= self.num_nodes <= MAX_NODES or not 0 <= self.node < self.num_nodes:
             raise UsageError(
                 f"invalid node {self.node}/{self.num_nodes}: need 0 <= I < N <= {MAX_NODES:,}"
@@ -239,6 +252,7 @@ def stage_dataset(
                     temps_of(e, temps),
                     durable=options.durable,
                     counters=counters,
+                    read_timeout_s=options.read_timeout_s,
                 )
                 for e in chosen
             ]
@@ -249,8 +263,8 @@ def stage_dataset(
                 for f in futures:
                     try:
                         outcomes.append(f.result())
-                    except IntegrityError as exc:
-                        damaged.append(exc)
+                    except (IntegrityError, StorageUnavailableError) as exc:
+                        damaged.append(exc)  # a stalled or unreachable shard too
             except BaseException:
                 for f in futures:
                     f.cancel()
@@ -259,7 +273,8 @@ def stage_dataset(
         more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
         raise IntegrityError(
             errno.EIO,
-            f"{len(damaged)} source shard(s) are damaged and were not staged, the other "
+            f"{len(damaged)} source shard(s) are damaged or unavailable and were not staged, "
+            f"the other "
             f"{len(outcomes)} were: {damaged[0]}{more}",
         ) from damaged[0]
     if from_source:

@@ -137,18 +137,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot is not None:
         require_matplotlib()  # now, not after a run of many minutes
         _check_plot_path(args.plot)
+    from shardio.read.strategy import choose_strategy
+
+    choice = choose_strategy(args.dataset)  # what the bench's ShardDataset reads with
     runs = run_bench(args.dataset, settings, compare=peers)
     shown = {
         "dataset": args.dataset,
         **settings.to_dict(),
         "compare": [str(p) for p in peers],
         "plot": args.plot,
+        "filesystem": choice.fs.describe(),
+        "read_strategy": f"{choice.describe()}: {choice.strategy.describe()}",
     }
     # The report first: a plot that cannot be written must not lose the figures of the run.
     if args.json:
         print(json.dumps(report_dict(runs, shown), indent=1), flush=True)
     else:
-        print(format_report(runs, shown), flush=True)
+        head, _, rest = format_report(runs, shown).partition("\n")
+        print(head)
+        print(f"  filesystem     {shown['filesystem']}")
+        print(f"  read strategy  {shown['read_strategy']}")
+        print(rest, flush=True)
     if args.plot is not None:
         write_plot(runs, args.plot)
         if not args.json:

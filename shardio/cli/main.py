@@ -38,7 +38,7 @@ from shardio.cli.common import (
     whole_number,
 )
 from shardio.cli.pack import cmd_merge, cmd_pack, label_map_json, label_map_text
-from shardio.cli.stage import cmd_stage, default_stage_dir
+from shardio.cli.stage import cmd_stage, default_stage_dir, seconds_arg
 from shardio.cli.topo import add_topo_parser, cmd_topo
 from shardio.errors import ShardioError, UsageError
 from shardio.units import format_duration, format_size
@@ -210,6 +210,14 @@ def _build_parser() -> argparse.ArgumentParser:
         type=whole_number("--window-shards"),
         default=None,
         help="override the spec's window",
+    )
+    st.add_argument(
+        "--read-timeout",
+        type=seconds_arg("--read-timeout"),
+        default=None,
+        metavar="S",
+        help="abandon a shard whose copy stalls this many seconds (a dead data server) and "
+        "stage the others (default: 120 on a network filesystem, none on a local one; 0: none)",
     )
     st.add_argument(
         "--streams", type=whole_number("--streams"), default=4, help="parallel copy streams"
@@ -472,12 +480,14 @@ def _pack_striping(layout: dict[str, Any]) -> str:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from shardio.read.packed import PackedDataset
-    from shardio.storage.fsdetect import detect_fs_type
+    from shardio.read.strategy import choose_strategy
     from shardio.storage.striping import describe_layout
 
     with PackedDataset(args.dst) as ds:
         man = ds.manifest
-        fs_type = detect_fs_type(args.dst)
+        # What reads of this dataset would use here (SHARDIO_READ_STRATEGY included).
+        choice = choose_strategy(args.dst)
+        fs_type = choice.fs.name
         pack_layout = dict(man.layout)
         info = {
             "path": args.dst,
@@ -493,6 +503,19 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             "classes": len(man.classes) if man.classes is not None else 0,
             "label_map": label_map_json(man.classes, man.label_layout, man.label_source),
             "filesystem": fs_type,  # now, where inspect runs
+            "filesystem_detail": {
+                "name": choice.fs.name,
+                "description": choice.fs.describe(),
+                "network": choice.fs.network,
+                "mount_point": choice.fs.mount_point,
+                "mount_type": choice.fs.mount_type,
+                "source": choice.fs.source,
+            },
+            "read_strategy": {
+                "name": choice.strategy.name,
+                "reason": choice.reason,
+                "description": choice.strategy.describe(),
+            },
             "stripe_layout": describe_layout(os.path.join(args.dst, "shards"), fs_type=fs_type),
             # What pack recorded (fs_type, action, stripe, commands, message); null if nothing.
             "pack_layout": pack_layout or None,
@@ -521,6 +544,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     now = now.replace("\n", "\n" + " " * 30)  # lfs getstripe may print several lines
     print(f"stripe layout at pack time:   {_pack_striping(pack_layout)}")
     print(f"              filesystem now: {fs_type}, {now}")
+    print(f"filesystem    {choice.fs.describe()}")
+    print(f"read strategy {choice.describe()}: {choice.strategy.describe()}")
     print(f"created by    {man.created_by}")
     return EXIT_OK
 

@@ -14,9 +14,33 @@ from shardio.errors import StorageError, UsageError
 from shardio.order import OrderSpec, default_order
 from shardio.units import format_duration, format_size, parse_size
 
-__all__ = ["cmd_stage", "default_stage_dir", "journal_dir_of", "order_spec_of"]
+__all__ = ["cmd_stage", "default_stage_dir", "journal_dir_of", "order_spec_of", "seconds_arg"]
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_SECONDS = re.compile(r"(0|[1-9][0-9]{0,4})(\.[0-9]{1,6})?")
+
+
+def seconds_arg(option: str) -> Callable[[str], float]:
+    """An argparse type for a deadline in seconds: ASCII digits with an optional fraction
+    ("5", "0.5"), at most a day (0: none); no sign, exponent, "nan" or "inf".
+
+    The result goes through :func:`shardio.read.deadline.check_read_timeout` too.
+    """
+
+    def parse(text: str) -> float:
+        from shardio.read.deadline import check_read_timeout
+
+        if _SECONDS.fullmatch(text) is None:
+            raise argparse.ArgumentTypeError(
+                f"{option}={text[:40]!r} is not a number of seconds (such as 5 or 0.5)"
+            )
+        try:
+            seconds = check_read_timeout(float(text), option)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return float(seconds or 0.0)
+
+    return parse
 
 
 def default_stage_dir(src: str, environ: Mapping[str, str] | None = None) -> str:
@@ -99,6 +123,13 @@ def _evicted_line(count: int, options: Any) -> str:
     )
 
 
+def _stage_timeout(src: str, given: float | None) -> float:
+    """The copy deadline: ``--read-timeout``, else the default for SRC's filesystem."""
+    from shardio.read.deadline import resolve_read_timeout
+
+    return resolve_read_timeout(src, given)
+
+
 def cmd_stage(args: argparse.Namespace) -> int:
     from shardio.cache import StageOptions, clean_stage, stage_dataset
     from shardio.cli.progressbar import ProgressBar
@@ -129,6 +160,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
         capacity_bytes=parse_size(args.capacity) if args.capacity else None,
         durable=args.fsync,
         force=args.force,
+        read_timeout_s=_stage_timeout(src, args.read_timeout),
     )
     dest = args.paths[1] if len(args.paths) == 2 else default_stage_dir(src, env)
     bar = None if args.no_progress else ProgressBar("staging", unit="shards")

@@ -18,6 +18,7 @@ import numpy as np
 from shardio.errors import FormatError, UsageError
 from shardio.order import OrderSpec, rank_stream
 from shardio.order.ranks import RankInfo
+from shardio.read.deadline import resolve_read_timeout, with_deadline
 from shardio.read.packed import PackedDataset
 
 __all__ = ["Batch", "VerifiedSource"]
@@ -47,6 +48,9 @@ class VerifiedSource:
         verify: check each member's xxh3-64 (False only for HDF5's unverified mode).
         cache: a staging area to read verified copies from.
         exts: extensions of the payload member, first match wins per sample.
+        read_timeout_s: seconds a read may stall before it is abandoned and raises
+            :class:`~shardio.errors.ReadStalledError` (None: 120 s on a network filesystem,
+            none on a local one; 0: none); see :mod:`shardio.read.deadline`.
     """
 
     def __init__(
@@ -62,8 +66,13 @@ class VerifiedSource:
         verify: bool,
         cache: str | os.PathLike[str] | None,
         exts: Sequence[str],
+        read_timeout_s: float | None = None,
     ) -> None:
-        self.packed = PackedDataset(path, cache=cache)
+        # The same deadline as ShardDataset's: a stalled read raises ReadStalledError naming
+        # the shard instead of freezing the pipeline.
+        self.read_timeout_s = resolve_read_timeout(path, read_timeout_s)
+        opener = with_deadline(None, self.read_timeout_s, scope=path)
+        self.packed = PackedDataset(path, cache=cache, opener=opener)
         self.batch_size = batch_size
         self.ranks = ranks
         self.seed = seed

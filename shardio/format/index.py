@@ -30,7 +30,7 @@ from typing import IO, Any
 import numpy as np
 import xxhash
 
-from shardio.errors import FormatError
+from shardio.errors import FormatError, StorageError
 from shardio.format.checks import check_records
 from shardio.format.checks import parse_exts as _parse_exts
 from shardio.format.manifest import Manifest, ShardEntry
@@ -234,11 +234,30 @@ class Index:
         self._num_classes: int | None = None
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, manifest: Manifest | None = None) -> Index:
-        """Memory-map an index file (a regular file; a FIFO never blocks).
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        manifest: Manifest | None = None,
+        in_memory: bool = False,
+    ) -> Index:
+        """Memory-map an index file (a regular file; a FIFO never blocks), or read it.
 
         With ``manifest``, the index is bound to that dataset: its size, counts and header
         checksum must match the manifest, and shard records are checked on first use.
+
+        Args:
+            path: the index file.
+            manifest: the dataset's manifest, to bind the index to.
+            in_memory: for an index on a network or parallel filesystem, where a page of a
+                mapping that the filesystem cannot serve (a dead data server) raises SIGBUS
+                in whatever touches it, while a read fails with an ``OSError`` that can be
+                handled. An index of at most :data:`IN_MEMORY_MAX_BYTES` is then read into
+                this process's memory; a larger one is still mapped (its pages are shared by
+                every process of the node), after one pass of ``pread`` over the whole file
+                that brings it into the page cache, so a dead server fails the open with a
+                :class:`StorageError` instead of a later access with SIGBUS. (Pages evicted
+                under memory pressure and read again later remain exposed.)
         """
         name = os.fspath(path)
         if not os.path.lexists(name):
@@ -253,10 +272,16 @@ class Index:
                     f"{name}: index is {size:,} bytes, the manifest says "
                     f"{manifest.index.size_bytes:,}: it was altered or truncated"
                 )
-            try:
-                buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError) as exc:
-                raise FormatError(f"{name}: cannot map the index ({exc})") from exc
+            buf: mmap.mmap | bytes
+            if in_memory and size <= IN_MEMORY_MAX_BYTES:
+                buf = _read_whole(fd, size, name)
+            else:
+                if in_memory:
+                    _read_whole(fd, size, name, keep=False)
+                try:
+                    buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                except (OSError, ValueError) as exc:
+                    raise FormatError(f"{name}: cannot map the index ({exc})") from exc
         finally:
             os.close(fd)
         index = cls(buf, path=name)
@@ -514,3 +539,36 @@ def merge_indexes(fh: IO[bytes], parts: Iterable[tuple[Index, int]], *, n_shards
         fh, samples=samples, members=members, keys=keys, paths=paths, exts=exts, n_shards=n_shards
     )
     return len(samples)
+
+
+_READ_CHUNK = 8 << 20  # large requests: what a parallel filesystem serves well
+IN_MEMORY_MAX_BYTES = 32 << 20
+"""The largest index ``Index.open(in_memory=True)`` reads into a process's own memory (every
+worker holds its copy: 32 MiB is about 180,000 samples)."""
+
+
+def _read_whole(fd: int, size: int, name: str, *, keep: bool = True) -> bytes:
+    """Read ``size`` bytes of an open index into memory, in large requests.
+
+    With ``keep=False`` the bytes only pass through one reused buffer (into the page cache)
+    and ``b""`` is returned.
+
+    Raises:
+        StorageError: a read failed (an ``OSError`` from the filesystem, typed).
+        FormatError: the file ended early (cut while it was read).
+    """
+    buf = bytearray(size if keep else min(size, _READ_CHUNK))
+    view = memoryview(buf)
+    done = 0
+    while done < size:
+        target = view[done : done + _READ_CHUNK] if keep else view[: min(size - done, _READ_CHUNK)]
+        try:
+            got = os.preadv(fd, [target], done)
+        except OSError as exc:
+            raise StorageError(
+                exc.errno, f"cannot read index {name}: {exc.strerror or exc}"
+            ) from exc
+        if got == 0:
+            raise FormatError(f"{name}: index is truncated ({done:,} of {size:,} bytes)")
+        done += got
+    return bytes(buf) if keep else b""

@@ -55,6 +55,10 @@ COUNTERS = (
     "rebuilds",  # a source shard rebuilt by the rebuild hook
     "substitutes",  # policy "skip": a sample replaced by another
     "unavailable",  # policy "raise": a sample given up on
+    "stalls",  # reads abandoned after their deadline (read_timeout_s)
+    "stall_ms",  # time lost waiting on them, in milliseconds
+    "held_fails",  # reads refused at once: their shard was held unavailable after a stall
+    "worker_restarts",  # DataLoader workers torn down by the loader's watchdog
 )
 _LIVE: weakref.WeakSet[ReadMetrics] = weakref.WeakSet()
 _FOLD_EVERY = 4096  # reads kept raw before they are bucketed

@@ -159,6 +159,16 @@ class MetricsSnapshot:
         except (TypeError, ValueError) as exc:
             raise UsageError(f"metrics snapshot: malformed: {exc}") from exc
 
+    @property
+    def stalls(self) -> int:
+        """Reads abandoned after their deadline (``read_timeout_s``)."""
+        return int(self.counters.get("stalls", 0))
+
+    @property
+    def stall_time_s(self) -> float:
+        """Time lost waiting on reads that were then abandoned, in seconds."""
+        return self.counters.get("stall_ms", 0) / 1000.0
+
     def line(self) -> str:
         """A one-line summary for a log."""
         read = self.read_latency.get("all")
@@ -182,6 +192,8 @@ class MetricsSnapshot:
             for k in ("checksum_failures", "read_errors", "retries", "restages", "substitutes")
         }
         moved = [f"{k.replace('_', ' ')} {v}" for k, v in faults.items() if v]
+        if self.stalls:
+            moved.append(f"read stalls {self.stalls} ({self.stall_time_s:.1f} s lost)")
         parts.append(", ".join(moved) if moved else "no faults")
         return " | ".join(parts)
 

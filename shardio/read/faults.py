@@ -22,7 +22,11 @@ from shardio.read.opener import PosixOpener
 
 __all__ = ["FAULT_KINDS", "Fault", "FaultyOpener"]
 
-FAULT_KINDS = ("flip", "truncate", "eio", "eio_after", "short", "slow", "missing", "replaced")
+FAULT_KINDS = (
+    "flip", "truncate", "eio", "eio_after", "short", "slow", "missing", "replaced", "hang",
+    "hang_open",
+)  # fmt: skip
+_HANG_POLL_S = 0.02
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,14 +39,18 @@ class Fault:
             "eio_after" (reads fail once ``after_bytes`` were read from matching files),
             "short" (each read returns at most half of what was asked, at least 1 byte),
             "slow" (each read sleeps ``delay_s``), "missing" (opening fails with ENOENT),
-            "replaced" (reads return other bytes, as a file replaced under its name).
+            "replaced" (reads return other bytes, as a file replaced under its name), "hang"
+            (a read blocks, as on a dead data server, for ``delay_s`` or an hour when 0, or
+            until the file ``release`` exists), "hang_open" (the same for opening).
         path: a substring of the paths it hits ("" hits every file).
         offset: the byte flipped, or the apparent size for "truncate".
         after_bytes: for "eio_after".
         times: how often it fires in one process (None: every time).
         probability: for "eio": the chance that a read fails (seeded by ``seed``).
         seed: the seed of "eio"'s draws.
-        delay_s: for "slow".
+        delay_s: for "slow", "hang" and "hang_open".
+        release: for "hang" and "hang_open": a path whose existence ends the hang (any
+            process may create it).
     """
 
     kind: str
@@ -53,6 +61,7 @@ class Fault:
     probability: float = 1.0
     seed: int = 0
     delay_s: float = 0.0
+    release: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -117,7 +126,15 @@ class FaultyOpener(PosixOpener):
     def _fire(self, i: int) -> None:
         self._local().fired[i] += 1
 
+    def _hang(self, path: str, kind: str) -> None:
+        for i, f in self._hits(path, kind):
+            self._fire(i)
+            end = time.monotonic() + (f.delay_s or 3600.0)
+            while time.monotonic() < end and not (f.release and os.path.exists(f.release)):
+                time.sleep(_HANG_POLL_S)
+
     def open(self, path: str, *, nofollow: bool = False) -> int:
+        self._hang(path, "hang_open")
         for i, _f in self._hits(path, "missing"):
             self._fire(i)
             raise FileNotFoundError(errno.ENOENT, f"injected: {path} is missing", path)
@@ -146,6 +163,7 @@ class FaultyOpener(PosixOpener):
         for i, f in self._hits(path, "slow"):
             self._fire(i)
             time.sleep(f.delay_s)
+        self._hang(path, "hang")
         for i, f in self._hits(path, "eio"):
             draw = random.Random(f"{f.seed}:{path}:{offset}:{state.reads}").random()
             if draw < f.probability:

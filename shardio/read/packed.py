@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 
 from shardio.cache.protocol import lock_for_reading
-from shardio.errors import ChecksumMismatchError, FormatError, ShardioError, StorageError
+from shardio.errors import (
+    ChecksumMismatchError,
+    FormatError,
+    ReadStalledError,
+    ShardioError,
+    StorageError,
+    unavailable_error,
+)
 from shardio.format.checksum import hex64
 from shardio.format.identity import load_identified
 from shardio.format.index import Index
@@ -31,6 +38,8 @@ from shardio.read.check import member_digest_problem
 from shardio.read.mapcache import MapCache
 from shardio.read.opener import Opener, PosixOpener, read_fully
 from shardio.read.resolver import NOT_OPENED, Location, ShardResolver
+from shardio.read.strategy import ReadStrategy
+from shardio.storage.fsdetect import describe_fs
 
 __all__ = ["Event", "FilePool", "Handoff", "PackedDataset"]
 
@@ -166,7 +175,12 @@ class PackedDataset:
         on_event: called with a dict for each recovery event (a dropped or re-staged copy).
         metrics: this process's read counters and latency histograms (the one place the
             pool, the map cache, the resolver, the reader and the recovery steps count).
+        read_strategy: how :func:`shardio.runtime.batch.read_batch` reads a batch's members
+            (set by the runtime from :func:`shardio.read.strategy.choose_strategy`); None or
+            one in flight: one pread per member in the reading thread.
     """
+
+    read_strategy: ReadStrategy | None = None
 
     def __init__(
         self,
@@ -193,8 +207,12 @@ class PackedDataset:
             # The dataset's id is of the very bytes parsed: the cache is checked against it.
             self.manifest, dataset_id = load_identified(self.root)
         # Bound to the manifest: header checked now, each shard's records on first use.
+        # On a network filesystem the index is read, not only mapped: a page that a dead
+        # server cannot serve would be SIGBUS in the training process (Index.open).
         self.index = Index.open(
-            os.path.join(self.root, self.manifest.index.path), manifest=self.manifest
+            os.path.join(self.root, self.manifest.index.path),
+            manifest=self.manifest,
+            in_memory=describe_fs(self.root).network,
         )
         self.opener: Opener = opener if opener is not None else PosixOpener()
         self.metrics = ReadMetrics()
@@ -330,6 +348,8 @@ class PackedDataset:
         except OSError as exc:
             if fd < 0 and self._was_evicted(loc, exc, shard):
                 return EVICTED, exc, identity
+            if isinstance(exc, ReadStalledError):
+                self._count_stall(exc)
             problem, error = f"unreadable: {exc.strerror or exc}", exc
         else:
             took = time.perf_counter_ns() - began if self.timed else None
@@ -352,6 +372,15 @@ class PackedDataset:
                 with contextlib.suppress(OSError):
                     identity = self.opener.identity(fd)
         return problem, error, identity
+
+    def _count_stall(self, exc: ReadStalledError) -> None:
+        """Count a read abandoned after its deadline (and the time lost), or refused at once
+        because its shard is held unavailable."""
+        if exc.waited_s > 0:
+            self.metrics.add("stalls")
+            self.metrics.add("stall_ms", round(exc.waited_s * 1000))
+        else:
+            self.metrics.add("held_fails")
 
     def read_member_into(
         self,
@@ -465,9 +494,13 @@ class PackedDataset:
             )
         if problem == "truncated":
             return StorageError(errno.EIO, f"shard {path} is truncated (sample {key!r})")
-        code = error.errno if error is not None and error.errno else errno.EIO
         reason = error.strerror if error is not None and error.strerror else problem
-        return StorageError(code, f"cannot read shard {path} (sample {key!r}): {reason}")
+        message = f"cannot read shard {path} (sample {key!r}): {reason}"
+        if error is None:
+            return StorageError(errno.EIO, message)
+        # Typed: a stall (ReadStalledError) or a server gone (ENXIO, ENOTCONN, ...) is a
+        # StorageUnavailableError, which recovery retries and holds per shard.
+        return unavailable_error(error, message)
 
     def member_view(
         self, member: int, *, shard: int, sample: int | None = None, verify: bool = True
@@ -496,6 +529,8 @@ class PackedDataset:
             except OSError as exc:
                 if self._was_evicted(loc, exc, shard):
                     continue
+                if isinstance(exc, ReadStalledError):
+                    self._count_stall(exc)
                 problem, error, view = f"unreadable: {exc.strerror or exc}", exc, memoryview(b"")
             if problem is None and off + size > len(view):
                 problem = "truncated"

@@ -16,6 +16,12 @@ straight to step 4: re-reading or rebuilding gives the same bytes):
    per-rank counts stay equal and a resume reads the same); a substitute is read, and
    decoded, before it is taken.
 
+A read that stalled past its deadline (``read_timeout_s``, a
+:class:`~shardio.errors.ReadStalledError`) is a failed read like any other, but its shard is
+then held unavailable on the node for a while (:mod:`shardio.read.unavailable`): its other
+samples are not retried (they would stall again) and substitutes are drawn from other shards,
+so a dead data server costs one deadline per shard, not per sample.
+
 Nothing retries forever: retries are counted, waits are capped, and an optional wall-clock
 budget (``budget_s``, from the policy's creation, shared by every worker of the job) stops
 repairs once spent. Every event is logged once, counted in the reader's metrics
@@ -243,6 +249,13 @@ class Recovery:
             # bytes, and the shard's other samples are fine (it is not marked bad).
             tried = [f"decode: {error}", "not read again: its bytes match their checksum"]
             return self._give_up(sample, base, error, tried)
+        held = self._held(shard)
+        if held is not None:
+            # Its read stalled (here or in another process of the node): a retry would stall
+            # again or be refused; the dead server costs one deadline per shard, not per sample.
+            tried.append(f"shard held unavailable for {held:.0f} s more after a stall")
+            self.bad_shards.add(shard)
+            return self._give_up(sample, base, error, tried)
         if shard not in self.bad_shards:
             wait = self.policy.backoff_s
             for attempt in range(1, self.policy.retries + 1):
@@ -284,6 +297,18 @@ class Recovery:
         self.bad_shards.add(shard)
         return self._give_up(sample, base, error, tried)
 
+    def _held(self, shard: int) -> float | None:
+        """Seconds the file shard ``shard`` is read from stays held unavailable after a stall
+        (:mod:`shardio.read.unavailable`), or None."""
+        held = getattr(self.ds.opener, "held", None)
+        if held is None:
+            return None
+        try:
+            left: float | None = held(self.ds.shard_path(shard))
+        except OSError:
+            return None
+        return left
+
     def _give_up(self, sample: int, base: Event, error: BaseException, tried: list[str]) -> int:
         """The policy for a sample nothing could read: raise, or a substitute (``skip``)."""
         self.bad_samples.add(sample)
@@ -308,6 +333,10 @@ class Recovery:
                 break
             candidate = int(drawn)
             if candidate == sample or candidate in self.bad_samples:
+                continue
+            held = self._held(self.ds.shard_of(candidate))
+            if held is not None:  # a substitute must not stall again
+                tried.append(f"substitute {self.ds.key(candidate)!r}: its shard is held")
                 continue
             try:
                 self._probe(candidate)

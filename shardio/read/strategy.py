@@ -31,22 +31,32 @@ __all__ = [
 
 ENV_VAR = "SHARDIO_READ_STRATEGY"
 MiB = 1 << 20
+MAX_INFLIGHT = 256  # I/O threads per reading process
+MAX_REQUEST_BYTES = 256 * MiB  # one request, and the read-ahead's scratch buffer
 
 
 @dataclass(frozen=True, kw_only=True)
 class ReadStrategy:
     """How members are read.
 
+    The mechanics are in :mod:`shardio.read.extents`: map mode's batches are read by
+    :func:`~shardio.read.extents.read_members_planned` when ``inflight > 1``; stream mode
+    reads its shards ahead with :class:`~shardio.read.extents.StreamReadahead` when
+    ``stream_readahead_bytes > 0``. Either way each member is still read into the batch's
+    buffer and checked there, by the calling thread.
+
     Attributes:
         name: ``local`` or ``pfs``.
-        inflight: requests in flight per reading process (1: each pread in the reading
-            thread, one at a time).
-        coalesce_gap_bytes: neighbouring members of one shard closer than this are read by one
-            request (the bytes between are read and dropped).
-        request_bytes: the largest single request; a longer run is cut into requests of this
-            size, aligned to it.
-        stream_readahead_bytes: stream mode: how far ahead of the reads each shard of the
-            epoch's window is read sequentially (0: none).
+        inflight: map mode: requests in flight per reading process, on that many I/O threads
+            (``shardio-io-N``; 1: each pread in the reading thread, one at a time).
+        coalesce_gap_bytes: neighbouring members of one shard at most this far apart are
+            read by one request (the bytes between are read and dropped).
+        request_bytes: the largest coalesced request, and the size of each read-ahead
+            request (the read-ahead's one scratch buffer per process).
+        stream_readahead_bytes: stream mode: the bound on bytes read ahead into shards the
+            reader has not begun yet (0: no read-ahead). They sit in the page cache (the
+            kernel's, reclaimable), not in the process; the shards of the window being read
+            are read whole, as the shuffle over the window needs them all.
     """
 
     name: str
@@ -62,6 +72,14 @@ class ReadStrategy:
         for field in ("coalesce_gap_bytes", "stream_readahead_bytes"):
             if getattr(self, field) < 0:
                 raise UsageError(f"ReadStrategy.{field} must not be negative")
+        # Threads and scratch buffers are made from these: a typo must not exhaust a node.
+        if self.inflight > MAX_INFLIGHT:
+            raise UsageError(f"ReadStrategy.inflight must be at most {MAX_INFLIGHT}")
+        if self.request_bytes > MAX_REQUEST_BYTES or self.coalesce_gap_bytes > MAX_REQUEST_BYTES:
+            raise UsageError(
+                f"ReadStrategy.request_bytes and coalesce_gap_bytes must be at most "
+                f"{MAX_REQUEST_BYTES // MiB} MiB"
+            )
 
     def describe(self) -> str:
         """One phrase for the CLI."""
@@ -78,6 +96,10 @@ class ReadStrategy:
 LOCAL = ReadStrategy(
     name="local", inflight=1, coalesce_gap_bytes=0, request_bytes=8 * MiB, stream_readahead_bytes=0
 )
+# Values measured on the MooseFS bed (benchmarks/bench_read_path.py, RESULTS.md "Read path
+# per filesystem"): sequential 8 MiB requests, one in flight, read as fast as ``cat`` (more in
+# flight or 32 MiB requests were slower on the FUSE client); random member reads peaked near
+# 16 in flight (4: a little less, 32: less again).
 PFS = ReadStrategy(
     name="pfs",
     inflight=16,

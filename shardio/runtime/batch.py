@@ -20,6 +20,7 @@ import torch
 
 from shardio.errors import StorageError, UsageError
 from shardio.format.spec import LABEL_EXT
+from shardio.read.extents import read_members_planned
 from shardio.read.mapcache import FileIdentity, MapCache
 from shardio.read.packed import PackedDataset
 from shardio.units import format_size
@@ -337,6 +338,10 @@ def read_batch(
 
     Every member is read with ``preadv`` straight into one uint8 buffer, laid out field by
     field (fields by name, so each ByteColumn is contiguous), samples in order within a field.
+    Where ``ds.read_strategy`` has more than one request in flight (the ``pfs`` strategy, map
+    mode), the batch's members are read as coalesced requests on I/O threads
+    (:func:`shardio.read.extents.read_members_planned`) and checked here once in the buffer;
+    otherwise one pread per member, in this thread.
 
     Args:
         ds: the dataset.
@@ -369,15 +374,25 @@ def read_batch(
     view = memoryview(buffer.numpy())  # type: ignore[arg-type]
     shards = samples["shard"].astype(np.int64)[positions]
     sample_ids = np.asarray(indices, dtype=np.int64)[positions]
-    for m, shard, sample, lo, hi in zip(
-        rows.tolist(),
-        shards.tolist(),
-        sample_ids.tolist(),
-        starts.tolist(),
-        ends.tolist(),
-        strict=True,
-    ):
-        ds.read_member_into(m, view[lo:hi], shard=shard, sample=sample, verify=verify)
+    strategy = ds.read_strategy
+    if strategy is not None and strategy.inflight > 1 and len(rows) > 1:
+        # A network or parallel filesystem: coalesced requests, several in flight, each
+        # member hashed here once its bytes are in the buffer (shardio.read.extents).
+        targets = [view[lo:hi] for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True)]
+        read_members_planned(
+            ds, rows.tolist(), shards.tolist(), sample_ids.tolist(), targets, strategy,
+            verify=verify,
+        )  # fmt: skip
+    else:
+        for m, shard, sample, lo, hi in zip(
+            rows.tolist(),
+            shards.tolist(),
+            sample_ids.tolist(),
+            starts.tolist(),
+            ends.tolist(),
+            strict=True,
+        ):
+            ds.read_member_into(m, view[lo:hi], shard=shard, sample=sample, verify=verify)
     ds.metrics.add("samples", n)
     batch: dict[str, Any] = {"__key__": [index.key(int(i)) for i in indices]}
     if ds.manifest.classes is not None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from shardio.errors import UsageError
 from shardio.metrics.histogram import LatencyHistogram
 from shardio.metrics.report import BenchRun, StepSample
+from shardio.metrics.snapshot import MetricsSnapshot
 from shardio.metrics.steps import StepTimer
 
 if TYPE_CHECKING:
@@ -324,11 +325,28 @@ class ShardioRunner:
             if found is not None:
                 hist.merge(found)
         opened = snap.counters.get("opens_staged", 0) + snap.counters.get("opens_source", 0)
-        return RunnerStats(read_latency=hist, files_opened=opened)
+        return RunnerStats(
+            read_latency=hist, files_opened=opened, notes=stall_notes(snap, self.dataset)
+        )
 
     def close(self) -> None:
         self.loader.close()
         self.dataset.close()
+
+
+def stall_notes(snap: MetricsSnapshot, dataset: Any) -> tuple[str, ...]:
+    """The report's line on read stalls: the deadline in force, reads abandoned after it and
+    the time lost, reads refused at once (shard held), workers replaced."""
+    deadline = float(getattr(dataset, "read_timeout_s", 0.0) or 0.0)
+    counts = snap.counters
+    if not deadline and not counts.get("stalls", 0):
+        return ()
+    told = f"{deadline:g} s" if deadline else "none"
+    return (
+        f"read stalls {counts.get('stalls', 0):,} (deadline {told}, "
+        f"{snap.stall_time_s:.1f} s lost), {counts.get('held_fails', 0):,} reads of held "
+        f"shards refused at once, {counts.get('worker_restarts', 0):,} workers replaced",
+    )
 
 
 def run_shardio(path: str, settings: BenchSettings, *, opener: Opener | None = None) -> BenchRun:

@@ -8,6 +8,7 @@ the index offsets, verifying each member's xxh3-64.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import operator
 import os
@@ -25,8 +26,11 @@ from shardio.format.spec import LABEL_EXT
 from shardio.metrics.read import ReadDelta, ReadMetrics
 from shardio.order import OrderSpec, RankStream, default_order, rank_stream
 from shardio.order.ranks import RankInfo, detect_ranks
+from shardio.read.deadline import resolve_read_timeout, with_deadline
+from shardio.read.extents import StreamReadahead
 from shardio.read.opener import Opener
 from shardio.read.packed import Handoff, PackedDataset
+from shardio.read.strategy import ReadStrategy, choose_strategy
 from shardio.runtime.batch import read_batch, read_batch_mapped, share_tensors
 from shardio.runtime.decode import Decoder, decode_sample, make_decoder
 
@@ -46,6 +50,7 @@ EVENTS_KEY = "__shardio_events__"
 # The read metrics a worker drained after reading a batch (a ReadDelta); the loader takes them
 # out and merges them into the rank's figures.
 METRICS_KEY = "__shardio_metrics__"
+MIN_WORKER_INFLIGHT = 4  # map mode, pfs: requests in flight per DataLoader worker, at least
 SEED_LIMIT = 2**64  # the order generator takes the seed as two 32-bit words
 # The integers a state holds, with the least value each may take.
 _STATE_INTS = {
@@ -213,6 +218,19 @@ class ShardDataset(Dataset[dict[str, Any]]):
         max_open: shard files held open at once per process; None (default) holds every
             shard open up to half the process's open-file limit, so random reads never
             reopen a shard (each reopen is a metadata-server round trip on Lustre).
+        read_timeout_s: seconds a read (or open) of a shard may stall before it is
+            abandoned and raises :class:`~shardio.errors.ReadStalledError` naming the shard
+            ("stalled for T s"); the shard is then held unavailable on the node for a while
+            (its other reads fail at once). None (default): 120 s on a network or parallel
+            filesystem, no deadline on a local one; 0: no deadline. See
+            :mod:`shardio.read.deadline`.
+        read_strategy: how members are read: "local" (one pread per member in the reading
+            thread: what a local disk is fast with), "pfs" (for a network or parallel
+            filesystem: map mode reads a batch with several coalesced requests in flight,
+            stream mode reads its window's shards ahead sequentially into the page cache;
+            every member still checked after its read) or "auto"; None (default): the
+            ``SHARDIO_READ_STRATEGY`` environment variable, else "auto" (chosen from the
+            filesystem holding ``path``). See :mod:`shardio.read.strategy`.
     """
 
     mode = "map"
@@ -248,6 +266,8 @@ class ShardDataset(Dataset[dict[str, Any]]):
         transport: str = "ring",
         opener: Opener | None = None,
         metrics: bool = True,
+        read_timeout_s: float | None = None,
+        read_strategy: str | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise UsageError(
@@ -271,11 +291,22 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self._ranks = ranks
         self._decoder = make_decoder(decode)
         self.cache = os.fspath(cache) if cache is not None else None
-        self.opener = opener
+        # The deadline in force (0: none); the opener runs every call under it.
+        self.read_timeout_s = resolve_read_timeout(self.path, read_timeout_s)
+        self.opener = with_deadline(opener, self.read_timeout_s, scope=self.path)
         self.timed = bool(metrics)
+        if read_strategy is not None and not isinstance(read_strategy, str):
+            raise UsageError(f"read_strategy must be a string, got {type(read_strategy).__name__}")
+        # Chosen once, here; workers get the choice with the dataset.
+        self.read_choice = choose_strategy(self.path, read_strategy)
         self._ds: PackedDataset | None = PackedDataset(
-            self.path, max_open=self.max_open, cache=self.cache, opener=opener, timed=self.timed
+            self.path,
+            max_open=self.max_open,
+            cache=self.cache,
+            opener=self.opener,
+            timed=self.timed,
         )
+        self._ds.read_strategy = self._batch_strategy()
         self.num_samples = len(self._ds)
         self._shard_sizes = np.array(
             [s.num_samples for s in self._ds.manifest.shards], dtype=np.int64
@@ -324,10 +355,27 @@ class ShardDataset(Dataset[dict[str, Any]]):
                 timed=self.timed,
                 handoff=handoff,
             )
+            self._ds.read_strategy = self._batch_strategy()
             if self._closed_metrics is not None:  # figures of a closed reader go on
                 self._ds.metrics.merge(self._closed_metrics)
                 self._closed_metrics = None
         return self._ds
+
+    def _batch_strategy(self) -> ReadStrategy | None:
+        """The strategy ``read_batch`` reads with: map mode's (stream mode reads its shards
+        ahead instead, and each member with one pread from the page cache).
+
+        In a DataLoader worker of several, each takes a share of the requests in flight
+        (measured on the MooseFS bed: 16 in one process, 4 per worker with 2 workers; more
+        threads per worker cost more CPU than they gained)."""
+        if self.mode != "map":
+            return None
+        strategy = self.read_choice.strategy
+        info = get_worker_info()
+        if info is None or info.num_workers < 2 or strategy.inflight <= 1:
+            return strategy
+        share = max(MIN_WORKER_INFLIGHT, strategy.inflight // (2 * info.num_workers))
+        return dataclasses.replace(strategy, inflight=min(share, strategy.inflight))
 
     # -- metrics -----------------------------------------------------------------------------
     def read_metrics(self) -> ReadMetrics:
@@ -689,6 +737,8 @@ class ShardDataset(Dataset[dict[str, Any]]):
     def _read_raw(self, checked: list[int]) -> Any:
         """Read a batch of checked indices, undecoded, in the transport's form."""
         worker = get_worker_info()
+        if worker is not None and self._ds is not None and self._ds.read_strategy is not None:
+            self._ds.read_strategy = self._batch_strategy()  # a forked worker's share
         if self.transport == "mmap":
             batch = read_batch_mapped(self.packed, checked, verify=self.verify)
             return batch if worker is not None else labels_to_tensor(batch)
@@ -906,7 +956,50 @@ class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
         # This worker's next batches: all ``depth - 1`` of them before its first batch (the
         # cold start of the epoch), then one more before each (see _ReadPlan).
         depth = self._read_plan.depth if self._read_plan is not None else 2
-        for k, c in enumerate(range(worker, n_chunks, workers)):
-            ahead = range(1, depth) if k == 0 else (depth - 1,)
-            self._advise_batches(positions, batch_size, (c + a * workers for a in ahead))
-            yield self.__getitems__(positions[c * batch_size : (c + 1) * batch_size].tolist())
+        readahead = self._stream_readahead(positions, batch_size, worker, workers)
+        try:
+            for k, c in enumerate(range(worker, n_chunks, workers)):
+                batch = positions[c * batch_size : (c + 1) * batch_size]
+                if readahead is not None:
+                    readahead.before_batch(batch)  # its shards are read ahead, not advised
+                else:
+                    ahead = range(1, depth) if k == 0 else (depth - 1,)
+                    self._advise_batches(positions, batch_size, (c + a * workers for a in ahead))
+                yield self.__getitems__(batch.tolist())
+        finally:
+            if readahead is not None:
+                readahead.close()
+
+    def _stream_readahead(
+        self, positions: np.ndarray[Any, Any], batch_size: int, worker: int, workers: int
+    ) -> StreamReadahead | None:
+        """The read strategy's read-ahead of this worker's shards, started (None: the strategy
+        reads none, as on a local disk). The order is the epoch's; only how its bytes arrive
+        changes: each shard sequentially, in large requests, before its members are read."""
+        strategy = self.read_choice.strategy
+        if strategy.stream_readahead_bytes <= 0 or not len(positions):
+            return None
+        n = len(positions)
+        step = workers * batch_size
+        mine = np.concatenate(
+            [positions[c : c + batch_size] for c in range(worker * batch_size, n, step)]
+            or [np.empty(0, dtype=np.int64)]
+        )
+        packed = self.packed
+        shards = packed.index.shards_of(np.asarray(mine, dtype=np.int64))
+        if not len(shards):
+            return None
+        # Shards in the order of first use (a stable argsort of each shard's first position).
+        first = np.full(len(self._shard_sizes), len(shards), dtype=np.int64)
+        np.minimum.at(first, shards, np.arange(len(shards), dtype=np.int64))
+        used = np.flatnonzero(first < len(shards))
+        order = used[np.argsort(first[used], kind="stable")]
+        return StreamReadahead(
+            packed,
+            order.tolist(),
+            request_bytes=strategy.request_bytes,
+            ahead_bytes=strategy.stream_readahead_bytes,
+            # The loader's workers read the same window's shards at the same pace: each
+            # reads ahead its share, into the page cache they share.
+            stripe=(worker, workers),
+        ).start()

@@ -9,7 +9,11 @@ yet delivered, including those that sat in prefetch queues when the job died.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
+import os
+import signal
 import time
 import weakref
 from collections.abc import Generator, Iterator
@@ -22,6 +26,7 @@ from torch.utils.data import DataLoader, Sampler
 from shardio.errors import StorageError, UsageError
 from shardio.metrics.snapshot import MetricsSnapshot, snapshot
 from shardio.metrics.steps import StepTimer
+from shardio.read.deadline import check_read_timeout
 from shardio.runtime.dataset import (
     EVENTS_KEY,
     METRICS_KEY,
@@ -35,9 +40,16 @@ from shardio.runtime.transport import BatchRing, RingBatch, max_batch_bytes
 
 __all__ = ["ShardLoader"]
 
+logger = logging.getLogger(__name__)
+
 _Batches = Generator[dict[str, Any], None, None]
 _PREFETCH = 4  # batches each worker prepares ahead (the DataLoader's prefetch_factor)
 _SPARE_SLOTS = 2  # ring slots per worker beyond those: the batch in use, the one arriving
+# The default watchdog: this many read deadlines without a batch (a batch may meet a few
+# stalls of distinct shards, each one deadline), and never under a minute.
+_WATCHDOG_DEADLINES = 6
+_MIN_WATCHDOG_S = 60.0
+_KILL_JOIN_S = 5.0
 
 
 def _identity(batch: Any) -> Any:
@@ -78,6 +90,14 @@ class ShardLoader:
         pin_workers: pin each worker to the CPUs of this rank's GPU's NUMA node and set its
             threads (:mod:`shardio.runtime.placement`; a no-op without an NVIDIA GPU);
             False, or ``SHARDIO_PIN_WORKERS=0``, leaves the workers alone.
+        worker_timeout_s: the watchdog: when no batch arrives from the workers for this
+            long, they are killed (SIGKILL: a worker blocked in a filesystem wait that the
+            read deadline does not cover, such as a page fault on a mapped file or a hung
+            open, is killable) and new ones resume at the first sample not yet delivered.
+            None (default): six read deadlines of the dataset (``read_timeout_s``), at least
+            60 s, or off when the dataset has no deadline; 0: off. Workers only.
+        max_worker_restarts: replacements in a row that deliver no batch before the loader
+            gives up with a StorageError.
         **kwargs: passed to ``torch.utils.data.DataLoader`` (pin_memory, prefetch_factor,
             multiprocessing_context, ...). ``persistent_workers`` is refused: workers must
             see each epoch's start position.
@@ -91,9 +111,15 @@ class ShardLoader:
         num_workers: int = 0,
         drop_last: bool = False,
         pin_workers: bool = True,
+        worker_timeout_s: float | None = None,
+        max_worker_restarts: int = 2,
         **kwargs: Any,
     ) -> None:
         batch_size = require_int(batch_size, "batch_size", minimum=1)
+        self.worker_timeout_s = check_read_timeout(worker_timeout_s, "worker_timeout_s")
+        self.max_worker_restarts = require_int(
+            max_worker_restarts, "max_worker_restarts", minimum=0
+        )
         num_workers = require_int(num_workers, "num_workers", minimum=0)
         if kwargs.get("persistent_workers"):
             raise UsageError("ShardLoader does not support persistent_workers")
@@ -130,9 +156,11 @@ class ShardLoader:
         n = self.dataset.samples_per_rank()
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def _dataloader(self, positions: Any) -> DataLoader[Any]:
+    def _dataloader(self, positions: Any, *, timeout: float = 0.0) -> DataLoader[Any]:
         common: dict[str, Any] = {"num_workers": self.num_workers, **self.kwargs}
         if self.num_workers > 0:
+            if timeout:
+                common["timeout"] = timeout
             common.setdefault("prefetch_factor", _PREFETCH)
             if self.pin_workers:  # computed here, in the main process, before workers start
                 pinning = worker_pinning(
@@ -238,8 +266,45 @@ class ShardLoader:
             except ValueError as exc:
                 raise UsageError(f"ShardLoader.close() while another thread reads: {exc}") from exc
 
+    def _watchdog_s(self) -> float:
+        """Seconds without a batch after which the workers are deemed stuck (0: never)."""
+        if self.num_workers == 0:
+            return 0.0
+        if self.worker_timeout_s is not None:
+            return self.worker_timeout_s
+        given = self.kwargs.get("timeout")
+        if given:
+            return float(given)
+        deadline = float(getattr(self.dataset, "read_timeout_s", 0.0) or 0.0)
+        return max(_MIN_WATCHDOG_S, _WATCHDOG_DEADLINES * deadline) if deadline else 0.0
+
     def _iterate(self) -> _Batches:
+        """Iterate, replacing workers that stopped answering (see ``worker_timeout_s``)."""
         self._sync_epoch()
+        fruitless = 0
+        while True:
+            try:
+                yield from self._iterate_once()
+                return
+            except _WorkersStuckError as stuck:
+                # Whatever they had prefetched is lost, not delivered: the next run starts at
+                # the first sample not yet handed to the training loop, as a resume would.
+                fruitless = 0 if stuck.progressed else fruitless + 1
+                self.dataset._received.add("worker_restarts", self.num_workers)
+                if fruitless > self.max_worker_restarts:
+                    raise StorageError(
+                        errno.ETIMEDOUT,
+                        f"no batch arrived for {stuck.waited_s:g} s, {fruitless} times in a row "
+                        f"after replacing the DataLoader workers: reads of {self.dataset.path} "
+                        "do not complete (is a storage server down?)",
+                    ) from None
+                logger.warning(
+                    "no batch for %g s: DataLoader workers replaced, resuming after %d samples",
+                    stuck.waited_s,
+                    self.dataset._consumed + self._delivered,
+                )
+
+    def _iterate_once(self) -> _Batches:
         world = self.dataset.ranks().world_size
         base = self.dataset._consumed + self._delivered * world
         self.dataset._consumed, self._delivered = base, 0
@@ -254,15 +319,23 @@ class ShardLoader:
         self.dataset._ship_metrics = self.dataset.timed
         batches = None
         clock = time.perf_counter_ns
+        watchdog = self._watchdog_s()
+        progressed = False
         try:
             self.steps.start()
-            batches = iter(self._dataloader(positions))
+            batches = iter(self._dataloader(positions, timeout=watchdog))
             while True:
                 asked = clock()
                 try:
                     item = next(batches)
                 except StopIteration:
                     break
+                except RuntimeError as exc:
+                    if not watchdog or "timed out" not in str(exc):
+                        raise
+                    _kill_workers(batches)
+                    raise _WorkersStuckError(watchdog, progressed) from exc
+                progressed = True
                 batch = self._arrived(item, ring)
                 self._delivered += len(batch["__key__"])
                 batch = labels_to_tensor(batch)
@@ -305,6 +378,35 @@ class ShardLoader:
         self.dataset.load_state_dict(state)
         self._delivered = 0
         self._epoch = self.dataset.epoch
+
+
+class _WorkersStuckError(Exception):
+    """No batch arrived within the watchdog's bound; the workers were killed."""
+
+    def __init__(self, waited_s: float, progressed: bool) -> None:
+        super().__init__(f"no batch for {waited_s:g} s")
+        self.waited_s = waited_s
+        self.progressed = progressed
+
+
+def _kill_workers(batches: Any) -> None:
+    """SIGKILL the workers of a DataLoader iterator (a worker blocked in a FUSE or network
+    filesystem wait is killable, not interruptible), then let the iterator shut down."""
+    if getattr(batches, "_worker_pids_set", False):
+        # Unregistered first: torch's SIGCHLD handler would report the killed workers as
+        # having died unexpectedly.
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._remove_worker_pids(id(batches))  # type: ignore[attr-defined]
+        batches._worker_pids_set = False
+    for worker in getattr(batches, "_workers", ()):
+        pid = getattr(worker, "pid", None)
+        if pid is not None and worker.is_alive():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    for worker in getattr(batches, "_workers", ()):
+        with contextlib.suppress(Exception):
+            worker.join(timeout=_KILL_JOIN_S)
 
 
 def _arrived(item: Any, ring: BatchRing | None) -> Any:

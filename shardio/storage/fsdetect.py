@@ -192,6 +192,7 @@ _MOUNT_TYPES: dict[str, str] = {
     "cifs": "cifs",
     "smb3": "cifs",
 }
+_MAGIC_NAMES = frozenset(FS_MAGIC.values())
 _MOUNTINFO = "/proc/self/mountinfo"
 _MOUNTINFO_MAX_BYTES = 16 << 20  # a node with thousands of mounts still fits
 
@@ -234,14 +235,20 @@ class FsInfo:
         return f"{self.name} ({', '.join(detail)}{where})"
 
 
+_OCTAL = frozenset("01234567")
+
+
 def _unescape(field: str) -> str:
     """Undo the octal escapes of the mount table (``\\040`` for a space)."""
     if "\\" not in field:
         return field
     out, i = [], 0
     while i < len(field):
-        if field[i] == "\\" and len(field[i + 1 : i + 4]) == 3 and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
+        code = field[i + 1 : i + 4]
+        # Exactly three octal digits (str.isdigit would take "8", "9" and non-ASCII digits,
+        # which int(..., 8) then refuses).
+        if field[i] == "\\" and len(code) == 3 and all(c in _OCTAL for c in code):
+            out.append(chr(int(code, 8)))
             i += 4
         else:
             out.append(field[i])
@@ -250,7 +257,13 @@ def _unescape(field: str) -> str:
 
 
 def _mount_of(path: str, table: str) -> tuple[str, str, str]:
-    """(mount point, type, source) of the mount holding ``path`` in a mountinfo text."""
+    """(mount point, type, source) of the mount holding ``path`` in a mountinfo text.
+
+    The table lists mounts in the order they were made, and a mount hides every earlier one
+    at or below its mount point. The mounts that contain ``path`` form a chain of ancestors,
+    so the last of them is the one on top: a deeper mount made before a mount over its
+    parent (``/a/b``, then ``/a``) is hidden, and a longest-prefix match would pick it.
+    """
     best: tuple[str, str, str] = ("", "", "")
     for line in table.splitlines():
         left, sep, right = line.partition(" - ")
@@ -258,9 +271,9 @@ def _mount_of(path: str, table: str) -> tuple[str, str, str]:
         if not sep or len(fields) < 5 or len(tail) < 2:
             continue
         point = _unescape(fields[4])
-        inside = path == point or path.startswith(point.rstrip("/") + "/")
-        # The last of equally long matches is the mount on top (mounts stack in order).
-        if inside and len(point) >= len(best[0]):
+        if not point.startswith("/"):
+            continue  # not a mountinfo line
+        if path == point or path.startswith(point.rstrip("/") + "/"):
             best = (point, tail[0], _unescape(tail[1]))
     return best
 
@@ -270,8 +283,15 @@ def _name_from_mount(mount_type: str, source: str, fallback: str) -> str:
         return _MOUNT_TYPES[mount_type]
     if mount_type in {"fuse", "fuseblk"} and source.startswith(("mfs#", "mfs:")):
         return "moosefs"  # mfsmount 3 mounts as plain "fuse" with source mfs#HOST:PORT
+    if mount_type == "fuseblk" or mount_type.startswith("fuseblk."):
+        return "fuseblk"  # FUSE over a local block device (ntfs-3g, exfat): not a network
     if mount_type.startswith("fuse.") and fallback in {"fuse", "unknown"}:
         return "fuse"
+    if fallback == "unknown":  # statfs could not be asked: the table's type names it
+        if mount_type in {"ext2", "ext3"}:
+            return "ext4"
+        if mount_type in _MAGIC_NAMES:
+            return mount_type
     return fallback
 
 

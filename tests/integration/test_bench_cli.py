@@ -82,7 +82,10 @@ def test_json_report_is_consistent_and_fast_reads_pass(run_cli: Any, data: Data)
         "--batch", str(BATCH), "--epochs", "2",
     )  # fmt: skip
     report = _json(result)
-    assert report["settings"] == {
+    # The filesystem and read strategy shown depend on the machine: test_cli_read_path.py.
+    assert {
+        k: v for k, v in report["settings"].items() if k not in {"filesystem", "read_strategy"}
+    } == {
         "dataset": os.fspath(data.tar),
         "mode": "map",
         "workers": 1,

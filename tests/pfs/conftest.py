@@ -8,12 +8,24 @@ Every test here is marked ``pfs``. Without root the tests skip; under ``SHARDIO_
 from __future__ import annotations
 
 import pathlib
+import signal
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
 
 import pytest
-from mfsbed import REQUIRED, Bed, BedError, start_bed, unavailable_reason
+from mfsbed import (
+    REQUIRED,
+    Bed,
+    BedError,
+    PfsDataset,
+    reap_orphan_beds,
+    source_payload,
+    start_bed,
+    unavailable_reason,
+)
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -32,6 +44,17 @@ def _need_bed() -> None:
         pytest.skip(reason)
 
 
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _teardown_on_sigterm() -> None:
+    """Make SIGTERM (a CI timeout, ``kill``) unwind like Ctrl-C, so the beds' finalizers
+    run and take them down; a default SIGTERM would end pytest and leave them running."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
+
+
 def _bed_root() -> pathlib.Path:
     # Short and outside pytest's basetemp: the bed's directory names its network namespace.
     return pathlib.Path(tempfile.gettempdir()) / f"shardio-bed-{uuid.uuid4().hex[:10]}"
@@ -45,6 +68,8 @@ def pfs_bed() -> Iterator[Bed]:
     under a directory of their own (``pfs_dir``).
     """
     _need_bed()
+    _teardown_on_sigterm()
+    reap_orphan_beds(pathlib.Path(tempfile.gettempdir()))
     try:
         bed = start_bed(_bed_root(), chunkservers=2)
     except BedError as exc:
@@ -69,6 +94,7 @@ def private_bed() -> Iterator[Callable[..., Bed]]:
     """A factory of beds for one test (to stop a chunkserver or the master in): each bed it
     starts is taken down after the test. ``private_bed(chunkservers=2, ioretries=3, goal=1)``."""
     _need_bed()
+    _teardown_on_sigterm()
     beds: list[Bed] = []
 
     def make(**kwargs: int) -> Bed:
@@ -79,6 +105,26 @@ def private_bed() -> Iterator[Callable[..., Bed]]:
         beds.append(bed)
         return bed
 
-    yield make
-    for bed in beds:
-        bed.down()
+    try:
+        yield make
+    finally:
+        errors = []
+        for bed in beds:  # every bed, even when taking one down failed
+            try:
+                bed.down()
+            except (BedError, OSError) as exc:
+                errors.append(str(exc))
+        if errors:
+            raise BedError("; ".join(errors))
+
+
+# --------------------------------------------------------------------------- datasets
+@pytest.fixture(scope="session")
+def pfs_dataset(pfs_bed: Bed, small_tree: pathlib.Path, run_cli: Callable[..., Any]) -> PfsDataset:
+    """``small_tree`` packed onto the shared bed in 256 KiB tar shards, verified."""
+    dst = pfs_bed.mount / "shared" / f"small-{uuid.uuid4().hex[:6]}"
+    result = run_cli(
+        "pack", small_tree, dst, "--shard-size", "256KiB", "--workers", "2", "--no-progress"
+    )
+    assert result.rc == 0, result.stderr
+    return PfsDataset(path=dst, source=small_tree, payload=source_payload(small_tree))

@@ -417,3 +417,60 @@ def test_a_fifo_index_is_refused_at_once(tmp_path: Path) -> None:
     os.mkfifo(path)
     with pytest.raises(StorageError, match="FIFO"):
         Index.open(path)
+
+
+# --- an index on a network filesystem: read, not only mapped ---------------------------
+
+
+def test_in_memory_index_holds_no_mapping_and_reads_the_same(tmp_path: Path) -> None:
+    path = _write(_builder(SHARD_A + SHARD_B), tmp_path / "index.bin")
+    mapped = Index.open(path)
+    read = Index.open(path, in_memory=True)
+    assert isinstance(read._buffer, bytes)  # a dead server cannot SIGBUS a page of it
+    assert _samples_of(read) == _samples_of(mapped)
+    mapped.close()
+    read.close()
+
+
+def test_large_index_is_mapped_after_one_pread_pass(tmp_path: Path, monkeypatch) -> None:
+    import mmap
+
+    import shardio.format.index as index_module
+
+    path = _write(_builder(SHARD_A + SHARD_B), tmp_path / "index.bin")
+    monkeypatch.setattr(index_module, "IN_MEMORY_MAX_BYTES", 16)
+    reads: list[int] = []
+    real = os.preadv
+    monkeypatch.setattr(
+        index_module.os, "preadv", lambda fd, bufs, off: reads.append(off) or real(fd, bufs, off)
+    )
+    index = Index.open(path, in_memory=True)
+    assert isinstance(index._buffer, mmap.mmap)
+    assert reads == [0]  # the whole (small) file passed through the page cache once
+    index.close()
+
+
+def test_in_memory_index_that_cannot_be_read_is_a_storage_error(
+    tmp_path: Path, monkeypatch
+) -> None:
+    import errno
+
+    import shardio.format.index as index_module
+
+    path = _write(_builder(SHARD_A), tmp_path / "index.bin")
+
+    def dead(fd, bufs, off):
+        raise OSError(errno.ENXIO, "No such device or address")
+
+    monkeypatch.setattr(index_module.os, "preadv", dead)
+    with pytest.raises(StorageError, match=r"cannot read index .*index.bin: No such device"):
+        Index.open(path, in_memory=True)
+
+
+def test_in_memory_index_cut_while_read_is_a_format_error(tmp_path: Path, monkeypatch) -> None:
+    import shardio.format.index as index_module
+
+    path = _write(_builder(SHARD_A), tmp_path / "index.bin")
+    monkeypatch.setattr(index_module.os, "preadv", lambda fd, bufs, off: 0)
+    with pytest.raises(FormatError, match=r"index is truncated \(0 of"):
+        Index.open(path, in_memory=True)

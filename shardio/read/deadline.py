@@ -1,0 +1,329 @@
+"""The read deadline: an opener whose calls that stall past ``timeout_s`` are abandoned.
+
+Python cannot interrupt a ``pread`` blocked in the kernel (a FUSE or Lustre client waiting
+for a dead data server). :class:`DeadlineOpener` therefore runs every call of the opener it
+wraps (open, pread, fstat, advice, close, map) on a small pool of daemon I/O threads
+(``shardio-io-deadline``) and waits for it with a timeout. A call that does not answer in
+time is abandoned and raises :class:`~shardio.errors.ReadStalledError` ("... stalled for
+5 s"); its thread stays blocked in the kernel until the filesystem gives up (MooseFS after
+its retries, Lustre on eviction) and then returns to the pool.
+
+An abandoned read may complete later, so it never writes into the caller's buffer (a ring
+slot in shared memory may hold another batch by then): the I/O thread reads into a private
+scratch buffer and copies into the target under a lock, only while the caller still waits.
+At most :data:`MAX_ABANDONED` calls of a process may be abandoned at once; beyond that every
+call fails at once (the storage is not answering; piling up threads would not help).
+
+A path whose call stalled (or failed with an errno that says its server is gone, such as
+``ENXIO``) is then held unavailable for a while (:mod:`shardio.read.unavailable`, node-wide
+when a registry is given): its later calls fail at once, so a dead server costs one deadline
+per shard, not one per sample.
+
+The opener pickles (DataLoader workers get a copy) and makes a fresh pool in a forked child.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import mmap
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from shardio.errors import ReadStalledError, UsageError
+from shardio.read.opener import Opener, PosixOpener
+from shardio.read.unavailable import UnavailableShards, holds_path
+from shardio.storage.stall import IoThreads, Job
+
+__all__ = [
+    "DEFAULT_NETWORK_TIMEOUT_S",
+    "MAX_ABANDONED",
+    "MAX_TIMEOUT_S",
+    "DeadlineOpener",
+    "check_read_timeout",
+    "default_read_timeout",
+    "hold_for",
+    "resolve_read_timeout",
+    "with_deadline",
+]
+
+logger = logging.getLogger(__name__)
+
+# Above Lustre's default obd_timeout (100 s) and MooseFS's first retries: a read that has not
+# answered by then waits for a dead server, not for a busy one.
+DEFAULT_NETWORK_TIMEOUT_S = 120.0
+MAX_TIMEOUT_S = 86_400.0  # a day: anything longer is a typo, not a deadline
+MAX_ABANDONED = 16  # abandoned calls per process before every call fails at once
+_CLOSE_WAIT_S = 2.0  # at most this long (or the deadline) for a close
+
+
+def check_read_timeout(value: object, name: str = "read_timeout_s") -> float | None:
+    """Validate a read deadline: None (the default for the filesystem), 0 (no deadline) or
+    seconds in (0, 86400]; return it as a float (None for None).
+
+    Raises:
+        UsageError: a bool, a string, NaN, infinity, a negative number or more than a day.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UsageError(
+            f"{name} must be a number of seconds (or None), got {type(value).__name__} {value!r}"
+        )
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_TIMEOUT_S:
+        raise UsageError(
+            f"{name} must be seconds in (0, {MAX_TIMEOUT_S:g}], or 0 for no deadline, got {value!r}"
+        )
+    return seconds
+
+
+def default_read_timeout(network: bool) -> float:
+    """The deadline applied when none is given: :data:`DEFAULT_NETWORK_TIMEOUT_S` on a network
+    or parallel filesystem, none (0) on a local one (a local disk does not stall for minutes,
+    and the thread hop would cost every small read from the page cache)."""
+    return DEFAULT_NETWORK_TIMEOUT_S if network else 0.0
+
+
+def hold_for(timeout_s: float) -> float:
+    """How long a path is held unavailable after one of its calls stalled: five minutes, or
+    twelve deadlines when longer (a dead server rarely returns sooner, and each look at it
+    costs a deadline; an epoch over a dead server must not pay it again every minute)."""
+    return max(300.0, 12.0 * timeout_s)
+
+
+def resolve_read_timeout(root: str | os.PathLike[str], requested: object) -> float:
+    """The deadline in force for a dataset at ``root``: ``requested`` (checked), or the
+    default for its filesystem (:func:`default_read_timeout`); 0 means none.
+
+    Raises:
+        UsageError: ``requested`` is not a valid deadline (:func:`check_read_timeout`).
+    """
+    seconds = check_read_timeout(requested)
+    if seconds is not None:
+        return seconds
+    from shardio.storage.fsdetect import describe_fs
+
+    try:
+        network = describe_fs(root).network
+    except OSError:  # the dataset's open reports a missing root properly
+        network = False
+    return default_read_timeout(network)
+
+
+def with_deadline(
+    opener: Opener | None, timeout_s: float, *, scope: str | os.PathLike[str] | None = None
+) -> Opener | None:
+    """``opener`` bounded by ``timeout_s`` (0: ``opener`` itself), its stalled paths held on
+    the node under ``scope`` (the dataset's directory: every process reading it shares the
+    holds). An opener already bounded is re-bounded, not wrapped twice."""
+    if not timeout_s:
+        return opener
+    if isinstance(opener, DeadlineOpener):
+        opener = opener.inner
+    key = os.path.realpath(scope) if scope is not None else None
+    registry = UnavailableShards(key, hold_s=hold_for(timeout_s))
+    return DeadlineOpener(opener, timeout_s=timeout_s, registry=registry)
+
+
+class DeadlineOpener:
+    """An opener whose every call is abandoned after ``timeout_s`` (see the module doc).
+
+    Args:
+        inner: the opener that does the I/O (default: POSIX calls).
+        timeout_s: seconds a call may take before it is abandoned (> 0).
+        registry: where stalled paths are held unavailable (node-wide); None: this process
+            alone, for :func:`hold_for` ``(timeout_s)``.
+        max_abandoned: abandoned calls of one process before every call fails at once.
+    """
+
+    def __init__(
+        self,
+        inner: Opener | None = None,
+        *,
+        timeout_s: float,
+        registry: UnavailableShards | None = None,
+        max_abandoned: int = MAX_ABANDONED,
+    ) -> None:
+        seconds = check_read_timeout(timeout_s, "timeout_s")
+        if not seconds:
+            raise UsageError("DeadlineOpener needs timeout_s > 0")
+        if isinstance(max_abandoned, bool) or not isinstance(max_abandoned, int):
+            raise UsageError(f"max_abandoned must be an integer, got {max_abandoned!r}")
+        if not 1 <= max_abandoned <= 1024:
+            raise UsageError(f"max_abandoned must lie in [1, 1024], got {max_abandoned}")
+        self.inner: Opener = inner if inner is not None else PosixOpener()
+        self.timeout_s = seconds
+        self.max_abandoned = max_abandoned
+        self.registry = (
+            registry if registry is not None else UnavailableShards(None, hold_s=hold_for(seconds))
+        )
+        self.stalls = 0  # calls abandoned in this process
+        self.stalled_ns = 0  # time callers waited on them
+        self.held_fails = 0  # calls refused at once: their path was held unavailable
+        self._paths: dict[int, str] = {}
+        self._threads: IoThreads | None = None
+        self._pid = os.getpid()
+
+    # -- pickling and fork ------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "inner": self.inner,
+            "timeout_s": self.timeout_s,
+            "registry": self.registry,
+            "max_abandoned": self.max_abandoned,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(  # type: ignore[misc]
+            state["inner"],
+            timeout_s=state["timeout_s"],
+            registry=state["registry"],
+            max_abandoned=state["max_abandoned"],
+        )
+
+    def _pool(self) -> IoThreads:
+        if self._pid != os.getpid():
+            # A forked child has none of the parent's threads (nor its stalled calls).
+            self._threads, self._pid = None, os.getpid()
+            self._paths.clear()
+            self.stalls, self.stalled_ns, self.held_fails = 0, 0, 0
+        if self._threads is None:
+            self._threads = IoThreads(self.max_abandoned)
+        return self._threads
+
+    @property
+    def abandoned(self) -> int:
+        """Calls of this process abandoned and not returned yet."""
+        pool = self._threads
+        return pool.abandoned if pool is not None and self._pid == os.getpid() else 0
+
+    def held(self, path: str) -> float | None:
+        """Seconds ``path`` stays unavailable after a stall, or None when it is not held."""
+        return self.registry.held(path)
+
+    # -- the calls --------------------------------------------------------------------------
+    def _run(
+        self,
+        path: str,
+        what: str,
+        call: Callable[[], Any],
+        *,
+        target: memoryview | None = None,
+        cleanup: Callable[[Any], None] | None = None,
+        wait_s: float | None = None,
+    ) -> Any:
+        wait_s = self.timeout_s if wait_s is None else wait_s
+        left = self.registry.held(path) if path else None
+        if left is not None:
+            self.held_fails += 1
+            raise ReadStalledError(
+                errno.ETIMEDOUT,
+                f"{what}: not attempted, {path} is held unavailable for {left:.0f} s more "
+                f"after a read of it stalled for {self.timeout_s:g} s or failed",
+            )
+        pool = self._pool()
+        job = Job(call, target, cleanup)
+        try:
+            pool.submit(job)
+        except ReadStalledError as exc:
+            raise ReadStalledError(exc.errno, f"{what}: not attempted, {exc.strerror}") from None
+        began = time.monotonic_ns()
+        if not job.event.wait(wait_s) and pool.abandon(job):
+            self.stalls += 1
+            self.stalled_ns += time.monotonic_ns() - began
+            if path:
+                self.registry.mark(path)
+            logger.warning("%s stalled for %g s: abandoned", what, wait_s)
+            stalled = ReadStalledError(errno.ETIMEDOUT, f"{what} stalled for {wait_s:g} s")
+            stalled.waited_s = wait_s
+            raise stalled
+        job.event.wait()  # it completed as it was being abandoned
+        if job.error is not None:
+            error = job.error
+            if path and isinstance(error, OSError) and holds_path(error.errno):
+                self.registry.mark(path)
+            raise error
+        return job.result
+
+    def open(self, path: str, *, nofollow: bool = False) -> int:
+        inner = self.inner
+
+        def call() -> int:
+            return inner.open(path, nofollow=nofollow)
+
+        fd: int = self._run(path, f"opening {path}", call, cleanup=inner.close)
+        self._paths[fd] = path
+        return fd
+
+    def pread_into(self, fd: int, target: memoryview, offset: int) -> int:
+        path = self._paths.get(fd, "")
+        pool = self._pool()
+        inner = self.inner
+        size = len(target)
+
+        def call() -> tuple[memoryview, int]:
+            scratch = pool.scratch(size)
+            return scratch, inner.pread_into(fd, scratch, offset)
+
+        got: int = self._run(
+            path, f"read of {path or f'descriptor {fd}'} at offset {offset}", call, target=target
+        )
+        return got
+
+    def size(self, fd: int) -> int:
+        path = self._paths.get(fd, "")
+        inner = self.inner
+        got: int = self._run(path, f"fstat of {path}", lambda: inner.size(fd))
+        return got
+
+    def identity(self, fd: int) -> tuple[int, int]:
+        path = self._paths.get(fd, "")
+        inner = self.inner
+        got: tuple[int, int] = self._run(path, f"fstat of {path}", lambda: inner.identity(fd))
+        return got
+
+    def advise(self, fd: int, offset: int, length: int) -> None:
+        path = self._paths.get(fd, "")
+        if self.abandoned:
+            # A call of this process is stuck in the storage: read-ahead advice would queue
+            # more requests behind it (a FUSE client has a few threads, a dead server's
+            # requests hold them for minutes), so it is left out until the stuck call returns.
+            return
+        inner = self.inner
+        self._run(path, f"advice on {path}", lambda: inner.advise(fd, offset, length))
+
+    def map(self, path: str) -> mmap.mmap | None:
+        """Map through the inner opener (the open and fstat are bounded; a page fault on the
+        mapping later is not: the mapped transport is for node-local copies)."""
+        inner = self.inner
+        got: mmap.mmap | None = self._run(
+            path, f"mapping {path}", lambda: inner.map(path), cleanup=_close_map
+        )
+        return got
+
+    def close(self, fd: int) -> None:
+        path = self._paths.pop(fd, "")
+        inner = self.inner
+        try:
+            # A FUSE close sends a flush to the daemon: bounded too (briefly: the descriptor is
+            # gone either way, and a failed read closes before the next one), never held.
+            self._run(
+                "",
+                f"closing {path}",
+                lambda: inner.close(fd),
+                wait_s=min(self.timeout_s, _CLOSE_WAIT_S),
+            )
+        except ReadStalledError as exc:
+            logger.info("%s", exc)
+
+    def __repr__(self) -> str:
+        return f"DeadlineOpener({self.inner!r}, timeout_s={self.timeout_s:g})"
+
+
+def _close_map(mapped: mmap.mmap | None) -> None:
+    if mapped is not None:
+        mapped.close()

@@ -1,0 +1,532 @@
+"""Planned reads for a parallel filesystem: coalesced requests, several in flight, read-ahead.
+
+On a network or parallel filesystem each request pays a round trip to a data server, so a
+member read one ``pread`` at a time in the reading thread is latency-bound. Two tools here:
+
+- :func:`read_members_planned` (map mode): a batch's members, sorted by shard and offset,
+  neighbours coalesced into requests of at most ``request_bytes``, issued on a small pool of
+  I/O threads (``os.preadv`` releases the GIL) with ``inflight`` requests at once. Every
+  member is hashed on the calling thread once its bytes lie in the final buffer; a request
+  that fails, comes back short, or holds a member that fails its check hands the members
+  concerned to :meth:`PackedDataset.read_member_into`, which owns recovery (staged copies,
+  error types, stalls), so that recovery stays in one place.
+- :class:`StreamReadahead` (stream mode): one thread per reading process that reads the
+  shards of the epoch's windows sequentially, in first-use order, in large requests into a
+  scratch buffer: the page cache fills the way ``cat`` fills it, and the shuffled member
+  reads that follow (the unchanged per-member path, which verifies every member) find their
+  pages in memory. The order of the epoch is not touched, only how its bytes arrive.
+
+The read-ahead's bytes are never handed to anyone: they only warm the page cache. A request
+it makes on a descriptor the pool closed meanwhile costs wasted I/O, never a wrong byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardio.errors import UsageError
+from shardio.read.check import member_digest_problem
+from shardio.read.opener import Opener, read_fully
+from shardio.read.packed import PackedDataset
+from shardio.read.strategy import ReadStrategy
+
+__all__ = [
+    "Request",
+    "StreamReadahead",
+    "io_pool",
+    "plan_requests",
+    "read_members_planned",
+]
+
+logger = logging.getLogger(__name__)
+
+# A waiting reader gives up on the read-ahead (and reads for itself) when it has made no
+# progress for this long: a stalled data server then costs this once, not once per batch.
+_STALL_S = 5.0
+_WAIT_TICK_S = 0.05
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """One read: ``[start, end)`` of a shard file, holding the members ``items`` (their
+    positions in the caller's arrays), in file order."""
+
+    start: int
+    end: int
+    items: tuple[int, ...]
+
+
+def plan_requests(
+    offsets: Sequence[int], sizes: Sequence[int], *, gap_bytes: int, request_bytes: int
+) -> list[Request]:
+    """Coalesce the members of one shard into requests.
+
+    Members are taken in file order; a member joins the request before it when it starts at
+    most ``gap_bytes`` after that request's end and the request stays within
+    ``request_bytes`` (a member longer than that is a request of its own). Overlapping
+    members (never written by ``shardio pack``, but records are data) are kept apart.
+
+    Args:
+        offsets: each member's offset in the shard file.
+        sizes: each member's size.
+        gap_bytes: the largest hole read and dropped to join two members.
+        request_bytes: the largest coalesced request.
+    """
+    order = sorted(range(len(offsets)), key=lambda i: (offsets[i], sizes[i]))
+    out: list[Request] = []
+    start = end = 0
+    items: list[int] = []
+    for i in order:
+        lo, hi = int(offsets[i]), int(offsets[i]) + int(sizes[i])
+        if items and end <= lo <= end + gap_bytes and hi - start <= request_bytes:
+            items.append(i)
+            end = hi
+            continue
+        if items:
+            out.append(Request(start=start, end=end, items=tuple(items)))
+        start, end, items = lo, hi, [i]
+    if items:
+        out.append(Request(start=start, end=end, items=tuple(items)))
+    return out
+
+
+# -- the I/O threads of a process ------------------------------------------------------------
+class _Task:
+    """One function run on an I/O thread; :meth:`wait` returns its result or raises."""
+
+    __slots__ = ("_done", "_error", "_fn", "_result")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._fn = fn
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._result = self._fn()
+        except BaseException as exc:  # handed to the waiting caller
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def wait(self) -> Any:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class _IoPool:
+    """Daemon threads ``shardio-io-N`` taking tasks from one queue (a stalled ``pread`` can
+    hold one, never the interpreter's exit)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def ensure(self, width: int) -> None:
+        with self._lock:
+            while len(self._threads) < width:
+                thread = threading.Thread(
+                    target=self._loop, name=f"shardio-io-{len(self._threads)}", daemon=True
+                )
+                thread.start()
+                self._threads.append(thread)
+
+    @property
+    def width(self) -> int:
+        return len(self._threads)
+
+    def submit(self, fn: Callable[[], Any]) -> _Task:
+        task = _Task(fn)
+        self._tasks.put(task)
+        return task
+
+    def _loop(self) -> None:
+        while True:
+            self._tasks.get().run()
+
+
+_POOL: _IoPool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def io_pool(width: int) -> _IoPool:
+    """This process's I/O threads, at least ``width`` of them, started on first use.
+
+    A forked child inherits the parent's pool object but none of its threads: it gets a
+    pool of its own.
+    """
+    global _POOL  # noqa: PLW0603 - one pool per process, by design
+    with _POOL_LOCK:
+        if _POOL is None or _POOL.pid != os.getpid():
+            _POOL = _IoPool()
+        pool = _POOL
+    pool.ensure(width)
+    return pool
+
+
+# -- map mode: a batch's members read with several requests in flight -------------------------
+_Job = tuple[Request, int, "memoryview | None"]  # a request, its descriptor, its member's slice
+
+
+def _read_requests(opener: Opener, jobs: Sequence[_Job]) -> list[Any]:
+    """Read each request in turn (into its member's own slice when it holds one member, else
+    into a scratch buffer); return per request (bytes read or the OSError, scratch or None,
+    nanoseconds)."""
+    out: list[Any] = []
+    for req, fd, into in jobs:
+        began = time.perf_counter_ns()
+        scratch = None if into is not None else bytearray(req.end - req.start)
+        try:
+            target = into if into is not None else memoryview(scratch)  # type: ignore[arg-type]
+            got: int | OSError = read_fully(opener, fd, target, req.start)
+        except OSError as exc:
+            got = exc
+        out.append((got, scratch, time.perf_counter_ns() - began))
+    return out
+
+
+def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
+    ds: PackedDataset,
+    rows: Sequence[int],
+    shards: Sequence[int],
+    samples: Sequence[int],
+    targets: Sequence[memoryview],
+    strategy: ReadStrategy,
+    *,
+    verify: bool = True,
+) -> None:
+    """Read members ``rows`` into ``targets`` (each its member's exact size), checked.
+
+    Members of a shard read from its source are coalesced (:func:`plan_requests`) and read
+    with up to ``strategy.inflight`` requests in flight; everything else, and every member
+    whose request failed or whose check failed, is read by ``ds.read_member_into``. The
+    records of ``shards`` must be checked (``ds.index.records``) before the call.
+
+    Raises:
+        ChecksumMismatchError: a member's bytes differ from the index (read again first).
+        StorageError: a shard is missing, unreadable or short.
+    """
+    members = ds.index.members
+    by_shard: dict[int, list[int]] = {}
+    for k, shard in enumerate(shards):
+        by_shard.setdefault(int(shard), []).append(k)
+    fallback: list[int] = []
+    jobs: list[_Job] = []
+    tasks: list[tuple[list[_Job], _Task]] = []
+    try:
+        for shard, ks in by_shard.items():
+            loc = ds.resolver.locate(shard)
+            if loc.staged or (ds.restage and ds.cache_root is not None):
+                # A local copy, or a source read that may first stage the shard again: the
+                # per-member path owns those decisions.
+                fallback.extend(ks)
+                continue
+            try:
+                fd = ds.pool.fd(loc.path, staged=False)  # on this thread: the pool is not shared
+            except OSError:
+                fallback.extend(ks)  # read_member_into raises the proper error
+                continue
+            offs = [int(members[rows[k]]["offset"]) for k in ks]
+            sizes = [len(targets[k]) for k in ks]
+            for req in plan_requests(
+                offs,
+                sizes,
+                gap_bytes=strategy.coalesce_gap_bytes,
+                request_bytes=strategy.request_bytes,
+            ):
+                mapped = Request(
+                    start=req.start, end=req.end, items=tuple(ks[i] for i in req.items)
+                )
+                into = targets[mapped.items[0]] if len(mapped.items) == 1 else None
+                jobs.append((mapped, fd, into))
+        # ``inflight`` runs of requests in file order, one per I/O thread: one hand-off per
+        # thread and batch, not per member (each costs a wake-up on a busy node).
+        width = min(strategy.inflight, len(jobs))
+        if width:
+            pool = io_pool(width)
+            bounds = [len(jobs) * w // width for w in range(width + 1)]
+            for lo, hi in itertools.pairwise(bounds):
+                run = jobs[lo:hi]
+                tasks.append((run, pool.submit(functools.partial(_read_requests, ds.opener, run))))
+        results = (
+            (job, result)
+            for run, task in tasks
+            for job, result in zip(run, task.wait(), strict=True)
+        )
+        for (req, _fd, into), (got, scratch, took) in results:
+            direct = into is not None
+            if isinstance(got, OSError):
+                fallback.extend(req.items)
+                continue
+            timed = took if ds.timed else None
+            for k in req.items:
+                target = targets[k]
+                lo = int(members[rows[k]]["offset"])
+                if not direct:
+                    rel = lo - req.start
+                    if rel + len(target) > got:
+                        fallback.append(k)
+                        continue
+                    target[:] = scratch[rel : rel + len(target)]
+                elif got != len(target):
+                    fallback.append(k)
+                    continue
+                # Hashed here, once the bytes lie in the final buffer.
+                if verify and member_digest_problem(target, int(members[rows[k]]["xxh3_64"])):
+                    fallback.append(k)
+                    continue
+                ds.metrics.record_read(False, len(target), timed)
+    finally:
+        # No request may still write into the caller's buffer once this returns or raises.
+        for _run, task in tasks:
+            with contextlib.suppress(BaseException):
+                task.wait()
+    for k in sorted(fallback):
+        ds.read_member_into(
+            int(rows[k]), targets[k], shard=int(shards[k]), sample=int(samples[k]), verify=verify
+        )
+
+
+# -- stream mode: shards read ahead in order, into the page cache -----------------------------
+class StreamReadahead:
+    """Read the shards a stream reader will use, sequentially and ahead of it.
+
+    Shards are read whole, in the order the reader first uses them, in requests of
+    ``request_bytes`` into one scratch buffer (the process's memory for it is that one
+    buffer). The page cache holds what was read ahead: at most ``ahead_bytes`` of shards the
+    reader has not begun yet, plus the shards it is in (its shuffle window). Before each
+    batch the reader calls :meth:`before_batch`, which waits (in the reading thread) until
+    the read-ahead has passed the batch's members, so that they are read from memory; a
+    read-ahead that fails, or makes no progress for a few seconds, is left behind and the
+    reader reads for itself. Descriptors come from the dataset's pool, asked for on the
+    reader's thread.
+
+    Args:
+        ds: the dataset (its opener reads every byte).
+        shard_order: the shards, in the order of their first use (each once).
+        request_bytes: bytes per request.
+        ahead_bytes: the bound on bytes read into shards the reader has not begun.
+        stripe: ``(k, n)``: this reader reads requests ``k, k + n, ...`` of each shard, its
+            ``n - 1`` siblings (DataLoader workers of the same epoch, which read the same
+            shards at the same pace) the others; the page cache they share holds them all.
+            A member in a sibling's request that is not there yet is read by the reader
+            itself.
+    """
+
+    def __init__(
+        self,
+        ds: PackedDataset,
+        shard_order: Sequence[int],
+        *,
+        request_bytes: int,
+        ahead_bytes: int,
+        stripe: tuple[int, int] = (0, 1),
+    ) -> None:
+        if not 0 <= stripe[0] < stripe[1]:
+            raise UsageError(f"stripe {stripe!r}: want (k, n) with 0 <= k < n")
+        self._stripe = stripe
+        self._ds = ds
+        self._order = [int(s) for s in shard_order]
+        self._pos = {s: i for i, s in enumerate(self._order)}
+        self._sizes = [int(ds.manifest.shards[s].size_bytes) for s in self._order]
+        self._request = request_bytes
+        self._ahead = ahead_bytes
+        self._cond = threading.Condition()
+        self._fds: dict[int, int | None] = {}  # index in order -> fd (None: not read ahead)
+        self._done = [0] * len(self._order)  # bytes of each shard read ahead so far
+        self._finished = [False] * len(self._order)  # read whole, failed, or given up
+        self._begun = -1  # the furthest index in order the reader has begun
+        self._given = 0  # descriptors handed for order[:_given]
+        self._ticks = 0  # requests completed (progress, for the stall rule)
+        self._closed = False
+        self._abandoned = False
+        self._thread: threading.Thread | None = None
+        self.requests = 0
+        self.bytes_read = 0
+
+    def start(self) -> StreamReadahead:
+        """Start the read-ahead thread (``shardio-readahead``)."""
+        if self._thread is None and self._order:
+            self._hand_fds()
+            self._thread = threading.Thread(target=self._run, name="shardio-readahead", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop reading ahead (a request in progress ends on its own; the thread is a daemon,
+        holding only its scratch buffer)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=_WAIT_TICK_S)
+
+    @property
+    def finished(self) -> bool:
+        """Whether every shard was read ahead (or passed over after a failure)."""
+        with self._cond:
+            return all(self._finished)
+
+    def __enter__(self) -> StreamReadahead:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the reader's side (its own thread) ------------------------------------------------
+    def _hand_fds(self) -> None:
+        """Open (through the pool, on the reader's thread) the shards the read-ahead may read
+        next: those begun, and the next ones up to ``ahead_bytes``."""
+        ahead = 0
+        handed: dict[int, int | None] = {}
+        i = self._given
+        while i < len(self._order) and (i <= self._begun or ahead < self._ahead):
+            if i > self._begun:
+                ahead += self._sizes[i]
+            shard = self._order[i]
+            fd: int | None = None
+            with contextlib.suppress(OSError):
+                loc = self._ds.resolver.locate(shard)
+                if not loc.staged:  # a local copy needs no read-ahead
+                    fd = self._ds.pool.fd(loc.path, staged=False)
+            handed[i] = fd
+            i += 1
+        if handed:
+            with self._cond:
+                self._fds.update(handed)
+                self._given = i
+                self._cond.notify_all()
+
+    def before_batch(self, samples: Sequence[int] | np.ndarray[Any, Any]) -> None:
+        """Wait until the read-ahead has read past every member of ``samples`` (or failed,
+        or stalled): their reads then find the page cache filled."""
+        if self._thread is None or not len(samples):
+            return
+        index = self._ds.index
+        idx = np.asarray(samples, dtype=np.int64)
+        records = index.samples[idx]
+        counts = records["n_members"].astype(np.int64)
+        starts = np.cumsum(counts) - counts
+        rows = np.repeat(records["first_member"].astype(np.int64), counts) + (
+            np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)
+        )
+        members = index.members
+        ends = members["offset"][rows].astype(np.int64) + members["size"][rows].astype(np.int64)
+        shards = np.repeat(index.shards_of(idx), counts)
+        need: dict[int, int] = {}  # index in order -> the furthest byte a member ends at
+        for shard, end in zip(shards.tolist(), ends.tolist(), strict=True):
+            i = self._pos.get(shard)
+            if i is not None and end > need.get(i, 0):
+                need[i] = end
+        if not need:
+            return
+        with self._cond:
+            self._begun = max(self._begun, *need)
+        self._hand_fds()
+        if self._abandoned:
+            return
+        for i in sorted(need):
+            if not self._wait_for(i, need[i]):
+                return
+
+    def _wait_for(self, i: int, end: int) -> bool:
+        """Wait until order[i] is read ahead up to ``end``; False: the read-ahead is given up."""
+        with self._cond:
+            seen, since = self._ticks, time.monotonic()
+            while not self._finished[i] and self._done[i] < end:
+                if self._closed or self._abandoned:
+                    return False
+                self._cond.wait(_WAIT_TICK_S)
+                if self._ticks != seen:
+                    seen, since = self._ticks, time.monotonic()
+                elif time.monotonic() - since > _STALL_S:
+                    logger.warning(
+                        "stream read-ahead made no progress for %.0f s: reading without it",
+                        _STALL_S,
+                    )
+                    self._abandoned = True
+                    self._cond.notify_all()
+                    return False
+        return True
+
+    # -- the read-ahead thread -------------------------------------------------------------
+    def _run(self) -> None:
+        scratch = memoryview(bytearray(self._request))
+        opener = self._ds.opener
+        for i in range(len(self._order)):
+            with self._cond:
+                # Wait for the descriptor, and for room: no more than ahead_bytes read into
+                # shards the reader has not begun.
+                while not self._stopped() and (i not in self._fds or not self._room(i)):
+                    self._cond.wait(_WAIT_TICK_S)
+                if self._stopped():
+                    return
+                fd = self._fds[i]
+            if fd is not None:
+                self._read_shard(i, fd, opener, scratch)
+            with self._cond:
+                self._finished[i] = True
+                self._ticks += 1
+                self._cond.notify_all()
+
+    def _stopped(self) -> bool:
+        return self._closed or self._abandoned
+
+    def _room(self, i: int) -> bool:
+        """Whether order[i] may be read further: begun by the reader, or less than
+        ``ahead_bytes`` read into shards not begun (so the bound is ahead_bytes plus one
+        request). Called under the lock."""
+        if i <= self._begun:
+            return True
+        return sum(self._done[j] for j in range(self._begun + 1, i + 1)) < self._ahead
+
+    def _read_shard(self, i: int, fd: int, opener: Opener, scratch: memoryview) -> None:
+        size, pos = self._sizes[i], 0
+        mine, of = self._stripe
+        j = -1
+        while pos < size:
+            j += 1
+            if j % of != mine:
+                # A sibling reader's request (the page cache is the node's): passed over.
+                pos = min(pos + self._request, size)
+                with self._cond:
+                    self._done[i] = pos
+                continue
+            with self._cond:
+                while not self._stopped() and not self._room(i):
+                    self._cond.wait(_WAIT_TICK_S)
+                if self._stopped():
+                    return
+            n = min(self._request, size - pos)
+            try:
+                got = read_fully(opener, fd, scratch[:n], pos)
+            except OSError as exc:  # the reader reads this shard itself, with its errors
+                logger.debug("read-ahead of shard %d stopped: %s", self._order[i], exc)
+                return
+            self.requests += 1
+            self.bytes_read += got
+            with self._cond:
+                pos += got
+                self._done[i] = pos
+                self._ticks += 1
+                self._cond.notify_all()
+            if got < n:
+                return

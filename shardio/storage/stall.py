@@ -1,0 +1,179 @@
+"""Calls on daemon I/O threads that a caller waits for with a timeout, and may abandon.
+
+Python cannot interrupt a system call blocked in the kernel (a ``pread`` or
+``copy_file_range`` on a network filesystem whose server is gone). :class:`IoThreads` runs
+each call on a thread of its own (reserved per call, so a call never queues behind another)
+and lets the caller stop waiting: :func:`call_with_deadline`. An abandoned call keeps its
+thread until the kernel returns; its result is then dropped (and undone by the job's
+``cleanup``), and a read's bytes, read into the thread's private scratch buffer, are copied
+into the caller's buffer only while the caller still waits (under the job's lock), never
+after it gave up. The number of calls abandoned at once is capped: beyond it, calls fail at
+once instead of piling up threads.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from shardio.errors import ReadStalledError
+
+__all__ = ["IoThreads", "Job", "call_with_deadline"]
+
+logger = logging.getLogger(__name__)
+
+_KEEP_SCRATCH = 16 << 20  # a thread keeps its scratch buffer up to this size between reads
+
+
+class Job:
+    """One call handed to an I/O thread; ``lock`` orders its completion and abandonment."""
+
+    __slots__ = (
+        "abandoned", "call", "cleanup", "done", "error", "event", "lock", "result", "target",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        call: Callable[[], Any],
+        target: memoryview | None,
+        cleanup: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.call = call
+        self.cleanup = cleanup  # undoes the result of a call that completes once abandoned
+        self.target = target  # a pread's caller buffer: copied into only while still waited for
+        self.lock = threading.Lock()
+        self.event = threading.Event()
+        self.done = False
+        self.abandoned = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class IoThreads:
+    """Daemon threads that run jobs; one is reserved per job, so a job never queues."""
+
+    def __init__(self, max_abandoned: int) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._idle = 0
+        self._count = 0
+        self.abandoned = 0
+        self.max_abandoned = max_abandoned
+        self._local = threading.local()
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self.abandoned >= self.max_abandoned:
+                raise ReadStalledError(
+                    errno.ETIMEDOUT,
+                    f"{self.abandoned} calls of this process are still stalled in the storage",
+                )
+            if self._idle > 0:
+                self._idle -= 1
+                spawn = False
+            else:
+                self._count += 1
+                spawn = True
+        if spawn:
+            thread = threading.Thread(target=self._serve, name="shardio-io-deadline", daemon=True)
+            thread.start()
+        self._jobs.put(job)
+
+    def abandon(self, job: Job) -> bool:
+        """Give up waiting for ``job``; False when it completed meanwhile."""
+        with job.lock:
+            if job.done:
+                return False
+            job.abandoned = True
+        with self._lock:
+            self.abandoned += 1
+        return True
+
+    def scratch(self, size: int) -> memoryview:
+        """This thread's private buffer of at least ``size`` bytes."""
+        buf: bytearray | None = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < size:
+            buf = bytearray(size)
+            if size <= _KEEP_SCRATCH:
+                self._local.buf = buf
+        return memoryview(buf)[:size]
+
+    def close(self) -> None:
+        """Let the idle threads end (a thread still in an abandoned call ends once it
+        returns); the pool takes no more calls."""
+        with self._lock:
+            count, self._count = self._count, 0
+        for _ in range(count):
+            self._jobs.put(None)
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            with job.lock:
+                # Given up on before it started: never run it (its descriptor may be another
+                # file's by now).
+                skip = job.abandoned
+            result: Any = None
+            error: BaseException | None = None
+            if not skip:
+                try:
+                    result = job.call()
+                except BaseException as exc:
+                    error = exc
+            with job.lock:
+                job.done = True
+                abandoned = job.abandoned
+                if not abandoned:
+                    if job.target is not None and error is None:
+                        scratch, got = result
+                        job.target[:got] = scratch[:got]
+                        result = got
+                    job.result, job.error = result, error
+            if abandoned and not skip and error is None and job.cleanup is not None:
+                try:
+                    job.cleanup(result)  # an abandoned open's descriptor is closed here
+                except Exception:
+                    logger.debug("cleanup of an abandoned call failed", exc_info=True)
+            job.target = None
+            job.event.set()
+            with self._lock:
+                if abandoned:
+                    self.abandoned -= 1
+                self._idle += 1
+
+
+def call_with_deadline(
+    pool: IoThreads,
+    call: Callable[[], Any],
+    timeout_s: float,
+    what: str,
+    *,
+    cleanup: Callable[[Any], None] | None = None,
+) -> Any:
+    """``call()`` on ``pool``; a :class:`~shardio.errors.ReadStalledError` ("WHAT stalled
+    for T s", with ``waited_s``) when it has not returned after ``timeout_s``.
+
+    Raises:
+        ReadStalledError: it stalled (it is abandoned), or too many calls are abandoned.
+    """
+    job = Job(call, None, cleanup)
+    try:
+        pool.submit(job)
+    except ReadStalledError as exc:
+        raise ReadStalledError(exc.errno, f"{what}: not attempted, {exc.strerror}") from None
+    began = time.monotonic()
+    if not job.event.wait(timeout_s) and pool.abandon(job):
+        stalled = ReadStalledError(errno.ETIMEDOUT, f"{what} stalled for {timeout_s:g} s")
+        stalled.waited_s = time.monotonic() - began
+        raise stalled
+    job.event.wait()
+    if job.error is not None:
+        raise job.error
+    return job.result

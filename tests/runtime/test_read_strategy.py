@@ -1,0 +1,129 @@
+"""ShardDataset(read_strategy=...): both read paths deliver the same verified bytes, in the
+same order, with the same opens; the choice is validated, overridable and reaches workers."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import pytest
+
+from shardio.errors import ChecksumMismatchError, UsageError
+from shardio.order.ranks import RankInfo
+from shardio.read.extents import StreamReadahead
+from shardio.read.faults import Fault, FaultyOpener
+from shardio.read.strategy import ENV_VAR
+from shardio.runtime.dataset import ShardDataset
+
+SINGLE = RankInfo()
+
+
+def _read(packed, mode: str, strategy: str, workers: int) -> tuple[list[str], dict[str, int]]:  # type: ignore[no-untyped-def]
+    ds = ShardDataset(packed.path, mode=mode, ranks=SINGLE, seed=5, read_strategy=strategy)
+    assert ds.read_choice.strategy.name == strategy
+    loader = ds.loader(batch_size=32, num_workers=workers)
+    keys: list[str] = []
+    for batch in loader:
+        keys.extend(packed.check_batch(batch))  # every byte equals the source's
+    return keys, dict(loader.metrics().counters)
+
+
+@pytest.mark.parametrize("mode", ["map", "stream"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_both_strategies_deliver_the_same_epoch(packed, mode, workers) -> None:  # type: ignore[no-untyped-def]
+    local_keys, local_counts = _read(packed, mode, "local", workers)
+    pfs_keys, pfs_counts = _read(packed, mode, "pfs", workers)
+    packed.assert_exactly_once(pfs_keys)
+    assert pfs_keys == local_keys  # the order is the epoch's, whatever the read path
+    assert pfs_counts["members"] == local_counts["members"] == len(packed.keys)
+    assert pfs_counts["opens_source"] == local_counts["opens_source"]
+    assert pfs_counts["read_errors"] == pfs_counts["checksum_failures"] == 0
+
+
+def test_pfs_stream_reads_ahead_in_a_named_thread(packed_tar, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    seen: list[tuple[str, bool]] = []
+    run = StreamReadahead._run
+
+    def spy(self: StreamReadahead) -> None:
+        seen.append((threading.current_thread().name, threading.current_thread().daemon))
+        run(self)
+
+    monkeypatch.setattr(StreamReadahead, "_run", spy)
+    ds = ShardDataset(packed_tar.path, mode="stream", ranks=SINGLE, read_strategy="pfs")
+    for batch in ds.loader(batch_size=16, num_workers=0):
+        packed_tar.check_batch(batch)
+    assert seen == [("shardio-readahead", True)]
+    assert "shardio-readahead" not in {t.name for t in threading.enumerate()}
+
+
+def test_pfs_map_reads_on_io_threads(packed_tar) -> None:  # type: ignore[no-untyped-def]
+    ds = ShardDataset(packed_tar.path, mode="map", ranks=SINGLE, read_strategy="pfs")
+    for batch in ds.loader(batch_size=16, num_workers=0):
+        packed_tar.check_batch(batch)
+    assert any(t.name.startswith("shardio-io-") for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("mode", ["map", "stream"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_flipped_byte_is_caught_with_the_pfs_path(packed_tar, mode, workers) -> None:  # type: ignore[no-untyped-def]
+    path, offset, _size = packed_tar.member_of(packed_tar.keys[7])
+    opener = FaultyOpener([Fault(kind="flip", path=path.rsplit("/", 1)[-1], offset=offset + 1)])
+    ds = ShardDataset(packed_tar.path, mode=mode, ranks=SINGLE, read_strategy="pfs", opener=opener)
+    with pytest.raises(ChecksumMismatchError) as info:
+        for _batch in ds.loader(batch_size=16, num_workers=workers):
+            pass
+    assert info.value.key == packed_tar.keys[7]
+
+
+def test_auto_on_a_local_disk_is_local(packed_tar, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    ds = ShardDataset(packed_tar.path, ranks=SINGLE)
+    assert ds.read_choice.strategy.name == "local"
+    assert ds.packed.read_strategy is not None
+    assert ds.packed.read_strategy.inflight == 1  # today's path: one pread per member
+
+
+def test_the_environment_variable_chooses(packed_tar, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(ENV_VAR, "pfs")
+    assert ShardDataset(packed_tar.path, ranks=SINGLE).read_choice.strategy.name == "pfs"
+    # The argument wins over the variable.
+    chosen = ShardDataset(packed_tar.path, ranks=SINGLE, read_strategy="local").read_choice
+    assert chosen.strategy.name == "local"
+    monkeypatch.setenv(ENV_VAR, "fast" * 100)
+    with pytest.raises(UsageError, match=ENV_VAR):
+        ShardDataset(packed_tar.path, ranks=SINGLE)
+
+
+@pytest.mark.parametrize("bad", ["lustre", "", "pfs\x00", "x" * 10_000])
+def test_a_bad_strategy_is_refused(packed_tar, bad) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UsageError, match="read_strategy"):
+        ShardDataset(packed_tar.path, ranks=SINGLE, read_strategy=bad)
+
+
+@pytest.mark.parametrize("bad", [1, True, b"pfs", ["pfs"]])
+def test_a_strategy_that_is_not_a_string_is_refused(packed_tar, bad) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UsageError, match="read_strategy must be a string"):
+        ShardDataset(packed_tar.path, ranks=SINGLE, read_strategy=bad)
+
+
+@pytest.mark.parametrize("mode", ["map", "stream"])
+def test_the_choice_travels_to_workers(packed_tar, mode) -> None:  # type: ignore[no-untyped-def]
+    ds = ShardDataset(packed_tar.path, mode=mode, ranks=SINGLE, read_strategy="pfs")
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy.read_choice == ds.read_choice
+    expected = ds.read_choice.strategy if mode == "map" else None
+    assert copy.packed.read_strategy == expected
+
+
+def test_each_of_several_workers_takes_a_share_of_the_requests(packed_tar, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from shardio.runtime import dataset as module
+
+    class Info:
+        id, num_workers = 0, 2
+
+    ds = ShardDataset(packed_tar.path, mode="map", ranks=SINGLE, read_strategy="pfs")
+    assert ds._batch_strategy() == ds.read_choice.strategy  # in-process: all of them
+    monkeypatch.setattr(module, "get_worker_info", Info)
+    share = ds._batch_strategy()
+    assert share is not None
+    assert share.inflight == module.MIN_WORKER_INFLIGHT < ds.read_choice.strategy.inflight

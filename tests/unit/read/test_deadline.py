@@ -1,0 +1,333 @@
+"""The read deadline (DeadlineOpener), the node registry of held shards, the typed errnos."""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import pathlib
+import pickle
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import shardio
+from shardio.errors import (
+    ReadStalledError,
+    StorageError,
+    StorageUnavailableError,
+    UsageError,
+    unavailable_error,
+)
+from shardio.read.deadline import (
+    DEFAULT_NETWORK_TIMEOUT_S,
+    DeadlineOpener,
+    check_read_timeout,
+    resolve_read_timeout,
+    with_deadline,
+)
+from shardio.read.faults import Fault, FaultyOpener
+from shardio.read.opener import PosixOpener
+from shardio.read.packed import PackedDataset
+from shardio.read.unavailable import UnavailableShards
+from shardio.storage.stall import IoThreads, call_with_deadline
+
+
+@pytest.fixture
+def shard(tmp_path: pathlib.Path) -> pathlib.Path:
+    path = tmp_path / "shard-000001.tar"
+    path.write_bytes(bytes(range(256)) * 64)
+    return path
+
+
+def _hang(path: pathlib.Path, release: pathlib.Path, kind: str = "hang") -> FaultyOpener:
+    return FaultyOpener([Fault(kind=kind, path=path.name, release=str(release))])
+
+
+def _registry(tmp_path: pathlib.Path, scope: str | None = "ds", hold_s: float = 60) -> Any:
+    (tmp_path / "shm").mkdir(exist_ok=True)
+    return UnavailableShards(scope, hold_s=hold_s, root=str(tmp_path / "shm"))
+
+
+@pytest.mark.parametrize(
+    "bad", [True, False, "5", math.nan, math.inf, -math.inf, -1, -0.5, 86_401, 1e300, [5]]
+)
+def test_bad_deadlines_are_refused_in_one_line(bad: object) -> None:
+    with pytest.raises(UsageError) as info:
+        check_read_timeout(bad)
+    assert "read_timeout_s" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_deadline_values() -> None:
+    assert check_read_timeout(None) is None
+    assert check_read_timeout(0) == 0.0
+    assert check_read_timeout(5) == 5.0
+    assert check_read_timeout(0.25) == 0.25
+    with pytest.raises(UsageError):
+        DeadlineOpener(timeout_s=0)
+
+
+def test_default_is_none_on_local_disk(tmp_path: pathlib.Path) -> None:
+    assert resolve_read_timeout(tmp_path, None) == 0.0
+    assert resolve_read_timeout(tmp_path, 3) == 3.0
+    assert with_deadline(None, 0.0) is None
+    assert DEFAULT_NETWORK_TIMEOUT_S == 120.0
+
+
+def test_errnos_of_a_distributed_filesystem_are_typed_and_retryable() -> None:
+    for name in ("ENXIO", "ENOTCONN", "ESTALE", "ETIMEDOUT", "EIO", "EHOSTDOWN", "ECONNRESET",
+                 "ENOLINK", "EREMOTEIO"):  # fmt: skip
+        code = getattr(errno, name)
+        err = unavailable_error(OSError(code, "x"), f"cannot read shard s ({name})")
+        assert isinstance(err, StorageUnavailableError), name
+        assert isinstance(err, StorageError) and isinstance(err, OSError)
+        assert err.retryable is True
+        assert err.errno == code
+    plain = unavailable_error(OSError(errno.EACCES, "x"), "denied")
+    assert type(plain) is StorageError
+    assert issubclass(ReadStalledError, StorageUnavailableError)
+    for name in ("StorageUnavailableError", "ReadStalledError"):
+        assert name in shardio.__all__
+        assert getattr(shardio, name) is getattr(shardio.errors, name)
+    stalled = pickle.loads(pickle.dumps(ReadStalledError(errno.ETIMEDOUT, "stalled for 5 s")))
+    assert isinstance(stalled, ReadStalledError)
+    assert str(stalled) == "stalled for 5 s"
+
+
+def test_a_stalled_read_is_abandoned_and_never_writes_the_buffer(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    release = tmp_path / "release"
+    opener = DeadlineOpener(_hang(shard, release), timeout_s=0.2, registry=_registry(tmp_path))
+    fd = opener.open(str(shard))
+    target = bytearray(b"\xaa" * 1000)
+    with pytest.raises(ReadStalledError) as info:
+        opener.pread_into(fd, memoryview(target), 0)
+    assert str(shard) in str(info.value)
+    assert "stalled for 0.2 s" in str(info.value)
+    assert info.value.errno == errno.ETIMEDOUT
+    assert info.value.waited_s >= 0.2
+    assert opener.stalls == 1 and opener.abandoned == 1
+    # The read completes after its caller gave up: the buffer (a ring slot) stays as it was.
+    release.touch()
+    deadline = time.monotonic() + 10
+    while opener.abandoned and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert opener.abandoned == 0
+    assert target == bytearray(b"\xaa" * 1000)
+    # Held: the next read of that file fails at once, not after another deadline.
+    with pytest.raises(ReadStalledError, match="held unavailable"):
+        opener.pread_into(fd, memoryview(target), 0)
+    assert opener.held_fails == 1
+    opener.close(fd)
+
+
+def test_reads_that_answer_are_exact(shard: pathlib.Path) -> None:
+    opener = DeadlineOpener(PosixOpener(), timeout_s=5)
+    fd = opener.open(str(shard))
+    try:
+        assert opener.size(fd) == shard.stat().st_size
+        assert opener.identity(fd) == (shard.stat().st_dev, shard.stat().st_ino)
+        opener.advise(fd, 0, 100)
+        for offset, size in ((0, 10), (1000, 5000), (16000, 1000)):
+            buf = bytearray(size)
+            got = opener.pread_into(fd, memoryview(buf), offset)
+            assert bytes(buf[:got]) == shard.read_bytes()[offset : offset + size]
+        mapped = opener.map(str(shard))
+        assert mapped is not None and mapped[:256] == bytes(range(256))
+        mapped.close()
+    finally:
+        opener.close(fd)
+
+
+def test_concurrent_callers_do_not_queue_behind_a_stall(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    other = tmp_path / "shard-000002.tar"
+    other.write_bytes(b"y" * 4096)
+    release = tmp_path / "release"
+    opener = DeadlineOpener(_hang(shard, release), timeout_s=5, registry=_registry(tmp_path))
+    stuck_fd, fine_fd = opener.open(str(shard)), opener.open(str(other))
+    errors: list[BaseException] = []
+
+    def stuck() -> None:
+        try:
+            opener.pread_into(stuck_fd, memoryview(bytearray(10)), 0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=stuck)
+    thread.start()
+    buf = bytearray(4096)
+    assert opener.pread_into(fine_fd, memoryview(buf), 0) == 4096  # not behind the stall
+    release.touch()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and errors == []
+
+
+def test_abandoned_calls_are_capped(shard: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    release = tmp_path / "release"
+    registry = _registry(tmp_path, hold_s=0)  # no hold: every read stalls again
+    opener = DeadlineOpener(
+        _hang(shard, release), timeout_s=0.05, registry=registry, max_abandoned=2
+    )
+    fd = opener.open(str(shard))
+    for _ in range(2):
+        with pytest.raises(ReadStalledError, match="stalled for"):
+            opener.pread_into(fd, memoryview(bytearray(10)), 0)
+    began = time.monotonic()
+    with pytest.raises(ReadStalledError, match="2 calls of this process are still stalled"):
+        opener.pread_into(fd, memoryview(bytearray(10)), 0)
+    assert time.monotonic() - began < 0.05 * 20  # at once, no third thread
+    release.touch()
+
+
+def test_a_hung_open_is_abandoned_and_its_descriptor_closed(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    release = tmp_path / "release"
+    opener = DeadlineOpener(
+        _hang(shard, release, "hang_open"), timeout_s=0.1, registry=_registry(tmp_path)
+    )
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(ReadStalledError, match=f"opening {shard}.*stalled for 0.1 s"):
+        opener.open(str(shard))
+    release.touch()
+    deadline = time.monotonic() + 10
+    while opener.abandoned and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert len(os.listdir("/proc/self/fd")) <= before  # the late descriptor was closed
+
+
+def test_the_opener_pickles_and_a_forked_child_gets_its_own_threads(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    opener = DeadlineOpener(PosixOpener(), timeout_s=2, registry=_registry(tmp_path))
+    fd = opener.open(str(shard))
+    copy = pickle.loads(pickle.dumps(opener))
+    assert copy.timeout_s == 2 and copy.registry.scope == "ds"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            buf = bytearray(256)
+            child_fd = opener.open(str(shard))
+            ok = opener.pread_into(child_fd, memoryview(buf), 0) == 256 and buf == bytes(range(256))
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    assert os.read(read, 1) == b"1"
+    os.close(read)
+    assert os.waitpid(pid, 0)[1] == 0
+    opener.close(fd)
+
+
+def test_the_registry_is_shared_by_the_processes_of_the_node(tmp_path: pathlib.Path) -> None:
+    registry = _registry(tmp_path)
+    assert registry.held("/pfs/ds/shard-000003.tar") is None
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        _registry(tmp_path).mark("/pfs/ds/shard-000003.tar")
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    time.sleep(0.6)  # the registry is re-read at most twice a second
+    left = registry.held("/pfs/ds/shard-000003.tar")
+    assert left is not None and 0 < left <= 60
+    assert registry.held("/pfs/ds/shard-000004.tar") is None
+    # Another dataset's scope does not see it.
+    assert _registry(tmp_path, scope="other").held("/pfs/ds/shard-000003.tar") is None
+    top = tmp_path / "shm" / f"shardio-unavailable-{os.getuid()}"
+    assert top.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_registry_expires(tmp_path: pathlib.Path) -> None:
+    now = [1000.0]
+    registry = UnavailableShards("ds", hold_s=10, root=str(tmp_path), clock=lambda: now[0])
+    registry.mark("/a")
+    assert registry.held("/a") == 10
+    now[0] += 11
+    assert registry.held("/a") is None
+
+
+def test_a_foreign_or_symlinked_registry_is_not_used(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "shm"
+    root.mkdir(exist_ok=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (root / f"shardio-unavailable-{os.getuid()}").symlink_to(elsewhere)
+    registry = UnavailableShards("ds", hold_s=60, root=str(root))
+    registry.mark("/a")
+    assert registry.held("/a") is not None  # still held in this process
+    assert list(elsewhere.iterdir()) == []  # nothing written through the link
+    os.unlink(root / f"shardio-unavailable-{os.getuid()}")
+    (root / f"shardio-unavailable-{os.getuid()}").mkdir(mode=0o755)
+    os.chmod(root / f"shardio-unavailable-{os.getuid()}", 0o755)
+    shared = UnavailableShards("ds", hold_s=60, root=str(root))
+    shared.mark("/b")
+    assert not any((root / f"shardio-unavailable-{os.getuid()}").iterdir())
+
+
+def test_planted_entries_are_ignored(tmp_path: pathlib.Path) -> None:
+    registry = _registry(tmp_path)
+    registry.mark("/real")
+    directory = next((tmp_path / "shm" / f"shardio-unavailable-{os.getuid()}").iterdir())
+    (directory / "junk").write_bytes(b"\xff" * 100)
+    (directory / "big").write_bytes(b"{" + b" " * 100_000)
+    (directory / "link").symlink_to("/etc/passwd")
+    os.mkfifo(directory / "fifo")
+    fresh = _registry(tmp_path)
+    assert fresh.held("/real") is not None
+    assert fresh.held("/etc/passwd") is None
+
+
+def test_call_with_deadline_and_close() -> None:
+    pool = IoThreads(4)
+    assert call_with_deadline(pool, lambda: 7, 1.0, "a call") == 7
+    gate = threading.Event()
+    with pytest.raises(ReadStalledError, match=r"a slow call stalled for 0\.05 s"):
+        call_with_deadline(pool, lambda: gate.wait(5), 0.05, "a slow call")
+    gate.set()
+    pool.close()
+
+
+class _EnxioOpener(PosixOpener):
+    def pread_into(self, fd: int, target: memoryview, offset: int) -> int:
+        raise OSError(errno.ENXIO, "No such device or address")
+
+
+def test_packed_reads_raise_typed_errors(packed_small: Any, tmp_path: pathlib.Path) -> None:
+    root = packed_small("tar")[0]
+    with (
+        PackedDataset(root, opener=_EnxioOpener()) as ds,
+        pytest.raises(StorageUnavailableError) as info,
+    ):
+        ds.read_sample(0)
+    assert info.value.errno == errno.ENXIO
+    assert "cannot read shard" in str(info.value)
+    assert info.value.sample_index == 0
+    release = tmp_path / "release"
+    with PackedDataset(root) as probe:
+        name = probe.manifest.shards[0].path
+    opener = DeadlineOpener(
+        FaultyOpener([Fault(kind="hang", path=name, release=str(release))]),
+        timeout_s=0.2,
+        registry=_registry(tmp_path),
+    )
+    try:
+        with PackedDataset(root, opener=opener) as ds:
+            with pytest.raises(ReadStalledError) as stalled:
+                ds.read_sample(0)
+            assert name in str(stalled.value) and "stalled for 0.2 s" in str(stalled.value)
+            with pytest.raises(ReadStalledError, match="held unavailable"):
+                ds.read_sample(1)
+            assert ds.metrics.counts["stalls"] == 1
+            assert ds.metrics.counts["stall_ms"] >= 200
+            assert ds.metrics.counts["held_fails"] == 1
+            assert ds.read_sample(len(ds) - 1)["__key__"]  # other shards read fine
+    finally:
+        release.touch()

@@ -1,0 +1,302 @@
+"""Planned reads: coalescing, the I/O threads, batched reads and the stream read-ahead."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from shardio.errors import ChecksumMismatchError, StorageError, UsageError
+from shardio.read import extents
+from shardio.read.extents import Request, StreamReadahead, io_pool, plan_requests
+from shardio.read.faults import Fault, FaultyOpener
+from shardio.read.packed import PackedDataset
+from shardio.read.strategy import PFS, ReadStrategy
+
+MiB = 1 << 20
+
+
+# -- plan_requests ---------------------------------------------------------------------------
+def test_neighbours_within_the_gap_are_one_request() -> None:
+    reqs = plan_requests([0, 110, 300], [100, 100, 50], gap_bytes=16, request_bytes=MiB)
+    assert reqs == [
+        Request(start=0, end=210, items=(0, 1)),
+        Request(start=300, end=350, items=(2,)),
+    ]
+
+
+def test_members_are_taken_in_file_order() -> None:
+    reqs = plan_requests([500, 0, 100], [10, 100, 10], gap_bytes=0, request_bytes=MiB)
+    assert [r.items for r in reqs] == [(1, 2), (0,)]
+
+
+def test_requests_stay_within_request_bytes() -> None:
+    offsets = list(range(0, 10 * 100, 100))
+    reqs = plan_requests(offsets, [100] * 10, gap_bytes=0, request_bytes=300)
+    assert [r.items for r in reqs] == [(0, 1, 2), (3, 4, 5), (6, 7, 8), (9,)]
+    assert all(r.end - r.start <= 300 for r in reqs)
+
+
+def test_a_member_longer_than_a_request_is_its_own() -> None:
+    reqs = plan_requests([0, 1000], [1000, 10], gap_bytes=0, request_bytes=100)
+    assert [(r.start, r.end, r.items) for r in reqs] == [(0, 1000, (0,)), (1000, 1010, (1,))]
+
+
+def test_overlapping_records_are_kept_apart() -> None:
+    reqs = plan_requests([0, 50], [100, 100], gap_bytes=1000, request_bytes=MiB)
+    assert [r.items for r in reqs] == [(0,), (1,)]
+
+
+def test_no_gap_means_only_adjacent_members_join() -> None:
+    reqs = plan_requests([0, 100, 201], [100, 100, 10], gap_bytes=0, request_bytes=MiB)
+    assert [r.items for r in reqs] == [(0, 1), (2,)]
+
+
+def test_empty_plan() -> None:
+    assert plan_requests([], [], gap_bytes=0, request_bytes=1) == []
+
+
+# -- the I/O threads -------------------------------------------------------------------------
+def test_io_threads_are_named_daemons_started_lazily() -> None:
+    pool = io_pool(3)
+    assert pool.width >= 3
+    names = {t.name for t in threading.enumerate() if t.name.startswith("shardio-io-")}
+    assert {"shardio-io-0", "shardio-io-1", "shardio-io-2"} <= names
+    assert all(t.daemon for t in threading.enumerate() if t.name.startswith("shardio-io-"))
+    assert pool.submit(lambda: 41 + 1).wait() == 42
+
+
+def test_a_task_error_is_raised_to_the_waiter() -> None:
+    task = io_pool(1).submit(lambda: 1 // 0)
+    with pytest.raises(ZeroDivisionError):
+        task.wait()
+
+
+def test_a_forked_child_gets_a_pool_of_its_own() -> None:
+    io_pool(2)
+    code = (
+        "import os, sys\n"
+        "from shardio.read.extents import io_pool\n"
+        "parent = io_pool(2)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    child = io_pool(2)\n"
+        "    ok = child is not parent and child.submit(lambda: 7).wait() == 7\n"
+        "    os._exit(0 if ok else 1)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "sys.exit(os.waitstatus_to_exitcode(status))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], timeout=60, check=False)
+    assert done.returncode == 0
+
+
+# -- read_members_planned --------------------------------------------------------------------
+@pytest.fixture
+def dataset(packed_small) -> pathlib.Path:  # type: ignore[no-untyped-def]
+    return packed_small("tar")[0]
+
+
+def _payload_rows(ds: PackedDataset, samples: list[int]) -> tuple[list[int], list[int], list[int]]:
+    rows, shards, owners = [], [], []
+    recs = ds.index.records(samples)
+    for sample, rec in zip(samples, recs, strict=True):
+        for m in ds.index.sample_member_range(sample):
+            if int(ds.index.members[m]["size"]) > 0:
+                rows.append(m)
+                shards.append(int(rec["shard"]))
+                owners.append(sample)
+    return rows, shards, owners
+
+
+def _read_planned(
+    ds: PackedDataset, samples: list[int], strategy: ReadStrategy = PFS
+) -> list[bytes]:
+    rows, shards, owners = _payload_rows(ds, samples)
+    sizes = [int(ds.index.members[m]["size"]) for m in rows]
+    buf = bytearray(sum(sizes))
+    view = memoryview(buf)
+    ends = np.cumsum(sizes).tolist()
+    targets = [view[e - s : e] for s, e in zip(sizes, ends, strict=True)]
+    extents.read_members_planned(ds, rows, shards, owners, targets, strategy)
+    return [bytes(t) for t in targets]
+
+
+def _expected(ds: PackedDataset, samples: list[int]) -> list[bytes]:
+    rows, shards, owners = _payload_rows(ds, samples)
+    return [
+        ds.read_member(m, shard=s, sample=o) for m, s, o in zip(rows, shards, owners, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("gap", [0, 4096, 1 << 20])
+def test_planned_reads_equal_member_reads(dataset: pathlib.Path, gap: int) -> None:
+    strategy = ReadStrategy(
+        name="pfs", inflight=4, coalesce_gap_bytes=gap, request_bytes=64 * 1024,
+        stream_readahead_bytes=0,
+    )  # fmt: skip
+    with PackedDataset(dataset) as ds:
+        samples = list(np.random.default_rng(1).permutation(len(ds))[:120])
+        samples += list(range(0, 40))  # neighbours: coalesced
+        expected = _expected(ds, samples)
+        before = ds.metrics.counts["members"]
+        assert _read_planned(ds, samples, strategy) == expected
+        assert ds.metrics.counts["members"] - before == len(expected)
+        assert ds.metrics.counts["read_errors"] == 0
+
+
+def _member_of(ds: PackedDataset, sample: int) -> tuple[int, int]:
+    for m in ds.index.sample_member_range(sample):
+        rec = ds.index.members[m]
+        if int(rec["size"]) > 0:
+            return int(rec["offset"]), int(rec["size"])
+    raise AssertionError("no payload member")
+
+
+def test_a_flipped_byte_is_still_caught(dataset: pathlib.Path) -> None:
+    with PackedDataset(dataset) as plain:
+        shard_path = plain.manifest.shards[0].path
+        sample = plain.manifest.shards[0].first_sample + 1
+        offset, _size = _member_of(plain, sample)
+    opener = FaultyOpener([Fault(kind="flip", path=shard_path, offset=offset + 3)])
+    with PackedDataset(dataset, opener=opener) as ds:
+        with pytest.raises(ChecksumMismatchError) as info:
+            _read_planned(ds, list(range(0, sample + 5)))
+        assert info.value.key == ds.key(sample)
+        assert ds.metrics.counts["checksum_failures"] >= 1
+
+
+def test_a_failed_request_falls_back_to_the_member_read(dataset: pathlib.Path) -> None:
+    with PackedDataset(dataset) as plain:
+        expected = _expected(plain, list(range(60)))
+    # The first reads fail once each: the planned request fails, the member read succeeds.
+    opener = FaultyOpener([Fault(kind="eio", times=3)])
+    with PackedDataset(dataset, opener=opener) as ds:
+        assert _read_planned(ds, list(range(60))) == expected
+
+
+def test_short_reads_are_completed(dataset: pathlib.Path) -> None:
+    with PackedDataset(dataset) as plain:
+        expected = _expected(plain, list(range(50)))
+    with PackedDataset(dataset, opener=FaultyOpener([Fault(kind="short")])) as ds:
+        assert _read_planned(ds, list(range(50))) == expected
+
+
+def test_a_truncated_shard_raises_a_storage_error(dataset: pathlib.Path) -> None:
+    with PackedDataset(dataset) as plain:
+        shard_path = plain.manifest.shards[0].path
+    opener = FaultyOpener([Fault(kind="truncate", path=shard_path, offset=100)])
+    with PackedDataset(dataset, opener=opener) as ds, pytest.raises(StorageError, match="truncat"):
+        _read_planned(ds, list(range(10)))
+
+
+def test_planned_reads_open_each_shard_once(dataset: pathlib.Path) -> None:
+    with PackedDataset(dataset) as ds:
+        _read_planned(ds, list(range(len(ds))))
+        _read_planned(ds, list(range(len(ds))))
+        assert ds.metrics.counts["opens_source"] == len(ds.manifest.shards)
+
+
+# -- StreamReadahead -------------------------------------------------------------------------
+def test_readahead_reads_every_shard_once_in_order(dataset: pathlib.Path) -> None:
+    with PackedDataset(dataset) as ds:
+        order = list(range(len(ds.manifest.shards)))[::-1]
+        total = sum(ds.manifest.shards[s].size_bytes for s in order)
+        with StreamReadahead(ds, order, request_bytes=64 * 1024, ahead_bytes=1 << 30) as ra:
+            last = [ds.manifest.shards[order[-1]].first_sample]
+            ra.before_batch(last)  # waits until the last shard is read past it
+            deadline = time.monotonic() + 30
+            while ra.bytes_read < total and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert ra.bytes_read == total
+        assert ds.metrics.counts["opens_source"] == len(order)
+        assert not [t for t in threading.enumerate() if t.name == "shardio-readahead"]
+
+
+def test_readahead_stays_within_its_bound(dataset: pathlib.Path) -> None:
+    with PackedDataset(dataset) as ds:
+        order = list(range(len(ds.manifest.shards)))
+        ra = StreamReadahead(ds, order, request_bytes=16 * 1024, ahead_bytes=64 * 1024).start()
+        try:
+            time.sleep(0.3)  # nothing begun: at most ahead_bytes + one request read
+            assert ra.bytes_read <= 64 * 1024 + 16 * 1024
+        finally:
+            ra.close()
+
+
+def test_a_stalled_readahead_is_left_behind(
+    dataset: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(extents, "_STALL_S", 0.3)
+    release = dataset.parent / "release-readahead"
+    opener = FaultyOpener([Fault(kind="hang", delay_s=30, release=os.fspath(release))])
+    try:
+        with PackedDataset(dataset, opener=opener) as ds:
+            ra = StreamReadahead(ds, [0, 1], request_bytes=1 << 20, ahead_bytes=1 << 30).start()
+            began = time.monotonic()
+            ra.before_batch([ds.manifest.shards[1].first_sample])
+            assert time.monotonic() - began < 10  # gave up, the reader reads itself
+            ra.before_batch([ds.manifest.shards[0].first_sample])  # no second wait
+            assert time.monotonic() - began < 10
+            ra.close()
+    finally:
+        release.touch()
+
+
+def test_readahead_of_an_unreadable_shard_does_not_block(dataset: pathlib.Path) -> None:
+    with PackedDataset(dataset) as plain:
+        shard_path = plain.manifest.shards[0].path
+    opener = FaultyOpener([Fault(kind="eio", path=shard_path)])
+    with (
+        PackedDataset(dataset, opener=opener) as ds,
+        StreamReadahead(ds, [0, 1], request_bytes=1 << 20, ahead_bytes=1 << 30) as ra,
+    ):
+        ra.before_batch([0, ds.manifest.shards[1].first_sample])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"inflight": 0},
+        {"inflight": 10**9},
+        {"request_bytes": 0},
+        {"request_bytes": 1 << 40},
+        {"coalesce_gap_bytes": -1},
+        {"coalesce_gap_bytes": 1 << 40},
+        {"stream_readahead_bytes": -1},
+    ],
+)
+def test_a_strategy_out_of_bounds_is_refused(change: dict[str, int]) -> None:
+    values = {
+        "name": "pfs", "inflight": 4, "coalesce_gap_bytes": 0, "request_bytes": MiB,
+        "stream_readahead_bytes": 0,
+    }  # fmt: skip
+    with pytest.raises(UsageError):
+        ReadStrategy(**{**values, **change})  # type: ignore[arg-type]
+
+
+def test_sibling_readers_share_the_shards_by_stripes(dataset: pathlib.Path) -> None:
+    with PackedDataset(dataset) as ds:
+        order = list(range(len(ds.manifest.shards)))
+        total = sum(ds.manifest.shards[s].size_bytes for s in order)
+        readers = []
+        for k in range(2):
+            with StreamReadahead(
+                ds, order, request_bytes=16 * 1024, ahead_bytes=1 << 30, stripe=(k, 2)
+            ) as ra:
+                ra.before_batch([len(ds) - 1])  # every shard begun: no bound holds it back
+                deadline = time.monotonic() + 30
+                while not ra.finished and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert ra.finished
+            readers.append(ra)
+        # Each read its own requests; together every byte once.
+        assert sum(ra.bytes_read for ra in readers) == total
+        assert all(0 < ra.bytes_read < total for ra in readers)
+        with pytest.raises(UsageError, match="stripe"):
+            StreamReadahead(ds, order, request_bytes=1, ahead_bytes=1, stripe=(2, 2))
