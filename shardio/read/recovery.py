@@ -63,7 +63,8 @@ class RecoveryPolicy:
         restage: stage a bad staged copy again from the source (once per node).
         budget_s: wall-clock seconds for repairs (re-staging, rebuilding, waiting), counted
             from the policy's creation and shared by every process of the job; None: no limit.
-        max_substitutes: candidates tried for one skipped sample.
+        max_substitutes: candidates read for one skipped sample (candidates on shards held
+            unavailable are passed over without a read and do not count).
         journal: the JSON-lines journal; None: ``repairs.jsonl`` beside the staging area's
             records when reading through one, else no file (events are still logged).
         created_at: when the budget started (set automatically).
@@ -328,16 +329,23 @@ class Recovery:
         return self._substitute(sample, base, error, tried)
 
     def _substitute(self, sample: int, base: Event, error: BaseException, tried: list[str]) -> int:
-        for n, drawn in enumerate(self.candidates(sample)):
-            if n >= self.policy.max_substitutes:
+        probed = held_skips = 0
+        for drawn in self.candidates(sample):
+            if probed >= self.policy.max_substitutes:
                 break
             candidate = int(drawn)
             if candidate == sample or candidate in self.bad_samples:
                 continue
             held = self._held(self.ds.shard_of(candidate))
             if held is not None:  # a substitute must not stall again
-                tried.append(f"substitute {self.ds.key(candidate)!r}: its shard is held")
+                # Passing one over costs no read: it does not use up the tries (with half
+                # the shards behind a dead server, 16 draws could all land on them), but
+                # the draws are bounded (the candidates' own bound).
+                held_skips += 1
+                if held_skips <= 4:
+                    tried.append(f"substitute {self.ds.key(candidate)!r}: its shard is held")
                 continue
+            probed += 1
             try:
                 self._probe(candidate)
             except _Recoverable as exc:
@@ -355,6 +363,8 @@ class Recovery:
                 }
             )
             return candidate
+        if held_skips > 4:
+            tried.append(f"{held_skips - 4} more substitutes on held shards")
         self.metrics.add("unavailable")
         self.emit({**base, "event": "raise", "error": str(error), "tried": tried})
         raise SampleUnavailableError(

@@ -156,9 +156,13 @@ class ResilientDataset(ShardDataset):
         share = self.rank_stream(consumed=0)
         if len(share) == 0:
             return
-        for k in range(self.recovery_policy.max_substitutes):
+        # More draws than tries: those on shards held unavailable are passed over unread.
+        for k in range(self.recovery_policy.max_substitutes * _DRAWS_PER_TRY):
             draw = xxhash.xxh3_64_intdigest(f"{self.seed}:{self.epoch}:{sample}:{k}".encode())
             yield int(share[draw % len(share)])
+
+
+_DRAWS_PER_TRY = 32
 
 
 class _ResilientStreamDataset(ResilientDataset, ShardStreamDataset):

@@ -369,3 +369,37 @@ def test_sigkill_during_a_stall_then_resume_exactly(
     assert rest["keys"] == expected[done:]
     proc.wait(timeout=_EPOCH_TIMEOUT_S)
     assert len(keys) == len(expected)
+
+
+_OPEN_INDEX = textwrap.dedent(
+    """
+    import sys
+    from shardio.read.packed import PackedDataset
+    try:
+        with PackedDataset(sys.argv[1]) as ds:
+            ds.index.records(list(range(len(ds))))  # touch every page of the tables
+        print("opened")
+    except Exception as exc:
+        print(f"{type(exc).__name__}: {exc}")
+    """
+)
+
+
+def test_an_index_on_a_dead_chunkserver_is_an_error_at_open_not_sigbus(
+    fault_bed: Bed, small_tree: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    root = _pack(fault_bed, small_tree, "deadindex")
+    index = root / "index.bin"
+    fault_bed.admin("mfssetgoal", "1", str(index))
+    _wait(lambda: len(_copies(fault_bed, index)) == 1, "one copy of the index")
+    (holder,) = _copies(fault_bed, index)
+    fault_bed.stop_chunkserver(holder)
+    _drop_caches()
+    # A mapped index would fault its pages in from the dead server: SIGBUS, the process gone.
+    proc = subprocess.run(
+        [sys.executable, "-c", _OPEN_INDEX, str(root)],
+        capture_output=True, text=True, timeout=_EPOCH_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"killed by signal {-proc.returncode}: {proc.stderr[-2000:]}"
+    assert proc.stdout.startswith("StorageError: cannot read index"), proc.stdout + proc.stderr
+    assert str(index) in proc.stdout

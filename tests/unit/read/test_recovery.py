@@ -179,3 +179,30 @@ def test_journal_refuses_a_fifo_without_blocking(tmp_path: pathlib.Path) -> None
 def test_bad_policies_are_refused(kwargs: dict[str, Any]) -> None:
     with pytest.raises(UsageError):
         RecoveryPolicy(**kwargs)
+
+
+class _HoldingOpener(FaultyOpener):
+    """A faulty opener that says the given shard files are held unavailable (as the read
+    deadline's opener does after a stall)."""
+
+    def __init__(self, faults: list[Fault], held: set[str]) -> None:
+        super().__init__(faults)
+        self.held_paths = held
+
+    def held(self, path: str) -> float | None:
+        return 100.0 if any(path.endswith(h) for h in self.held_paths) else None
+
+
+def test_substitutes_on_held_shards_do_not_use_up_the_tries(dataset: pathlib.Path) -> None:
+    with PackedDataset(dataset) as probe:
+        shards = probe.manifest.shards
+        sample = shards[1].first_sample
+        faults = _shard_faults(probe, 1, "truncate", offset=0)
+        held = {shards[1].path, shards[2].path}
+        on_held = shards[3].first_sample - sample - 1  # the draws after it on held shards
+        assert on_held > 4  # more than the tries below: all would have been used up
+    with PackedDataset(dataset, opener=_HoldingOpener(faults, held)) as ds:
+        rec = _recovery(ds, [], policy="skip", retries=0, max_substitutes=4)
+        (got,) = rec.read_batch(_read(ds), [sample])
+        assert got["__key__"] == ds.key(shards[3].first_sample)  # the first draw not held
+        assert rec.metrics["substitutes"] == 1
