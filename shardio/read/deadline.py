@@ -36,7 +36,7 @@ from typing import Any
 from shardio.errors import ReadStalledError, UsageError
 from shardio.read.opener import Opener, PosixOpener
 from shardio.read.unavailable import UnavailableShards, holds_path
-from shardio.storage.stall import IoThreads, Job
+from shardio.storage.stall import IoThreads, Job, submit
 
 __all__ = [
     "DEFAULT_NETWORK_TIMEOUT_S",
@@ -227,10 +227,7 @@ class DeadlineOpener:
             )
         pool = self._pool()
         job = Job(call, target, cleanup)
-        try:
-            pool.submit(job)
-        except ReadStalledError as exc:
-            raise ReadStalledError(exc.errno, f"{what}: not attempted, {exc.strerror}") from None
+        submit(pool, job, what)
         began = time.monotonic_ns()
         if not job.event.wait(wait_s) and pool.abandon(job):
             self.stalls += 1

@@ -23,7 +23,7 @@ from typing import Any
 
 from shardio.errors import ReadStalledError
 
-__all__ = ["IoThreads", "Job", "call_with_deadline"]
+__all__ = ["IoThreads", "Job", "call_with_deadline", "submit"]
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +149,15 @@ class IoThreads:
                 self._idle += 1
 
 
+def submit(pool: IoThreads, job: Job, what: str) -> None:
+    """Hand ``job`` to ``pool``; a :class:`~shardio.errors.ReadStalledError` naming ``what``
+    ("not attempted") when too many of the process's calls are abandoned already."""
+    try:
+        pool.submit(job)
+    except ReadStalledError as exc:
+        raise ReadStalledError(exc.errno, f"{what}: not attempted, {exc.strerror}") from None
+
+
 def call_with_deadline(
     pool: IoThreads,
     call: Callable[[], Any],
@@ -164,10 +173,7 @@ def call_with_deadline(
         ReadStalledError: it stalled (it is abandoned), or too many calls are abandoned.
     """
     job = Job(call, None, cleanup)
-    try:
-        pool.submit(job)
-    except ReadStalledError as exc:
-        raise ReadStalledError(exc.errno, f"{what}: not attempted, {exc.strerror}") from None
+    submit(pool, job, what)
     began = time.monotonic()
     if not job.event.wait(timeout_s) and pool.abandon(job):
         stalled = ReadStalledError(errno.ETIMEDOUT, f"{what} stalled for {timeout_s:g} s")
