@@ -233,10 +233,14 @@ down() {
   fi
   local i
   if ip netns list | grep -qw "$ns"; then
-    for i in $(seq 1 "$(chunkservers)"); do stop_cs "$i"; done
-    stop_master
-    # Anything of ours still in the namespace (a daemon that would not stop) is killed.
+    # The bed's data is removed below, so its daemons are killed rather than stopped (a
+    # graceful stop saves the master's metadata and takes about 8 s). Only processes in the
+    # bed's own namespace are touched.
     ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    for i in $(seq 1 50); do
+      [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] && break
+      sleep 0.1
+    done
     ip netns delete "$ns"
   fi
   mounted && die "$mnt is still mounted; not removing $dir"
