@@ -36,6 +36,7 @@ from shardio.runtime.dataset import (
     require_int,
 )
 from shardio.runtime.placement import worker_pinning
+from shardio.runtime.stallwatch import StallWatch, WorkersStuckError, watched_opener
 from shardio.runtime.transport import BatchRing, RingBatch, max_batch_bytes
 
 __all__ = ["ShardLoader"]
@@ -156,7 +157,9 @@ class ShardLoader:
         n = self.dataset.samples_per_rank()
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def _dataloader(self, positions: Any, *, timeout: float = 0.0) -> DataLoader[Any]:
+    def _dataloader(
+        self, positions: Any, *, timeout: float = 0.0, watch: StallWatch | None = None
+    ) -> DataLoader[Any]:
         common: dict[str, Any] = {"num_workers": self.num_workers, **self.kwargs}
         if self.num_workers > 0:
             if timeout:
@@ -170,6 +173,8 @@ class ShardLoader:
                 )
                 if pinning is not None:
                     common["worker_init_fn"] = pinning
+            if watch is not None:
+                common["worker_init_fn"] = watch.init_fn(common.get("worker_init_fn"))
             # Before the workers start, which take the dataset with it: the batches each
             # reads (each advises its first ones before reading any) and the staged shards.
             self.dataset._plan_reads(
@@ -281,16 +286,39 @@ class ShardLoader:
     def _iterate(self) -> _Batches:
         """Iterate, replacing workers that stopped answering (see ``worker_timeout_s``)."""
         self._sync_epoch()
-        fruitless = 0
+        fruitless = stalled = 0
         while True:
             try:
                 yield from self._iterate_once()
                 return
-            except _WorkersStuckError as stuck:
+            except WorkersStuckError as stuck:
                 # Whatever they had prefetched is lost, not delivered: the next run starts at
                 # the first sample not yet handed to the training loop, as a resume would.
-                fruitless = 0 if stuck.progressed else fruitless + 1
                 self.dataset._received.add("worker_restarts", self.num_workers)
+                if stuck.stalls:
+                    # Each stall held its shard: the new workers fail its reads at once, so
+                    # restarts for stalls end (one per shard at most), unless the holds do
+                    # not reach them (no usable /dev/shm): bounded by the shards then.
+                    stalled = stalled + 1 if not stuck.progressed else 1
+                    self.dataset._received.add("stalls", stuck.stalls)
+                    self.dataset._received.add(
+                        "stall_ms", int(stuck.stalls * stuck.waited_s * 1000)
+                    )
+                    if stalled > self._stall_restart_limit():
+                        raise StorageError(
+                            errno.ETIMEDOUT,
+                            f"reads of {self.dataset.path} stalled for {stuck.waited_s:g} s "
+                            f"{stalled} times in a row with no batch delivered between: is "
+                            "a storage server down?",
+                        ) from None
+                    logger.warning(
+                        "a read stalled for %g s: DataLoader workers replaced, resuming after "
+                        "%d samples",
+                        stuck.waited_s,
+                        self.dataset._consumed + self._delivered,
+                    )
+                    continue
+                fruitless = 0 if stuck.progressed else fruitless + 1
                 if fruitless > self.max_worker_restarts:
                     raise StorageError(
                         errno.ETIMEDOUT,
@@ -303,6 +331,20 @@ class ShardLoader:
                     stuck.waited_s,
                     self.dataset._consumed + self._delivered,
                 )
+
+    def _stall_restart_limit(self) -> int:
+        """Restarts for stalls in a row, with no batch between, before the loader gives up:
+        one per shard and then some (each stall holds a shard)."""
+        return len(self.dataset.packed.manifest.shards) + self.max_worker_restarts + 1
+
+    def _stall_watch(self) -> StallWatch | None:
+        """The watch over this iteration's workers' reads, when they read under a deadline."""
+        if self.num_workers == 0:
+            return None
+        opener = watched_opener(self.dataset)
+        if opener is None:
+            return None
+        return StallWatch(workers=self.num_workers, timeout_s=opener.timeout_s)
 
     def _iterate_once(self) -> _Batches:
         world = self.dataset.ranks().world_size
@@ -321,28 +363,46 @@ class ShardLoader:
         clock = time.perf_counter_ns
         watchdog = self._watchdog_s()
         progressed = False
+        watch = self._stall_watch()
         try:
             self.steps.start()
-            batches = iter(self._dataloader(positions, timeout=watchdog))
+            batches = iter(self._dataloader(positions, timeout=watchdog, watch=watch))
+            if watch is not None:
+                watch.start(batches, _kill_workers)
             while True:
                 asked = clock()
                 try:
                     item = next(batches)
                 except StopIteration:
                     break
-                except RuntimeError as exc:
+                except Exception as exc:
+                    # Whatever a killed worker's iterator raises once the watch fired is the
+                    # kill's doing, not an error of the data.
+                    if watch is not None and watch.fired.is_set():
+                        raise watch.stuck(progressed) from None
+                    if not isinstance(exc, RuntimeError):
+                        raise
                     if not watchdog or "timed out" not in str(exc):
                         raise
                     _kill_workers(batches)
-                    raise _WorkersStuckError(watchdog, progressed) from exc
+                    raise WorkersStuckError(watchdog, progressed) from exc
+                if watch is not None and watch.fired.is_set():
+                    raise watch.stuck(progressed)  # a batch that arrived as they were killed
+                try:
+                    batch = self._arrived(item, ring)
+                except Exception:
+                    if watch is not None and watch.fired.is_set():
+                        raise watch.stuck(progressed) from None  # the wake-up item
+                    raise
                 progressed = True
-                batch = self._arrived(item, ring)
                 self._delivered += len(batch["__key__"])
                 batch = labels_to_tensor(batch)
                 now = clock()
                 self.steps.batch(wait_ns=now - asked, samples=len(batch["__key__"]), now_ns=now)
                 yield batch
         finally:
+            if watch is not None:
+                watch.stop()
             # Now, not when the garbage collector finds the iterator (a traceback may hold it).
             shutdown = getattr(batches, "_shutdown_workers", None)
             if shutdown is not None:
@@ -378,15 +438,6 @@ class ShardLoader:
         self.dataset.load_state_dict(state)
         self._delivered = 0
         self._epoch = self.dataset.epoch
-
-
-class _WorkersStuckError(Exception):
-    """No batch arrived within the watchdog's bound; the workers were killed."""
-
-    def __init__(self, waited_s: float, progressed: bool) -> None:
-        super().__init__(f"no batch for {waited_s:g} s")
-        self.waited_s = waited_s
-        self.progressed = progressed
 
 
 def _kill_workers(batches: Any) -> None:

@@ -390,6 +390,10 @@ def test_an_index_on_a_dead_chunkserver_is_an_error_at_open_not_sigbus(
 ) -> None:
     root = _pack(fault_bed, small_tree, "deadindex")
     index = root / "index.bin"
+    # What the open reads before the index (the manifest, ...) on both servers: the goal-2
+    # copies are made in the background after the write.
+    others = [p for p in root.iterdir() if p.is_file() and p != index]
+    _wait(lambda: all(len(_copies(fault_bed, p)) == 2 for p in others), "two copies")
     fault_bed.admin("mfssetgoal", "1", str(index))
     _wait(lambda: len(_copies(fault_bed, index)) == 1, "one copy of the index")
     (holder,) = _copies(fault_bed, index)

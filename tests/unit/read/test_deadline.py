@@ -331,3 +331,72 @@ def test_packed_reads_raise_typed_errors(packed_small: Any, tmp_path: pathlib.Pa
             assert ds.read_sample(len(ds) - 1)["__key__"]  # other shards read fine
     finally:
         release.touch()
+
+
+def _watch_table() -> Any:
+    import numpy as np
+
+    from shardio.read.deadline import WATCH_SLOTS
+
+    return np.zeros((WATCH_SLOTS + 1, 2), dtype=np.int64)
+
+
+def test_watched_reads_take_no_hop_and_are_exact(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    opener = DeadlineOpener(timeout_s=5, registry=_registry(tmp_path))
+    fd = opener.open(str(shard))
+    hops = opener._threads
+    opener.watch(_watch_table())
+    assert opener.watched
+    before = {t.name for t in threading.enumerate()}
+    target = bytearray(300)
+    assert opener.pread_into(fd, memoryview(target), 10) == 300
+    assert bytes(target) == shard.read_bytes()[10:310]
+    opener.advise(fd, 0, 4096)
+    # The read ran in this thread: the hop's threads did no work for it, none were added.
+    assert {t.name for t in threading.enumerate()} - before == set()
+    assert opener._threads is hops
+    opener.close(fd)
+
+
+@pytest.mark.parametrize("bad", [None, [[0, 0]], "table"])
+def test_a_bad_watch_table_is_refused(bad: object) -> None:
+    import numpy as np
+
+    opener = DeadlineOpener(timeout_s=5)
+    with pytest.raises(UsageError, match="watch table"):
+        opener.watch(bad)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="watch table"):
+        opener.watch(np.zeros((3, 2), dtype=np.int64))
+    assert not opener.watched
+
+
+def test_a_stalled_watched_read_is_held_and_counted(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    release = tmp_path / "release"
+    registry = _registry(tmp_path)
+    opener = DeadlineOpener(_hang(shard, release), timeout_s=0.2, registry=registry)
+    fd = opener.open(str(shard))
+    table = _watch_table()
+    opener.watch(table)
+    reader = threading.Thread(
+        target=lambda: opener.pread_into(fd, memoryview(bytearray(100)), 0), daemon=True
+    )
+    reader.start()
+    deadline = time.monotonic() + 10
+    while not table[0, 0] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    # The monitor held the path (node-wide) and counted the stall; the read still waits
+    # (only the process's replacement ends it).
+    assert table[0, 0] == 1
+    assert registry.held(str(shard)) is not None
+    assert opener.stalls == 1
+    assert reader.is_alive()
+    release.touch()
+    reader.join(timeout=10)
+    assert not reader.is_alive()
+    assert not table[1:, 0].any()  # no call in flight any more
+    with pytest.raises(ReadStalledError, match="held unavailable"):
+        opener.pread_into(fd, memoryview(bytearray(10)), 0)
