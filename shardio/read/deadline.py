@@ -226,6 +226,17 @@ class DeadlineOpener:
         return self.registry.held(path)
 
     # -- the calls --------------------------------------------------------------------------
+    def _refuse_held(self, path: str, what: str) -> None:
+        """A ReadStalledError ("not attempted") when ``path`` is held unavailable."""
+        left = self.registry.held(path) if path else None
+        if left is not None:
+            self.held_fails += 1
+            raise ReadStalledError(
+                errno.ETIMEDOUT,
+                f"{what}: not attempted, {path} is held unavailable for {left:.0f} s more "
+                f"after a read of it stalled for {self.timeout_s:g} s or failed",
+            )
+
     def _run(
         self,
         path: str,
@@ -237,14 +248,7 @@ class DeadlineOpener:
         wait_s: float | None = None,
     ) -> Any:
         wait_s = self.timeout_s if wait_s is None else wait_s
-        left = self.registry.held(path) if path else None
-        if left is not None:
-            self.held_fails += 1
-            raise ReadStalledError(
-                errno.ETIMEDOUT,
-                f"{what}: not attempted, {path} is held unavailable for {left:.0f} s more "
-                f"after a read of it stalled for {self.timeout_s:g} s or failed",
-            )
+        self._refuse_held(path, what)
         pool = self._pool()
         job = Job(call, target, cleanup)
         submit(pool, job, what)
@@ -320,14 +324,7 @@ class DeadlineOpener:
         slot = watch.slot()
         if slot is None:
             return None
-        left = self.registry.held(path) if path else None
-        if left is not None:
-            self.held_fails += 1
-            raise ReadStalledError(
-                errno.ETIMEDOUT,
-                f"{what}: not attempted, {path} is held unavailable for {left:.0f} s more "
-                f"after a read of it stalled for {self.timeout_s:g} s or failed",
-            )
+        self._refuse_held(path, what)
         row = watch.table[slot]
         row[1] = fd
         row[0] = time.monotonic_ns()
