@@ -292,17 +292,10 @@ class DeadlineOpener:
         Raises:
             UsageError: ``table`` has another shape or type.
         """
-        if (
-            not isinstance(table, np.ndarray)
-            or table.dtype != np.int64
-            or table.shape
-            != (
-                WATCH_SLOTS + 1,
-                2,
-            )
-        ):
+        shape = (WATCH_SLOTS + 1, 2)
+        if not isinstance(table, np.ndarray) or table.dtype != np.int64 or table.shape != shape:
             raise UsageError(
-                f"a watch table is an int64 array of shape ({WATCH_SLOTS + 1}, 2), got "
+                f"a watch table is an int64 array of shape {shape}, got "
                 f"{getattr(table, 'dtype', type(table).__name__)} "
                 f"{getattr(table, 'shape', '')}"
             )
