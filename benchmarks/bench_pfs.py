@@ -11,8 +11,8 @@ child's imports) and warm, median of ``--repeat`` rounds, round-robin:
   litdata's StreamingDataset, naive h5py, and shardio map and stream with the read strategy
   chosen automatically and with ``SHARDIO_READ_STRATEGY=local``; ``cat`` of the shards and of
   the loose files is the limit;
-- metadata-server requests per 1,000 samples over two epochs (the client's counters in
-  ``MOUNT/.stats``, read before and after);
+- metadata-server requests per 1,000 samples over two epochs of one process (the client's
+  counters in ``MOUNT/.stats``, read before and after);
 - ``shardio stage`` from the bed to local disk against ``cp -r`` (cold);
 - an epoch of ``ResilientDataset(policy="skip")`` with one chunkserver stopped, against the
   same epoch healthy.
@@ -458,11 +458,15 @@ def _epoch(
     *,
     cold: bool,
     handshake: bool = True,
+    epochs: int = 1,
 ) -> tuple[dict[str, Any] | None, common.ChildRun]:
-    """One epoch of ``cfg`` (cold: caches dropped after its imports); (result, run)."""
+    """``epochs`` epochs of ``cfg`` in one process (cold: caches dropped after its imports);
+    (result, run)."""
     result_path = os.path.join(args.workdir, f"pfs-result-{cfg.name}.json")
     common.remove_path(result_path)
     argv = _child_argv(cfg, paths[cfg.data], result_path, args)
+    if epochs > 1:
+        argv += ["--epochs", str(epochs)]
     run = common.run_child(
         [*argv, "--handshake"] if handshake else argv,
         env=_env(cfg.strategy, args.spdl_threads),
@@ -525,8 +529,8 @@ def _metadata(
     args: argparse.Namespace,
     num_samples: int,
 ) -> None:
-    """Counters of the client per 1,000 samples over two epochs, each its own process, the
-    first after a cache drop (the second finds what the kernel and the client cached)."""
+    """Counters of the client per 1,000 samples over two epochs of one training process
+    (as a job runs them), after a cache drop; ``cat`` runs twice."""
     cfg = outcome.config
     if outcome.status == "unavailable":
         outcome.meta_note = outcome.note
@@ -534,9 +538,9 @@ def _metadata(
     common.drop_caches()
     before = bed.stats()
     samples = 0
-    for _ in range(2):
+    for _ in range(1 if cfg.child else 2):
         if cfg.child:
-            result, run = _epoch(cfg, paths, args, cold=False, handshake=False)
+            result, run = _epoch(cfg, paths, args, cold=False, handshake=False, epochs=2)
             if result is None:
                 outcome.meta_note = _one_line(run)
                 return
@@ -965,8 +969,9 @@ def _report(
                 rows,
             ),
             "",
-            "The client's counters in `MOUNT/.stats`, read before and after two epochs (two "
-            "processes one after the other, caches dropped before the first), over the "
+            "The client's counters in `MOUNT/.stats`, read before and after two epochs of one "
+            "process (as a training job runs them: the loader iterated twice, `set_epoch` "
+            "between where it has one; `cat` twice), caches dropped before the first, over the "
             "samples delivered. `master.packets_sent` is every request the client sent to the "
             "metadata server (lookups, opens, attribute fetches, chunk locations...).",
         ]

@@ -334,6 +334,13 @@ def _child(argv: Sequence[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--handshake", action="store_true")
     parser.add_argument("--no-touch", dest="touch", action="store_false")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=1,
+        help="epochs in this process (a loader is iterated again, set_epoch first where it "
+        "has one; a one-shot pipeline is built again)",
+    )
     args = parser.parse_args(argv)
     start = _PREPS[args.name](args)  # imports: not timed
     import torch  # noqa: F401 - every configuration but DALI uses it; import before the clock
@@ -345,17 +352,23 @@ def _child(argv: Sequence[str]) -> int:
     t_setup = time.perf_counter()
     samples = nbytes = touched = 0
     t_first: float | None = None
-    for batch in batches:
-        for payload in samples_of(batch):
-            view = memoryview(payload).cast("B")
-            samples += 1
-            nbytes += view.nbytes
-            if args.touch:
-                touched += sum(view[::PAGE])  # one byte per page: the bytes reach this process
-        if t_first is None:
-            t_first = time.perf_counter()
-        if args.limit and samples >= args.limit:
-            break
+    for epoch in range(max(1, args.epochs)):
+        if epoch:
+            if iter(batches) is batches:  # a one-shot generator: build the pipeline again
+                batches, samples_of = start()
+            elif hasattr(batches, "set_epoch"):
+                batches.set_epoch(epoch)
+        for batch in batches:
+            for payload in samples_of(batch):
+                view = memoryview(payload).cast("B")
+                samples += 1
+                nbytes += view.nbytes
+                if args.touch:
+                    touched += sum(view[::PAGE])  # one byte per page: reaches this process
+            if t_first is None:
+                t_first = time.perf_counter()
+            if args.limit and samples >= args.limit:
+                break
     t_end = time.perf_counter()
     with open(args.result, "w") as fh:
         json.dump(

@@ -54,21 +54,22 @@ WHY = """Why. `local` reads each member with one `pread` in the reading thread: 
 the kernel's readahead and the device queue make that as fast as the disk, and it stays the
 choice there (`auto` picks it; its code path is unchanged). On the bed every request is a
 round trip through the FUSE client to a chunkserver: members read one at a time in shuffled
-order are latency-bound, while the same shards read sequentially in 8 MiB requests with one
-in flight stream as fast as `cat` (more in flight, or 32 MiB requests, were slower on this
-client). `pfs` therefore reads, in stream mode, each shard of the epoch's windows ahead
-sequentially in 8 MiB requests (one thread per reader, the loader's workers taking
-stripes of each shard, bounded by `stream_readahead_bytes` of shards not yet begun)
-and waits for it before each batch, so the members (still read and
-checked one by one, in the epoch's unchanged order) come from the page cache; in map mode it
-reads each batch with 16 requests in flight on I/O threads (4 per worker with 2 workers;
-neighbours within 256 KiB coalesced) and hashes each member on the reading thread once
-it is in the batch buffer. Map
-mode's random reads stay bound by the client's and chunkservers' cost per request (a
-chunkserver reads and CRC-checks whole 64 KiB blocks: a ~110 KB member at a random offset
-costs 2 to 3 of them). The read deadline (`read_timeout_s`, 120 s by default on a network
-filesystem) runs each opener call on a thread of its own: the rows with
-`read_timeout_s=0` show what that costs per member read, warm above all."""
+order are latency-bound, while the same shards read sequentially with one request in flight
+stream nearly as fast as `cat` (requests split between threads or processes were slower on
+this client). `pfs` therefore reads, in stream mode, each shard of the epoch's windows ahead
+sequentially in 8 MiB requests (one thread per reader; each of the loader's workers reads
+every shard whole, the page cache holding one copy; bounded by `stream_readahead_bytes`, and
+at least the next whole window, of shards not yet begun) and waits for it before each batch,
+so the members (still read and checked one by one, in the epoch's unchanged order) come from
+the page cache; in map mode it reads each batch with 16 requests in flight on I/O threads (4
+per worker with 2 workers; neighbours within 256 KiB coalesced) and hashes each member on the
+reading thread once it is in the batch buffer. Map mode's random reads stay bound by the
+client's and chunkservers' cost per request (a chunkserver reads and CRC-checks whole 64 KiB
+blocks: a ~110 KB member at a random offset costs 2 to 3 of them). Workers of
+`ShardLoader` read under the deadline (`read_timeout_s`, 120 s by default on a network
+filesystem) without a thread hop (watched reads); a process reading by itself
+(`num_workers=0`) hops to an I/O thread per call, which the rows with `read_timeout_s=0`
+price."""
 MODES = ("stream", "map")
 WORKERS = (0, 2)
 STRATEGIES = ("local", "pfs")

@@ -100,6 +100,9 @@ MATOML_LISTEN_HOST = $addr
 MATOCS_LISTEN_HOST = $addr
 MATOCL_LISTEN_HOST = $addr
 REPLICATIONS_DELAY_INIT = 0
+# A test bed heals at once: the master's loop over the chunks (where it finds a chunk with
+# fewer copies than its goal, or more) runs every second, not every 300 s.
+CHUNKS_LOOP_MIN_TIME = 1
 NICE_LEVEL = 0
 LOCK_MEMORY = 0
 EOF

@@ -51,6 +51,7 @@ import numpy as np
 from shardio.errors import ReadStalledError, UsageError
 from shardio.read.opener import Opener, PosixOpener
 from shardio.read.unavailable import UnavailableShards, holds_path
+from shardio.storage.fsdetect import FsInfo, describe_fs
 from shardio.storage.stall import IoThreads, Job, submit
 
 __all__ = [
@@ -114,9 +115,12 @@ def hold_for(timeout_s: float) -> float:
     return max(300.0, 12.0 * timeout_s)
 
 
-def resolve_read_timeout(root: str | os.PathLike[str], requested: object) -> float:
+def resolve_read_timeout(
+    root: str | os.PathLike[str], requested: object, *, fs: FsInfo | None = None
+) -> float:
     """The deadline in force for a dataset at ``root``: ``requested`` (checked), or the
-    default for its filesystem (:func:`default_read_timeout`); 0 means none.
+    default for its filesystem (:func:`default_read_timeout`; ``fs``: that filesystem, as
+    the caller already told it); 0 means none.
 
     Raises:
         UsageError: ``requested`` is not a valid deadline (:func:`check_read_timeout`).
@@ -124,10 +128,8 @@ def resolve_read_timeout(root: str | os.PathLike[str], requested: object) -> flo
     seconds = check_read_timeout(requested)
     if seconds is not None:
         return seconds
-    from shardio.storage.fsdetect import describe_fs
-
     try:
-        network = describe_fs(root).network
+        network = (fs if fs is not None else describe_fs(root)).network
     except OSError:  # the dataset's open reports a missing root properly
         network = False
     return default_read_timeout(network)
@@ -207,9 +209,10 @@ class DeadlineOpener:
 
     def _pool(self) -> IoThreads:
         if self._pid != os.getpid():
-            # A forked child has none of the parent's threads (nor its stalled calls).
+            # A forked child has none of the parent's threads (nor its stalled calls); it has
+            # the parent's descriptors, so their paths stay known (a loader opens shards once
+            # before it forks its workers: FilePool).
             self._threads, self._pid, self._watch = None, os.getpid(), None
-            self._paths.clear()
             self.stalls, self.stalled_ns, self.held_fails = 0, 0, 0
         if self._threads is None:
             self._threads = IoThreads(self.max_abandoned)

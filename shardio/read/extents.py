@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from shardio.errors import UsageError
 from shardio.read.check import member_digest_problem
 from shardio.read.opener import Opener, read_fully
 from shardio.read.packed import PackedDataset
@@ -323,11 +322,12 @@ class StreamReadahead:
         shard_order: the shards, in the order of their first use (each once).
         request_bytes: bytes per request.
         ahead_bytes: the bound on bytes read into shards the reader has not begun.
-        stripe: ``(k, n)``: this reader reads requests ``k, k + n, ...`` of each shard, its
-            ``n - 1`` siblings (DataLoader workers of the same epoch, which read the same
-            shards at the same pace) the others; the page cache they share holds them all.
-            A member in a sibling's request that is not there yet is read by the reader
-            itself.
+
+    Sibling readers (DataLoader workers of one epoch, which read the same window's shards at
+    the same pace) each read every shard whole: a page another is reading is waited for in
+    the page cache, not fetched twice, and one sequential stream per shard reads faster than
+    requests split between the siblings (measured on the MooseFS bed: RESULTS.md "Read path
+    per filesystem").
     """
 
     def __init__(
@@ -337,11 +337,7 @@ class StreamReadahead:
         *,
         request_bytes: int,
         ahead_bytes: int,
-        stripe: tuple[int, int] = (0, 1),
     ) -> None:
-        if not 0 <= stripe[0] < stripe[1]:
-            raise UsageError(f"stripe {stripe!r}: want (k, n) with 0 <= k < n")
-        self._stripe = stripe
         self._ds = ds
         self._order = [int(s) for s in shard_order]
         self._pos = {s: i for i, s in enumerate(self._order)}
@@ -500,16 +496,7 @@ class StreamReadahead:
 
     def _read_shard(self, i: int, fd: int, opener: Opener, scratch: memoryview) -> None:
         size, pos = self._sizes[i], 0
-        mine, of = self._stripe
-        j = -1
         while pos < size:
-            j += 1
-            if j % of != mine:
-                # A sibling reader's request (the page cache is the node's): passed over.
-                pos = min(pos + self._request, size)
-                with self._cond:
-                    self._done[i] = pos
-                continue
             with self._cond:
                 while not self._stopped() and not self._room(i):
                     self._cond.wait(_WAIT_TICK_S)

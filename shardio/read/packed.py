@@ -11,9 +11,10 @@ import contextlib
 import errno
 import logging
 import os
+import resource
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,7 @@ from shardio.read.mapcache import MapCache
 from shardio.read.opener import Opener, PosixOpener, read_fully
 from shardio.read.resolver import NOT_OPENED, Location, ShardResolver
 from shardio.read.strategy import ReadStrategy
-from shardio.storage.fsdetect import describe_fs
+from shardio.storage.fsdetect import FsInfo, describe_fs
 
 __all__ = ["Event", "FilePool", "Handoff", "PackedDataset"]
 
@@ -74,6 +75,10 @@ class Handoff:
     dataset_id: str | None = None
 
 
+# Shards open_ahead passes over, failing to open them, before it stops trying.
+_OPEN_AHEAD_FAILURES = 4
+
+
 def _failure_counter(problem: str) -> str:
     return "checksum_failures" if problem == "checksum mismatch" else "read_errors"
 
@@ -95,6 +100,7 @@ class FilePool:
         self.max_open = max_open
         self.metrics = metrics if metrics is not None else ReadMetrics()
         self._fds: OrderedDict[str, int] = OrderedDict()
+        self._staged: set[str] = set()  # paths of staged copies among them
         self._pid = os.getpid()
 
     def fd(self, path: str, *, staged: bool = False) -> int:
@@ -106,12 +112,18 @@ class FilePool:
                 readers' shared lock (eviction skips it).
         """
         if self._pid != os.getpid():
-            # Descriptors inherited over fork are this process's copies: close them and
-            # start afresh (pread keeps no offset, but each process owns its pool).
-            for inherited in self._fds.values():
-                with contextlib.suppress(OSError):
-                    os.close(inherited)
-            self._fds.clear()
+            # Descriptors inherited over fork are this process's copies of the parent's (a
+            # loader opens the epoch's shards once, before it forks its workers: one open per
+            # shard on the metadata server instead of one per worker). pread keeps no offset,
+            # so sources are used as they are. Staged copies are opened afresh: the parent's
+            # may name a copy dropped and staged again since (closing this process's copy of
+            # the descriptor leaves the parent's shared lock in place).
+            for copy in self._staged:
+                inherited = self._fds.pop(copy, None)
+                if inherited is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(inherited)
+            self._staged.clear()
             self._pid = os.getpid()
         fd = self._fds.get(path)
         if fd is not None:
@@ -127,25 +139,44 @@ class FilePool:
                 raise
         self.metrics.add("opens_staged" if staged else "opens_source")
         self._fds[path] = fd
+        if staged:
+            self._staged.add(path)
         if len(self._fds) > self.max_open:
-            _, old = self._fds.popitem(last=False)
+            old_path, old = self._fds.popitem(last=False)
+            self._staged.discard(old_path)
             self.opener.close(old)
         return fd
+
+    def holds(self, path: str) -> bool:
+        """Whether a descriptor of ``path`` is open in this pool (own or inherited)."""
+        return path in self._fds
+
+    @property
+    def held(self) -> int:
+        """Descriptors open in this pool."""
+        return len(self._fds)
+
+    @property
+    def room(self) -> int:
+        """Descriptors that can still be opened before the least recently used is closed."""
+        return max(0, self.max_open - len(self._fds))
 
     def discard(self, path: str) -> None:
         """Close the descriptor of ``path`` if open (the file failed, or was replaced)."""
         fd = self._fds.pop(path, None)
-        if fd is not None and self._pid == os.getpid():
+        self._staged.discard(path)
+        if fd is not None:
             with contextlib.suppress(OSError):
                 self.opener.close(fd)
 
     def close(self) -> None:
-        """Close every descriptor."""
-        if self._pid == os.getpid():
-            for fd in self._fds.values():
-                with contextlib.suppress(OSError):
-                    self.opener.close(fd)
+        """Close every descriptor (in a forked child: its copies of the inherited ones)."""
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                self.opener.close(fd)
         self._fds.clear()
+        self._staged.clear()
+        self._pid = os.getpid()
 
 
 class PackedDataset:
@@ -169,6 +200,8 @@ class PackedDataset:
             keeps only the counters).
         handoff: from :meth:`handoff` in the process that started this one: its manifest
             and its resolver's decisions are taken instead of being read and made again.
+        fs: the filesystem of ``root`` where the caller has told it (one statfs and one read
+            of the mount table a process; default: told here).
 
     Attributes:
         resolver: where each shard is read from.
@@ -178,9 +211,12 @@ class PackedDataset:
         read_strategy: how :func:`shardio.runtime.batch.read_batch` reads a batch's members
             (set by the runtime from :func:`shardio.read.strategy.choose_strategy`); None or
             one in flight: one pread per member in the reading thread.
+        advising: whether :meth:`advise` sends advice (the runtime turns it off while a
+            stream read-ahead runs).
     """
 
     read_strategy: ReadStrategy | None = None
+    advising = True  # False while a stream read-ahead fills the page cache (see advise)
 
     def __init__(
         self,
@@ -192,6 +228,7 @@ class PackedDataset:
         restage: bool = False,
         timed: bool = True,
         handoff: Handoff | None = None,
+        fs: FsInfo | None = None,
     ) -> None:
         self.root = os.fspath(root)
         dataset_id = None
@@ -212,7 +249,7 @@ class PackedDataset:
         self.index = Index.open(
             os.path.join(self.root, self.manifest.index.path),
             manifest=self.manifest,
-            in_memory=describe_fs(self.root).network,
+            in_memory=(fs if fs is not None else describe_fs(self.root)).network,
         )
         self.opener: Opener = opener if opener is not None else PosixOpener()
         self.metrics = ReadMetrics()
@@ -267,6 +304,43 @@ class PackedDataset:
         used = np.bincount(shards, minlength=len(self.manifest.shards))
         self.resolver.decide(np.flatnonzero(used).tolist())
 
+    def open_ahead(self, shards: Iterable[int], *, limit: int | None = None) -> int:
+        """Open the source files of ``shards`` now, in this order, for the processes this
+        one forks next: they read through the inherited descriptors, so a shard costs the
+        metadata server one open a process, not one a worker and epoch. Staged copies are
+        left to the readers (each locks its own). Returns the opens.
+
+        At most ``limit`` descriptors are held (default: a quarter of the open-files limit,
+        so that two or three datasets leave the process room for its pipes and shared
+        memory), never more than the pool's bound. A shard that cannot be opened is passed
+        over (its reader meets the error, with its own handling), up to
+        ``_OPEN_AHEAD_FAILURES`` of them; an open that stalled ends it at once (it has cost
+        this process its deadline once: the filesystem is not answering).
+        """
+        if limit is None:
+            soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            limit = self.pool.max_open if soft == resource.RLIM_INFINITY else soft // 4
+        opened = failed = 0
+        for shard in shards:
+            loc = self.resolver.locate(shard)
+            if loc.staged or self.pool.holds(loc.path):
+                continue
+            if self.pool.room == 0 or self.pool.held >= limit:
+                break
+            try:
+                self.pool.fd(loc.path)
+            except ReadStalledError as exc:
+                if exc.waited_s > 0:
+                    break
+                continue  # held unavailable: refused at once, without a request
+            except OSError:
+                failed += 1
+                if failed >= _OPEN_AHEAD_FAILURES:
+                    break
+                continue
+            opened += 1
+        return opened
+
     def shard_path(self, shard: int) -> str:
         """Path shard ``shard`` is read from now: its verified staged copy, else the source."""
         return self.resolver.locate(shard).path
@@ -283,9 +357,11 @@ class PackedDataset:
         """Tell the kernel these samples will be read soon (``POSIX_FADV_WILLNEED``).
 
         Reads of a batch then go to the device (or the parallel filesystem) together instead
-        of one synchronous pread at a time; nearby ranges are merged first.
+        of one synchronous pread at a time; nearby ranges are merged first. Nothing while
+        :attr:`advising` is off (a stream read-ahead is filling the page cache: advice would
+        only ask the filesystem for the same pages again, one call per member range).
         """
-        if len(samples) == 0:
+        if len(samples) == 0 or not self.advising:
             return
         recs = self.index.records(samples)
         counts = recs["n_members"].astype(np.int64)

@@ -137,6 +137,7 @@ def choose_strategy(
     requested: str | None = None,
     *,
     environ: Mapping[str, str] | None = None,
+    fs: FsInfo | None = None,
 ) -> StrategyChoice:
     """Choose the read strategy for the dataset at ``root``.
 
@@ -147,7 +148,7 @@ def choose_strategy(
         UsageError: ``requested`` or the environment variable is not a strategy name.
     """
     env = os.environ if environ is None else environ
-    fs = describe_fs(root)
+    fs = fs if fs is not None else describe_fs(root)
     if requested is not None:
         name, reason = _parse(requested, "read_strategy"), "read_strategy="
     elif env.get(ENV_VAR, "").strip():

@@ -33,6 +33,7 @@ from shardio.read.packed import Handoff, PackedDataset
 from shardio.read.strategy import ReadStrategy, choose_strategy
 from shardio.runtime.batch import read_batch, read_batch_mapped, share_tensors
 from shardio.runtime.decode import Decoder, decode_sample, make_decoder
+from shardio.storage.fsdetect import describe_fs
 
 if TYPE_CHECKING:
     from shardio.runtime.transport import BatchRing
@@ -51,6 +52,10 @@ EVENTS_KEY = "__shardio_events__"
 # out and merges them into the rank's figures.
 METRICS_KEY = "__shardio_metrics__"
 MIN_WORKER_INFLIGHT = 4  # map mode, pfs: requests in flight per DataLoader worker, at least
+# The most a stream read-ahead reads into shards not begun to hold the next whole window.
+_WINDOW_AHEAD_MAX = 1 << 30
+# Samples of an epoch scanned for the order its shards are first read in (open_ahead).
+_OPEN_AHEAD_SCAN = 1 << 18
 SEED_LIMIT = 2**64  # the order generator takes the seed as two 32-bit words
 # The integers a state holds, with the least value each may take.
 _STATE_INTS = {
@@ -292,19 +297,21 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self._decoder = make_decoder(decode)
         self.cache = os.fspath(cache) if cache is not None else None
         # The deadline in force (0: none); the opener runs every call under it.
-        self.read_timeout_s = resolve_read_timeout(self.path, read_timeout_s)
+        fs = describe_fs(self.path)  # once: each statfs is a metadata-server request
+        self.read_timeout_s = resolve_read_timeout(self.path, read_timeout_s, fs=fs)
         self.opener = with_deadline(opener, self.read_timeout_s, scope=self.path)
         self.timed = bool(metrics)
         if read_strategy is not None and not isinstance(read_strategy, str):
             raise UsageError(f"read_strategy must be a string, got {type(read_strategy).__name__}")
         # Chosen once, here; workers get the choice with the dataset.
-        self.read_choice = choose_strategy(self.path, read_strategy)
+        self.read_choice = choose_strategy(self.path, read_strategy, fs=fs)
         self._ds: PackedDataset | None = PackedDataset(
             self.path,
             max_open=self.max_open,
             cache=self.cache,
             opener=self.opener,
             timed=self.timed,
+            fs=fs,
         )
         self._ds.read_strategy = self._batch_strategy()
         self.num_samples = len(self._ds)
@@ -644,7 +651,13 @@ class ShardDataset(Dataset[dict[str, Any]]):
 
     # -- read-ahead advice ------------------------------------------------------------------
     def _plan_reads(
-        self, positions: Any, *, batch_size: int, workers: int, prefetch: object
+        self,
+        positions: Any,
+        *,
+        batch_size: int,
+        workers: int,
+        prefetch: object,
+        forked: bool = False,
     ) -> None:
         """In the training process, before the loader starts its workers (they get the
         dataset with what is set here): the batches each worker reads, so each advises its
@@ -656,6 +669,8 @@ class ShardDataset(Dataset[dict[str, Any]]):
             batch_size: samples per batch.
             workers: DataLoader workers (at least 1).
             prefetch: the DataLoader's prefetch factor (None or invalid: its default, 2).
+            forked: the workers are forked (they inherit this process's descriptors): the
+                epoch's first shards are opened here, once, for all of them.
         """
         depth = prefetch if isinstance(prefetch, int) and prefetch >= 2 else 2
         self._read_plan = _ReadPlan(
@@ -670,6 +685,22 @@ class ShardDataset(Dataset[dict[str, Any]]):
         # every member, so a decision gone stale costs a fallback to the source, never a byte.
         # An epoch too large to scan (a lazy stream) checks the shards its rank may read.
         self.packed.decide(positions if isinstance(positions, np.ndarray) else self._shards_read())
+        if forked:
+            self.packed.open_ahead(self._first_shards(positions))
+
+    def _first_shards(self, positions: Any) -> list[int]:
+        """The shards of the epoch in the order its first samples reach them (a lazy stream:
+        the shards this rank may read, by number)."""
+        if not isinstance(positions, np.ndarray):
+            return [int(s) for s in self.packed.index.shards_of(self._shards_read())]
+        head = np.asarray(positions[:_OPEN_AHEAD_SCAN], dtype=np.int64)
+        if len(head) == 0:
+            return []
+        shards = self.packed.index.shards_of(head)
+        first = np.full(len(self._shard_sizes), len(head), dtype=np.int64)
+        np.minimum.at(first, shards, np.arange(len(head), dtype=np.int64))
+        order = np.argsort(first, kind="stable")
+        return [int(s) for s in order[first[order] < len(head)]]
 
     def _shards_read(self) -> np.ndarray[Any, Any]:
         """A first sample of every shard this rank may read in the epoch (its node's share
@@ -957,6 +988,8 @@ class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
         # cold start of the epoch), then one more before each (see _ReadPlan).
         depth = self._read_plan.depth if self._read_plan is not None else 2
         readahead = self._stream_readahead(positions, batch_size, worker, workers)
+        if readahead is not None:
+            self.packed.advising = False  # the read-ahead fills the page cache
         try:
             for k, c in enumerate(range(worker, n_chunks, workers)):
                 batch = positions[c * batch_size : (c + 1) * batch_size]
@@ -969,6 +1002,18 @@ class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
         finally:
             if readahead is not None:
                 readahead.close()
+                self.packed.advising = True
+
+    def _readahead_bound(self, least: int) -> int:
+        """Bytes a stream read-ahead may read into shards not begun: ``least``, and at least
+        a whole window of the shard-local order (up to ``_WINDOW_AHEAD_MAX``). A window's
+        first batch needs every shard of the window: with less, the read-ahead stops while
+        the window before it is consumed, and each window's start waits for the rest."""
+        if self.spec.order != "shard-local" or not len(self._shard_sizes):
+            return least
+        sizes = sorted((int(s.size_bytes) for s in self.packed.manifest.shards), reverse=True)
+        window = sum(sizes[: self.spec.window_shards])
+        return max(least, min(window, _WINDOW_AHEAD_MAX))
 
     def _stream_readahead(
         self, positions: np.ndarray[Any, Any], batch_size: int, worker: int, workers: int
@@ -998,8 +1043,5 @@ class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
             packed,
             order.tolist(),
             request_bytes=strategy.request_bytes,
-            ahead_bytes=strategy.stream_readahead_bytes,
-            # The loader's workers read the same window's shards at the same pace: each
-            # reads ahead its share, into the page cache they share.
-            stripe=(worker, workers),
+            ahead_bytes=self._readahead_bound(strategy.stream_readahead_bytes),
         ).start()

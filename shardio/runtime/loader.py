@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import multiprocessing
 import os
 import signal
 import time
@@ -182,6 +183,7 @@ class ShardLoader:
                 batch_size=self.batch_size,
                 workers=self.num_workers,
                 prefetch=common["prefetch_factor"],
+                forked=_forks(common.get("multiprocessing_context")),
             )
         if self.dataset.mode == "stream":
             self.dataset._stream_plan = (self._batched(positions), self.batch_size)
@@ -438,6 +440,19 @@ class ShardLoader:
         self.dataset.load_state_dict(state)
         self._delivered = 0
         self._epoch = self.dataset.epoch
+
+
+def _forks(context: object) -> bool:
+    """Whether DataLoader workers started with ``multiprocessing_context=context`` are
+    forked (and so inherit this process's open descriptors)."""
+    if context is None:
+        # Not get_start_method(allow_none=False): that would fix the method for the process.
+        chosen = multiprocessing.get_start_method(allow_none=True)
+        return (chosen or multiprocessing.get_all_start_methods()[0]) == "fork"
+    if isinstance(context, str):
+        return context == "fork"
+    method = getattr(context, "get_start_method", None)
+    return callable(method) and method() == "fork"
 
 
 def _kill_workers(batches: Any) -> None:

@@ -157,14 +157,18 @@ def resolve_fs_type(path: str | os.PathLike[str], override: str | None) -> str:
             ``"auto"`` to detect it with :func:`detect_fs_type`.
 
     Returns:
-        The overriding name in lower case, or the detected name.
+        The overriding name in lower case, or the detected name (where the magic number
+        says only ``fuse``, ``nfs`` or nothing, the mount table's name: ``moosefs``...).
 
     Raises:
         UsageError: ``override`` is not a known filesystem type.
         StorageError: detection failed.
     """
     if override is None or override.strip().lower() == "auto":
-        return detect_fs_type(path)
+        name = detect_fs_type(path)
+        if name in {"fuse", "unknown", "nfs"}:
+            name = describe_fs(path).name
+        return name
     name = override.strip().lower()
     if name not in KNOWN_FS_TYPES:
         allowed = ", ".join(["auto", *sorted(KNOWN_FS_TYPES)])

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from shardio.errors import CommandNotFoundError, FormatError, StorageError, UsageError
-from shardio.storage.fsdetect import PARALLEL_FS
+from shardio.storage.fsdetect import NETWORK_FS, PARALLEL_FS
 from shardio.storage.runner import CommandResult, CommandRunner, run_command
 
 __all__ = [
@@ -466,7 +466,7 @@ def apply_layout(
             fs_type=fs_type, action="none", stripe=None, commands=(), message=message
         )
     if fs_type not in ("lustre", "beegfs"):
-        if fs_type in PARALLEL_FS:
+        if fs_type in PARALLEL_FS or fs_type in NETWORK_FS:
             message = f"{fs_type} filesystem: layout is managed by the filesystem, no striping"
         else:
             message = f"local filesystem {fs_type}: no striping"

@@ -235,7 +235,8 @@ def test_with_two_copies_a_stopped_chunkserver_costs_no_sample(
 ) -> None:
     root = _pack(fault_bed, small_tree, "goal2")
     keys, _ = _truth(root, tmp_path / "truth.json")
-    assert all(len(_copies(fault_bed, p)) == 2 for p in (root / "shards").glob("*.tar"))
+    shards = list((root / "shards").glob("*.tar"))
+    _wait(lambda: all(len(_copies(fault_bed, p)) == 2 for p in shards), "two copies each")
     fault_bed.stop_chunkserver(1)
     _drop_caches()
     result = _epoch(tmp_path, root=root, truth=tmp_path / "truth.json")
@@ -318,6 +319,9 @@ def test_the_mount_gone_is_a_typed_error_in_bounded_time(
 ) -> None:
     root = _pack(fault_bed, small_tree, "gone")
     _truth(root, tmp_path / "truth.json")
+    # Cold: the loader holds every shard open from before the kill, and FUSE serves what the
+    # page cache holds even with its daemon gone (verified bytes all the same).
+    _drop_caches()
     pids = _mount_pids(fault_bed.mount)
     assert pids
     kill = [["kill", "-9", *pids]]

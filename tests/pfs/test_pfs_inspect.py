@@ -9,7 +9,7 @@ from typing import Any
 from mfsbed import Bed, PfsDataset
 
 from shardio.read.strategy import PFS
-from shardio.storage.fsdetect import describe_fs, detect_fs_type
+from shardio.storage.fsdetect import describe_fs, detect_fs_type, resolve_fs_type
 
 
 def test_describe_fs_names_the_bed_moosefs(pfs_bed: Bed, pfs_dataset: PfsDataset) -> None:
@@ -28,6 +28,7 @@ def test_describe_fs_names_the_bed_moosefs(pfs_bed: Bed, pfs_dataset: PfsDataset
         assert info.mount_type.startswith("fuse")
         assert info.describe() == f"moosefs ({info.mount_type}, {info.source} at {pfs_bed.mount})"
     assert detect_fs_type(pfs_bed.mount) == "fuse"  # the magic number alone cannot tell
+    assert resolve_fs_type(pfs_bed.mount, None) == "moosefs"  # what pack plans the layout for
 
 
 def test_inspect_on_the_bed(pfs_bed: Bed, pfs_dataset: PfsDataset, run_cli: Any) -> None:

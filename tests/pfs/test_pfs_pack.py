@@ -64,6 +64,9 @@ def test_pack_onto_the_pfs_is_byte_identical_for_any_worker_count(
     assert "Traceback" not in err
     manifest = json.loads((dst / "manifest.json").read_text())
     assert len(manifest["shards"]) >= 20
+    assert manifest["layout"]["message"] == (
+        "moosefs filesystem: layout is managed by the filesystem, no striping"
+    )
     assert dataset_files(dst) == reference  # the manifest too: same layout, same bytes
     if workers == "1":
         assert_holds_the_tree(dst, small_tree, tmp_path, run_cli)

@@ -12,6 +12,7 @@ from shardio.errors import ChecksumMismatchError, UsageError
 from shardio.order.ranks import RankInfo
 from shardio.read.extents import StreamReadahead
 from shardio.read.faults import Fault, FaultyOpener
+from shardio.read.packed import PackedDataset
 from shardio.read.strategy import ENV_VAR
 from shardio.runtime.dataset import ShardDataset
 
@@ -54,6 +55,52 @@ def test_pfs_stream_reads_ahead_in_a_named_thread(packed_tar, monkeypatch) -> No
         packed_tar.check_batch(batch)
     assert seen == [("shardio-readahead", True)]
     assert "shardio-readahead" not in {t.name for t in threading.enumerate()}
+
+
+def test_the_stream_read_ahead_may_hold_the_next_whole_window(packed_tar, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A window's first batch needs all its shards: the read-ahead may read the next window
+    whole while this one is read (64 MiB alone stopped it halfway on the bed)."""
+    bounds: list[int] = []
+    init = StreamReadahead.__init__
+
+    def spy(self: StreamReadahead, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        bounds.append(kwargs["ahead_bytes"])
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(StreamReadahead, "__init__", spy)
+    ds = ShardDataset(
+        packed_tar.path, mode="stream", ranks=SINGLE, read_strategy="pfs", window_shards=3
+    )
+    sizes = sorted((s.size_bytes for s in ds.packed.manifest.shards), reverse=True)
+    for batch in ds.loader(batch_size=16, num_workers=0):
+        packed_tar.check_batch(batch)
+    least = ds.read_choice.strategy.stream_readahead_bytes
+    assert bounds == [max(least, sum(sizes[:3]))]
+    assert ds._readahead_bound(1) == sum(sizes[:3])
+    assert ds._readahead_bound(1 << 40) == 1 << 40
+    flat = ShardDataset(packed_tar.path, mode="stream", ranks=SINGLE, order="order=random")
+    assert flat._readahead_bound(7) == 7  # no windows: the strategy's bound
+
+
+@pytest.mark.parametrize(("strategy", "advised"), [("pfs", False), ("local", True)])
+def test_stream_mode_advises_only_without_a_read_ahead(
+    packed_tar, monkeypatch, strategy, advised
+) -> None:  # type: ignore[no-untyped-def]
+    """The read-ahead fills the page cache: advice on top would ask the filesystem for the
+    same pages again, a call per member range."""
+    calls: list[int] = []
+    advise = PackedDataset._advise_range
+
+    def spy(self, shard, lo, hi) -> None:  # type: ignore[no-untyped-def]
+        calls.append(shard)
+        advise(self, shard, lo, hi)
+
+    monkeypatch.setattr(PackedDataset, "_advise_range", spy)
+    ds = ShardDataset(packed_tar.path, mode="stream", ranks=SINGLE, read_strategy=strategy)
+    for batch in ds.loader(batch_size=16, num_workers=0):
+        packed_tar.check_batch(batch)
+    assert bool(calls) == advised
+    assert ds.packed.advising  # back on once the epoch is over
 
 
 def test_pfs_map_reads_on_io_threads(packed_tar) -> None:  # type: ignore[no-untyped-def]

@@ -4,6 +4,8 @@ the source, never a wrong byte, and never a symlink followed."""
 
 from __future__ import annotations
 
+import errno
+import multiprocessing
 import os
 import pathlib
 import pickle
@@ -13,7 +15,8 @@ import pytest
 
 from shardio.cache.protocol import StampCache, stamp_path, write_stamp
 from shardio.cache.stage import StageOptions, stage_dataset
-from shardio.errors import FormatError
+from shardio.errors import FormatError, ReadStalledError
+from shardio.read.opener import PosixOpener
 from shardio.read.packed import PackedDataset
 
 
@@ -138,3 +141,135 @@ def test_stamp_cache_reads_a_stamp_again_once_it_is_replaced(staged) -> None:
         fh.seek(0)
         fh.write(first)
     assert not stamps.matches(dest, entry.path, entry.xxh3_128)
+
+
+# -- descriptors handed on over fork (PackedDataset.open_ahead) ---------------------------------
+
+
+def _first_sample_of(ds: PackedDataset, shard: int) -> int:
+    return int(sum(s.num_samples for s in ds.manifest.shards[:shard]))
+
+
+def test_open_ahead_opens_source_shards_in_order_while_the_pool_has_room(packed_small) -> None:
+    src = packed_small("tar", "256KiB")[0]
+    with PackedDataset(src, max_open=3) as ds:
+        shards = len(ds.manifest.shards)
+        assert shards > 3
+        order = list(reversed(range(shards)))
+        assert ds.open_ahead(order) == 3
+        assert [ds.pool.holds(ds.shard_path(s)) for s in order[:4]] == [True] * 3 + [False]
+        assert ds.metrics["opens_source"] == 3
+        assert ds.open_ahead(order[:3]) == 0, "held ones are not opened again"
+    with PackedDataset(src) as ds:
+        assert ds.open_ahead(range(len(ds.manifest.shards)), limit=2) == 2
+        assert ds.pool.held == 2
+
+
+class _HoldsShardOne(PosixOpener):
+    """Refuses shard 1 as a deadline opener refuses a path held unavailable after a stall
+    (``waited_s`` 0), or as one whose open stalled (``waited_s`` > 0)."""
+
+    def __init__(self, waited_s: float) -> None:
+        super().__init__()
+        self.waited_s = waited_s
+
+    def open(self, path: str, *, nofollow: bool = False) -> int:
+        if path.endswith("shard-000001.tar"):
+            exc = ReadStalledError(errno.ETIMEDOUT, f"opening {path}: not attempted")
+            exc.waited_s = self.waited_s
+            raise exc
+        return super().open(path, nofollow=nofollow)
+
+
+@pytest.mark.parametrize(("waited_s", "opened"), [(0.0, 2), (5.0, 1)])
+def test_open_ahead_passes_over_a_held_shard_and_stops_at_a_stalled_one(
+    packed_small, waited_s, opened
+) -> None:
+    src = packed_small("tar", "256KiB")[0]
+    with PackedDataset(src, opener=_HoldsShardOne(waited_s)) as ds:
+        assert ds.open_ahead([0, 1, 2]) == opened
+        assert ds.pool.holds(ds.shard_path(2)) == (opened == 2)
+
+
+def test_open_ahead_leaves_staged_copies_to_their_readers(staged) -> None:
+    src, area = staged
+    with PackedDataset(src, cache=area) as ds:
+        ds.decide(range(len(ds)))
+        assert ds.open_ahead(range(len(ds.manifest.shards))) == 0
+        assert ds.metrics["opens_staged"] == 0
+
+
+def _copy(packed_small, tmp_path) -> pathlib.Path:  # type: ignore[no-untyped-def]
+    """A copy of the small tar dataset to damage."""
+    src = tmp_path / "ds"
+    shutil.copytree(packed_small("tar", "256KiB")[0], src)
+    return src
+
+
+def test_open_ahead_passes_over_shards_that_cannot_be_opened_a_few_times(
+    packed_small, tmp_path
+) -> None:
+    with PackedDataset(_copy(packed_small, tmp_path)) as ds:
+        assert len(ds.manifest.shards) >= 7
+        for shard in (1, 3, 4, 5):
+            os.unlink(ds.shard_path(shard))
+        # 0 and 2 opened; 1, 3, 4 passed over; the fourth failure (5) ends it before 6.
+        assert ds.open_ahead(range(7)) == 2
+        assert [ds.pool.holds(ds.shard_path(s)) for s in (0, 2, 6)] == [True, True, False]
+        with pytest.raises(OSError, match="shard-000001"):
+            ds.read_sample(_first_sample_of(ds, 1))
+
+
+def _read_in_child(ds: PackedDataset, sample: int, conn) -> None:
+    try:
+        counter = (
+            "opens_staged" if ds.resolver.locate(ds.shard_of(sample)).staged else ("opens_source")
+        )
+        before = ds.metrics[counter]
+        data = ds.read_sample(sample)
+        conn.send(("ok", ds.metrics[counter] - before, data))
+    except Exception as exc:
+        conn.send(("error", type(exc).__name__, str(exc)))
+    finally:
+        conn.close()
+
+
+def _fork_read(ds: PackedDataset, sample: int):
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_read_in_child, args=(ds, sample, child))
+    proc.start()
+    child.close()
+    got = parent.recv() if parent.poll(60) else ("timeout", None, None)
+    proc.join(30)
+    return got
+
+
+def test_a_forked_reader_reads_through_inherited_descriptors_and_still_checks_bytes(
+    packed_small, tmp_path
+) -> None:
+    with PackedDataset(_copy(packed_small, tmp_path)) as ds:
+        expected = ds.read_sample(0)
+        ds.pool.close()
+        assert ds.open_ahead([0]) == 1
+        status, opens, data = _fork_read(ds, 0)
+        assert (status, opens) == ("ok", 0), data
+        assert data == expected
+        # The same open file, damaged in place: the inherited descriptor's bytes are checked
+        # after they are read, like any others.
+        _flip_first_member(ds, ds.shard_path(0))
+        status, kind, message = _fork_read(ds, 0)
+        assert (status, kind) == ("error", "ChecksumMismatchError"), message
+        assert "shard-000000" in message
+
+
+def test_a_forked_reader_opens_staged_copies_itself(staged) -> None:
+    """The parent's descriptor of a copy may name one dropped and staged again since: a
+    forked reader opens (and locks) its own."""
+    src, area = staged
+    with PackedDataset(src, cache=area) as ds:
+        expected = ds.read_sample(0)
+        assert ds.metrics["opens_staged"] == 1
+        status, opens, data = _fork_read(ds, 0)
+        assert (status, opens) == ("ok", 1), data
+        assert data == expected
