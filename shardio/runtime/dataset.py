@@ -97,6 +97,14 @@ def _check_seed(seed: object) -> int:
     return number
 
 
+def _first_use(shards: np.ndarray[Any, Any], num_shards: int) -> np.ndarray[Any, Any]:
+    """The distinct shards of ``shards`` in the order of their first appearance."""
+    first = np.full(num_shards, len(shards), dtype=np.int64)
+    np.minimum.at(first, shards, np.arange(len(shards), dtype=np.int64))
+    used = np.flatnonzero(first < len(shards))
+    return used[np.argsort(first[used], kind="stable")]
+
+
 def _default_max_open() -> int:
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
@@ -696,11 +704,9 @@ class ShardDataset(Dataset[dict[str, Any]]):
         head = np.asarray(positions[:_OPEN_AHEAD_SCAN], dtype=np.int64)
         if len(head) == 0:
             return []
-        shards = self.packed.index.shards_of(head)
-        first = np.full(len(self._shard_sizes), len(head), dtype=np.int64)
-        np.minimum.at(first, shards, np.arange(len(head), dtype=np.int64))
-        order = np.argsort(first, kind="stable")
-        return [int(s) for s in order[first[order] < len(head)]]
+        return [
+            int(s) for s in _first_use(self.packed.index.shards_of(head), len(self._shard_sizes))
+        ]
 
     def _shards_read(self) -> np.ndarray[Any, Any]:
         """A first sample of every shard this rank may read in the epoch (its node's share
@@ -1034,11 +1040,7 @@ class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
         shards = packed.index.shards_of(np.asarray(mine, dtype=np.int64))
         if not len(shards):
             return None
-        # Shards in the order of first use (a stable argsort of each shard's first position).
-        first = np.full(len(self._shard_sizes), len(shards), dtype=np.int64)
-        np.minimum.at(first, shards, np.arange(len(shards), dtype=np.int64))
-        used = np.flatnonzero(first < len(shards))
-        order = used[np.argsort(first[used], kind="stable")]
+        order = _first_use(shards, len(self._shard_sizes))
         return StreamReadahead(
             packed,
             order.tolist(),
