@@ -44,7 +44,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -60,6 +60,7 @@ __all__ = [
     "MAX_TIMEOUT_S",
     "WATCH_SLOTS",
     "DeadlineOpener",
+    "bounded",
     "check_read_timeout",
     "default_read_timeout",
     "hold_for",
@@ -68,6 +69,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # Above Lustre's default obd_timeout (100 s) and MooseFS's first retries: a read that has not
 # answered by then waits for a dead server, not for a busy one.
@@ -412,8 +414,37 @@ class DeadlineOpener:
         except ReadStalledError as exc:
             logger.info("%s", exc)
 
+    def bounded(
+        self,
+        path: str,
+        what: str,
+        call: Callable[[], _T],
+        *,
+        cleanup: Callable[[_T], None] | None = None,
+    ) -> _T:
+        """``call()`` (I/O of ``path`` outside the opener: a dataset's manifest and index)
+        under the deadline: a stall raises :class:`~shardio.errors.ReadStalledError` and
+        holds ``path``; ``cleanup`` receives what an abandoned call returns later."""
+        got: _T = self._run(path, what, call, cleanup=cleanup)
+        return got
+
     def __repr__(self) -> str:
         return f"DeadlineOpener({self.inner!r}, timeout_s={self.timeout_s:g})"
+
+
+def bounded(
+    opener: Opener,
+    path: str,
+    what: str,
+    call: Callable[[], _T],
+    *,
+    cleanup: Callable[[_T], None] | None = None,
+) -> _T:
+    """``call()`` under ``opener``'s deadline where it has one (:meth:`DeadlineOpener.bounded`),
+    else directly."""
+    if isinstance(opener, DeadlineOpener):
+        return opener.bounded(path, what, call, cleanup=cleanup)
+    return call()
 
 
 class _Watch:

@@ -33,9 +33,10 @@ from shardio.format.checksum import hex64
 from shardio.format.identity import load_identified
 from shardio.format.index import Index
 from shardio.format.manifest import Manifest
-from shardio.format.spec import LABEL_EXT
+from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
 from shardio.metrics.read import ReadMetrics
 from shardio.read.check import member_digest_problem
+from shardio.read.deadline import bounded
 from shardio.read.mapcache import MapCache
 from shardio.read.opener import Opener, PosixOpener, read_fully
 from shardio.read.resolver import NOT_OPENED, Location, ShardResolver
@@ -231,27 +232,16 @@ class PackedDataset:
         fs: FsInfo | None = None,
     ) -> None:
         self.root = os.fspath(root)
-        dataset_id = None
-        if handoff is not None:
-            # Read and checked by the parent (a stat and a read of the manifest per worker and
-            # epoch saved); the index below is still mapped and checked against it here.
-            self.manifest: Manifest = handoff.manifest
-            dataset_id = handoff.dataset_id
-        else:
-            if not os.path.isdir(self.root):
-                what = "is not a directory" if os.path.lexists(self.root) else "no such directory"
-                raise FormatError(f"{self.root}: {what} (a dataset is a directory with a manifest)")
-            # The dataset's id is of the very bytes parsed: the cache is checked against it.
-            self.manifest, dataset_id = load_identified(self.root)
-        # Bound to the manifest: header checked now, each shard's records on first use.
-        # On a network filesystem the index is read, not only mapped: a page that a dead
-        # server cannot serve would be SIGBUS in the training process (Index.open).
-        self.index = Index.open(
-            os.path.join(self.root, self.manifest.index.path),
-            manifest=self.manifest,
-            in_memory=(fs if fs is not None else describe_fs(self.root)).network,
-        )
         self.opener: Opener = opener if opener is not None else PosixOpener()
+        # The manifest and the index are read outside the opener, under its deadline: with
+        # their server gone the open fails in bounded time, not after the client's retries.
+        self.manifest, dataset_id, self.index = bounded(
+            self.opener,
+            os.path.join(self.root, MANIFEST_FILENAME),
+            f"opening the dataset {self.root} (its manifest and index)",
+            lambda: self._open_tables(handoff, fs),
+            cleanup=lambda opened: opened[2].close(),
+        )
         self.metrics = ReadMetrics()
         self.timed = timed
         self.resolver = ShardResolver(
@@ -269,6 +259,30 @@ class PackedDataset:
         self.on_event: Callable[[Event], None] | None = None
         self.pool = FilePool(self.opener, max_open, self.metrics)
         self.maps = MapCache(self.opener, metrics=self.metrics)
+
+    def _open_tables(
+        self, handoff: Handoff | None, fs: FsInfo | None
+    ) -> tuple[Manifest, str | None, Index]:
+        """The manifest (checked), its dataset id and the index bound to it."""
+        if handoff is not None:
+            # Read and checked by the parent (a stat and a read of the manifest per worker and
+            # epoch saved); the index below is still mapped and checked against it here.
+            manifest, dataset_id = handoff.manifest, handoff.dataset_id
+        else:
+            if not os.path.isdir(self.root):
+                what = "is not a directory" if os.path.lexists(self.root) else "no such directory"
+                raise FormatError(f"{self.root}: {what} (a dataset is a directory with a manifest)")
+            # The dataset's id is of the very bytes parsed: the cache is checked against it.
+            manifest, dataset_id = load_identified(self.root)
+        # Bound to the manifest: header checked now, each shard's records on first use.
+        # On a network filesystem the index is read, not only mapped: a page that a dead
+        # server cannot serve would be SIGBUS in the training process (Index.open).
+        index = Index.open(
+            os.path.join(self.root, manifest.index.path),
+            manifest=manifest,
+            in_memory=(fs if fs is not None else describe_fs(self.root)).network,
+        )
+        return manifest, dataset_id, index
 
     @property
     def cache_root(self) -> str | None:

@@ -377,14 +377,21 @@ def test_sigkill_during_a_stall_then_resume_exactly(
 
 _OPEN_INDEX = textwrap.dedent(
     """
-    import sys
+    import os, sys, time
+    from shardio import ShardDataset
     from shardio.read.packed import PackedDataset
+    began = time.monotonic()
     try:
-        with PackedDataset(sys.argv[1]) as ds:
-            ds.index.records(list(range(len(ds))))  # touch every page of the tables
+        if len(sys.argv) > 2:
+            ShardDataset(sys.argv[1], read_timeout_s=float(sys.argv[2]))
+        else:
+            with PackedDataset(sys.argv[1]) as ds:
+                ds.index.records(list(range(len(ds))))  # touch every page of the tables
         print("opened")
     except Exception as exc:
         print(f"{type(exc).__name__}: {exc}")
+    print(f"after {time.monotonic() - began:.2f} s", flush=True)
+    os._exit(0)  # not waiting for an abandoned read a dead server still holds
     """
 )
 
@@ -408,6 +415,19 @@ def test_an_index_on_a_dead_chunkserver_is_an_error_at_open_not_sigbus(
         [sys.executable, "-c", _OPEN_INDEX, str(root)],
         capture_output=True, text=True, timeout=_EPOCH_TIMEOUT_S, check=False,
     )  # fmt: skip
+    print(proc.stdout)
     assert proc.returncode == 0, f"killed by signal {-proc.returncode}: {proc.stderr[-2000:]}"
     assert proc.stdout.startswith("StorageError: cannot read index"), proc.stdout + proc.stderr
     assert str(index) in proc.stdout
+    # Under a read deadline shorter than the client's retries, the open is abandoned at the
+    # deadline (the index is read outside the opener, under its deadline).
+    _drop_caches()
+    proc = subprocess.run(
+        [sys.executable, "-c", _OPEN_INDEX, str(root), "0.2"],
+        capture_output=True, text=True, timeout=_EPOCH_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith(
+        f"ReadStalledError: opening the dataset {root} (its manifest and index) stalled for 0.2 s"
+    ), proc.stdout + proc.stderr

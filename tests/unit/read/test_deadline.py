@@ -400,3 +400,36 @@ def test_a_stalled_watched_read_is_held_and_counted(
     assert not table[1:, 0].any()  # no call in flight any more
     with pytest.raises(ReadStalledError, match="held unavailable"):
         opener.pread_into(fd, memoryview(bytearray(10)), 0)
+
+
+def test_opening_a_dataset_whose_tables_stall_is_abandoned_and_held(
+    packed_small: Any, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shardio.read.packed as packed
+
+    root = packed_small("tar")[0]
+    release = threading.Event()
+    real = packed.load_identified
+
+    def stalled(where: Any) -> Any:  # a manifest read waiting on a dead server
+        release.wait(10)
+        return real(where)
+
+    monkeypatch.setattr(packed, "load_identified", stalled)
+    opener = DeadlineOpener(timeout_s=0.1, registry=_registry(tmp_path))
+    before = len(os.listdir("/proc/self/fd"))
+    began = time.monotonic()
+    with pytest.raises(ReadStalledError, match=f"opening the dataset {root} .*stalled for 0.1 s"):
+        PackedDataset(root, opener=opener)
+    assert time.monotonic() - began < 5
+    # The manifest is held: the next open is refused at once, not stalled again.
+    with pytest.raises(ReadStalledError, match=r"not attempted.*held unavailable"):
+        PackedDataset(root, opener=opener)
+    release.set()
+    deadline = time.monotonic() + 10
+    while opener.abandoned and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert len(os.listdir("/proc/self/fd")) <= before  # the late index was closed
+    with PackedDataset(root, opener=DeadlineOpener(timeout_s=5)) as ds:  # answers: opens
+        assert ds.read_sample(0)
