@@ -9,8 +9,7 @@ Public API (torch-side names load lazily, so packing never imports torch)::
 
 from __future__ import annotations
 
-from typing import Any
-
+from shardio._lazy import lazy_face
 from shardio._version import __version__
 from shardio.errors import (
     ChecksumMismatchError,
@@ -79,27 +78,19 @@ _LAZY = {
     "GPUPrefetcher": "shardio.runtime.prefetch",
     "RecoveryPolicy": "shardio.read.recovery",
     "ResilientDataset": "shardio.runtime.resilient",
-    "VerifyReport": "shardio.verify",
-    "verify_dataset": "shardio.verify",
-    "unpack_dataset": "shardio.unpack",
-    "repair_dataset": "shardio.repair",
+    "VerifyReport": "shardio.tools.verify",
+    "verify_dataset": "shardio.tools.verify",
+    "unpack_dataset": "shardio.tools.unpack",
+    "repair_dataset": "shardio.tools.repair",
     "OrderSpec": "shardio.order.spec",
     "EpochStager": "shardio.cache.ahead",
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'shardio' has no attribute {name!r}")
-    import importlib
+def _missing(name: str, exc: ModuleNotFoundError) -> BaseException | None:
+    if name in _NEEDS_TORCH and exc.name is not None and exc.name.split(".")[0] == "torch":
+        return MissingExtraError(f"shardio.{name} needs PyTorch", "torch")
+    return None
 
-    try:
-        imported = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if name in _NEEDS_TORCH and exc.name is not None and exc.name.split(".")[0] == "torch":
-            raise MissingExtraError(f"shardio.{name} needs PyTorch", "torch") from exc
-        raise
-    value = getattr(imported, name)
-    globals()[name] = value
-    return value
+
+__getattr__, __dir__ = lazy_face(__name__, _LAZY, on_missing=_missing)

@@ -30,25 +30,25 @@ user and job.
 Modules: ``area`` (recognise, create, clean an area; the default DEST), ``identity`` (which
 dataset an area holds, and the checks), ``clean`` (remove what was staged, keep the
 journal), ``protocol`` (the area's records: marker, stamps, lock paths), ``copy``
-(per-shard locks, the verified copy),
-``evict`` (capacity eviction), ``plan`` (which shards, in which order), ``stage`` (options
-and the run), ``ahead`` (:class:`EpochStager`: the next epoch's shards in the background).
+(per-shard locks, the verified copy), ``evict`` (capacity eviction), ``plan`` (which shards,
+in which order), ``options`` (what to stage and how), ``stage`` (the run), ``ahead``
+(:class:`EpochStager`: the next epoch's shards in the background). The names below load on
+first use.
 """
 
 from __future__ import annotations
 
-from shardio.cache.ahead import EpochStager
-from shardio.cache.area import clean_stage, default_stage_dir
-from shardio.cache.clean import CleanResult
-from shardio.cache.plan import node_shard_order
-from shardio.cache.stage import (
-    MAX_NODES,
-    MAX_RANKS_PER_NODE,
-    MAX_STREAMS,
-    StageOptions,
-    StageResult,
-    stage_dataset,
-)
+from typing import TYPE_CHECKING
+
+from shardio._lazy import lazy_face
+
+if TYPE_CHECKING:
+    from shardio.cache.ahead import EpochStager
+    from shardio.cache.area import clean_stage, default_stage_dir
+    from shardio.cache.clean import CleanResult
+    from shardio.cache.options import MAX_NODES, MAX_RANKS_PER_NODE, MAX_STREAMS, StageOptions
+    from shardio.cache.plan import node_shard_order
+    from shardio.cache.stage import StageResult, stage_dataset
 
 __all__ = [
     "MAX_NODES",
@@ -63,3 +63,19 @@ __all__ = [
     "node_shard_order",
     "stage_dataset",
 ]
+
+_LAZY = {
+    "EpochStager": "shardio.cache.ahead",
+    "clean_stage": "shardio.cache.area",
+    "default_stage_dir": "shardio.cache.area",
+    "CleanResult": "shardio.cache.clean",
+    "node_shard_order": "shardio.cache.plan",
+    "MAX_NODES": "shardio.cache.options",
+    "MAX_RANKS_PER_NODE": "shardio.cache.options",
+    "MAX_STREAMS": "shardio.cache.options",
+    "StageOptions": "shardio.cache.options",
+    "StageResult": "shardio.cache.stage",
+    "stage_dataset": "shardio.cache.stage",
+}
+
+__getattr__, __dir__ = lazy_face(__name__, _LAZY)

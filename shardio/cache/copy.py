@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import errno
 import logging
-import mmap
 import os
 import stat
 from collections.abc import Callable
@@ -193,18 +192,23 @@ def _sendfile(fin: int, fout: int, count: int) -> int:
     return os.sendfile(fout, fin, None, count)
 
 
-def _hash_file(fd: int) -> str:
-    """xxh3-128 of a temp file of ours through a mapping (its pages are hashed where they
-    lie)."""
+def _hash_file(fd: int, size: int, bound: _Bound | None = None) -> str:
+    """xxh3-128 of the first ``size`` bytes of a temp file of ours, read back with ``pread``
+    (its pages are still in the page cache). Not mapped: a page the filesystem cannot serve
+    (the temp file of a repair lies on the parallel filesystem, and its data server may die)
+    is an ``OSError`` for a read, SIGBUS for a mapping. ``bound`` runs each read (the copy's
+    deadline)."""
     hasher = xxhash.xxh3_128()
-    if os.fstat(fd).st_size:
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
-            view = memoryview(mm)
-            try:
-                for pos in range(0, len(view), _CHUNK):
-                    hasher.update(view[pos : pos + _CHUNK])
-            finally:
-                view.release()
+    run = bound if bound is not None else _direct
+    buf = bytearray(min(_CHUNK, max(size, 1)))
+    view = memoryview(buf)
+    pos = 0
+    while pos < size:
+        n = run(partial(os.preadv, fd, [view[: min(len(buf), size - pos)]], pos))
+        if n == 0:
+            break  # shorter than written: the hash differs, the copy is refused
+        hasher.update(view[:n])
+        pos += n
     return hasher.hexdigest()
 
 
@@ -296,7 +300,7 @@ def _copy_verified(
         try:
             try:
                 total = _copy_range(fin, fout, size_bytes + 1, counters, bound)
-                actual = _hash_file(fout) if total == size_bytes else ""
+                actual = _hash_file(fout, total, bound) if total == size_bytes else ""
             finally:
                 os.close(fout)
             if total != size_bytes:

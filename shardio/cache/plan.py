@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from shardio.cache.options import StageOptions
 from shardio.format.manifest import Manifest, ShardEntry
-
-if TYPE_CHECKING:
-    from shardio.cache.stage import StageOptions
 
 __all__ = ["choose_shards", "node_shard_order"]
 

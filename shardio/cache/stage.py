@@ -14,19 +14,23 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from shardio.cache.area import check_paths, open_area, storage_errors
 from shardio.cache.copy import leftover_temps, stage_one, temps_of, write_local_metadata
 from shardio.cache.evict import evict_for
 from shardio.cache.identity import DatasetIdentity
+from shardio.cache.options import (
+    MAX_NODES,
+    MAX_RANKS_PER_NODE,
+    MAX_STREAMS,
+    StageOptions,
+)
 from shardio.cache.plan import choose_shards, node_shard_order
 from shardio.cache.protocol import STAGE_DIR, write_plan
 from shardio.errors import IntegrityError, StorageUnavailableError, UsageError
 from shardio.format.identity import load_identified
 from shardio.format.manifest import Manifest
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
-from shardio.order import OrderSpec
 from shardio.storage.files import make_dirs_inside
 
 __all__ = [
@@ -39,92 +43,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-MAX_RANKS_PER_NODE = 4096
-MAX_NODES = 1 << 20
-MAX_STREAMS = 256
-MAX_AHEAD = 16
-
-
-@dataclass(frozen=True, kw_only=True)
-class StageOptions:
-    """What to stage and how.
-
-    Attributes:
-        node: this node's number (0-based), of ``num_nodes``.
-        num_nodes: nodes of the job; 1 stages every shard.
-        ranks_per_node: training ranks per node (the rank layout decides which shards a
-            node reads first), at most MAX_RANKS_PER_NODE.
-        spec: the order training uses (the one :class:`~shardio.order.OrderSpec` the job's
-            stage step and ShardDataset share), recorded in the area's plan.
-        epoch: the epoch to stage for.
-        ahead: also stage the shards of this many following epochs (after this epoch's, as
-            capacity allows), and evict every staged shard none of those epochs needs (a
-            rotating order hands shards on every epoch; see :class:`EpochStager`).
-        streams: parallel copy streams, at most MAX_STREAMS.
-        capacity_bytes: stage at most this many bytes (the shards needed first); None: all.
-        durable: fsync each copy before publishing it. Off by default: a staging area is a
-            job-scoped cache, a kill -9 cannot expose a half-written copy (temp name, then
-            rename), and every read verifies each member and falls back to the source, which
-            also covers a copy damaged by a node crash.
-        force: DEST holds another dataset (its marker records another dataset id): remove
-            what shardio staged there, then stage (without it, staging is refused).
-        read_timeout_s: seconds a copy's open or one of its chunks may stall (a dead data
-            server) before that shard is given up, like a damaged one (it is read from the
-            source later); 0: no deadline.
-    """
-
-    node: int = 0
-    num_nodes: int = 1
-    ranks_per_node: int = 1
-    spec: OrderSpec = field(default_factory=OrderSpec)
-    epoch: int = 0
-    ahead: int = 0
-    streams: int = 4
-    capacity_bytes: int | None = None
-    durable: bool = False
-    force: bool = False
-    read_timeout_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if (
-            isinstance(self.read_timeout_s, bool)
-            or not isinstance(self.read_timeout_s, int | float)
-            or not 0 <= self.read_timeout_s <= 86_400  # NaN fails both
-        ):
-            raise UsageError(
-                f"read_timeout_s must be seconds in [0, 86400] (0: none), got "
-                f"{self.read_timeout_s!r}"
-            )
-        if not 1 <= self.num_nodes <= MAX_NODES or not 0 <= self.node < self.num_nodes:
-            raise UsageError(
-                f"invalid node {self.node}/{self.num_nodes}: need 0 <= I < N <= {MAX_NODES:,}"
-            )
-        if not 1 <= self.ranks_per_node <= MAX_RANKS_PER_NODE:
-            raise UsageError(
-                f"invalid ranks per node {self.ranks_per_node}: need 1 to {MAX_RANKS_PER_NODE}"
-            )
-        if not 1 <= self.streams <= MAX_STREAMS:
-            raise UsageError(f"invalid copy streams {self.streams}: need 1 to {MAX_STREAMS}")
-        if not isinstance(self.spec, OrderSpec):
-            raise UsageError(f"spec must be an OrderSpec, got {type(self.spec).__name__}")
-        if self.epoch < 0:
-            raise UsageError(f"epoch ({self.epoch}) must be >= 0")
-        if not 0 <= self.ahead <= MAX_AHEAD:
-            raise UsageError(f"epochs ahead ({self.ahead}) must be 0 to {MAX_AHEAD}")
-        if self.capacity_bytes is not None and self.capacity_bytes < 0:
-            raise UsageError("capacity must be positive")
-
-    def plan_record(self) -> dict[str, Any]:
-        """What the plan records about the order and the layout it was staged for."""
-        return {
-            "spec": self.spec.to_dict(),
-            "epoch": self.epoch,
-            "ahead": self.ahead,
-            "node": self.node,
-            "num_nodes": self.num_nodes,
-            "ranks_per_node": self.ranks_per_node,
-        }
 
 
 @dataclass(frozen=True)

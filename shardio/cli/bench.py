@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from shardio.cli.common import EXIT_OK, default_workers, whole_number
-from shardio.errors import MissingExtraError, StorageError, UsageError
+from shardio.errors import StorageError, UsageError
 
 __all__ = ["add_bench_parser", "cmd_bench"]
 
@@ -83,7 +83,7 @@ def add_bench_parser(sub: argparse._SubParsersAction[Any]) -> None:
 
 def _check_plot_path(path: str) -> None:
     """Refuse a --plot path that cannot be written, before a run of many minutes."""
-    from shardio.metrics.plot import check_plot_path
+    from shardio.bench.plot import check_plot_path
 
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
@@ -113,15 +113,12 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run ``shardio bench``."""
-    from shardio.metrics.plot import require_matplotlib, write_plot
-    from shardio.metrics.report import format_report, report_dict
+    from shardio.bench.plot import require_matplotlib, write_plot
+    from shardio.bench.report import format_report, report_dict
+    from shardio.bench.runners import require_torch, run_bench
 
-    try:
-        import torch  # noqa: F401  (the bench runs a DataLoader)
-    except ImportError as exc:  # absent, or a broken install
-        detail = None if exc.name == "torch" else str(exc)
-        raise MissingExtraError("shardio bench needs PyTorch", "torch", detail) from exc
-    from shardio.runtime.bench import BenchSettings, parse_compare, run_bench
+    require_torch()
+    from shardio.bench.settings import BenchSettings, parse_compare
 
     _check_numbers(args)
     settings = BenchSettings(

@@ -45,7 +45,7 @@ from shardio.units import format_duration, format_size
 
 if TYPE_CHECKING:
     from shardio.metrics.progress import ProgressCallback
-    from shardio.verify import VerifyReport
+    from shardio.tools.verify import VerifyReport
 
 __all__ = ["default_stage_dir", "default_workers", "main", "parse_part"]
 
@@ -266,7 +266,7 @@ _VERIFY_EXIT = {
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from shardio.cli.progressbar import ProgressBar
-    from shardio.verify import verify_dataset
+    from shardio.tools.verify import verify_dataset
 
     if args.source is not None and not args.repair:
         raise UsageError("--source is for --repair: give both, or neither")
@@ -381,7 +381,7 @@ def _print_area_summary(report: VerifyReport, dst: str) -> None:
 
 
 def _cmd_repair(args: argparse.Namespace, workers: int, bar: ProgressCallback | None) -> int:
-    from shardio.repair import repair_dataset
+    from shardio.tools.repair import repair_dataset
 
     result = repair_dataset(args.dst, source=args.source, workers=workers, progress=bar)
     args.exit_code = _VERIFY_EXIT[result.status]
@@ -573,7 +573,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 def _cmd_unpack(args: argparse.Namespace) -> int:
     from shardio.cli.progressbar import ProgressBar
-    from shardio.unpack import unpack_dataset
+    from shardio.tools.unpack import unpack_dataset
 
     bar = None if args.no_progress else ProgressBar("unpacking")
     with bar or contextlib.nullcontext():  # an interrupted bar is erased

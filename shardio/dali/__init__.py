@@ -68,6 +68,7 @@ from shardio.dali._pipeline import (  # noqa: E402  (after the check above)
 
 if TYPE_CHECKING:
     from shardio.dali._loader import DALILoader
+    from shardio.order.spec import OrderSpec
 
 __all__ = [
     "DALILoader",
@@ -87,10 +88,11 @@ def pipeline(
     device_id: int | None = None,
     shard_id: int | None = None,
     num_shards: int | None = None,
-    seed: int = 0,
+    seed: int | None = None,
     shuffle: bool = True,
-    order: str | None = None,
-    drop_last: bool = False,
+    order: str | OrderSpec | None = None,
+    window_shards: int | None = None,
+    drop_last: bool | None = None,
     decode: str | None = None,
     crop: int | None = None,
     verify: bool = True,
@@ -108,9 +110,15 @@ def pipeline(
         shard_id: this rank; with ``num_shards``. Both None: detected as ShardDataset does
             (torch.distributed, SLURM, RANK/WORLD_SIZE), so the split matches its world.
         num_shards: the number of ranks.
-        seed: the order is a function of (seed, epoch), as ShardDataset's.
+        seed: the order is a function of (seed, epoch), as ShardDataset's (default 0).
         shuffle: shuffle each epoch; False reads in dataset order.
-        order: "random" (default), "shard-local" or "sequential" (verified path).
+        order: the order, as ShardDataset's: a name ("random", the default,
+            "shard-local" or "sequential"), a spec string such as
+            ``"order=random,partition=node"`` (each node reads the shards ``shardio stage
+            --node`` staged for it) or an :class:`~shardio.order.OrderSpec`. The same
+            samples per rank and epoch as ShardDataset with that spec (verified path; a
+            partition needs ``verify=True``).
+        window_shards: shards per shuffle window of "shard-local" (default 4).
         drop_last: each rank cuts its epoch to ``N // world`` samples instead of padding to
             ``ceil(N / world)`` by repeating samples from the epoch's start (ShardDataset's
             rule). Either way every rank delivers the same count; the last batch of a rank
@@ -146,6 +154,7 @@ def pipeline(
         seed=seed,
         shuffle=shuffle,
         order=order,
+        window_shards=window_shards,
         drop_last=drop_last,
         decode=decode,
         crop=crop,

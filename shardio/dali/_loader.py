@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shardio.dali._pipeline import ShardPipeline
-from shardio.metrics.snapshot import MetricsSnapshot, snapshot
+from shardio.metrics.snapshots import MetricsSnapshot, snapshot
 from shardio.metrics.steps import StepTimer
 
 __all__ = ["OUTPUT_MAP", "DALILoader"]
@@ -27,9 +27,13 @@ class DALILoader:
     tensors. With ``decode="mixed"`` the data lies on the pipeline's GPU.
 
     Each ``for batch in loader`` is one epoch; :meth:`set_epoch` before it selects the epoch
-    (the DistributedSampler habit; nothing advances it by itself, as with ShardDataset). Resume
-    is by epoch: there is no ``state_dict``. A loop left before the epoch's end (``break``, an
-    exception) makes the next loop build a fresh DALI pipeline and start its epoch afresh.
+    (the DistributedSampler habit; nothing advances it by itself, as with ShardDataset).
+    On the verified path the loader resumes exactly, as ShardLoader does: :meth:`state_dict`
+    says which samples were handed to the loop; :meth:`load_state_dict` (in a new process,
+    also with another number of ranks) makes the next loop read the rest of that epoch. A
+    loop left before the epoch's end (``break``, an exception) makes the next loop build a
+    fresh DALI pipeline and continue the epoch after the last batch it delivered; a loop
+    after a finished epoch reads that epoch again unless :meth:`set_epoch` chose another.
 
     Errors: on the verified path a damaged member raises shardio's ChecksumMismatchError (a
     missing or unreadable shard StorageError) from the loop, as it is, when DALI asks for
@@ -58,6 +62,14 @@ class DALILoader:
         """Select the epoch of the next loop (see :meth:`ShardPipeline.set_epoch`)."""
         self.pipeline.set_epoch(epoch)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where the epoch stands (see :meth:`ShardPipeline.state_dict`)."""
+        return self.pipeline.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (see :meth:`ShardPipeline.load_state_dict`)."""
+        self.pipeline.load_state_dict(state)
+
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
         return len(self.pipeline)
@@ -77,6 +89,9 @@ class DALILoader:
         return DALIRaggedIterator([self.pipeline.pipe], output_types=ragged, **kwargs)
 
     def _start_pass(self) -> Any:
+        cursor = self.pipeline.cursor
+        if cursor is not None:
+            cursor.begin()  # a loop after a finished epoch reads it again
         if self._iterator is None:
             self._iterator = self._make_iterator()
         elif self._state == "ended":
@@ -102,6 +117,8 @@ class DALILoader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         iterator = self._start_pass()
+        cursor = self.pipeline.cursor
+        world = self.pipeline.ranks.world_size
         clock = time.perf_counter_ns
         self.steps.start()
         while True:
@@ -112,9 +129,14 @@ class DALILoader:
                 break
             batch = outputs[0]
             now = clock()
-            self.steps.batch(wait_ns=now - asked, samples=_batch_len(batch), now_ns=now)
+            samples = _batch_len(batch)
+            self.steps.batch(wait_ns=now - asked, samples=samples, now_ns=now)
+            if cursor is not None:
+                cursor.advance(samples * world)  # handed to the loop: a resume starts after it
             yield batch
         self._state = "ended"
+        if cursor is not None:
+            cursor.finish()
 
     def close(self) -> None:
         """Drop the DALI iterator and close the pipeline."""

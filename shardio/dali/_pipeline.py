@@ -8,19 +8,20 @@ Two paths. Verified (the default, and every HDF5 dataset): shardio's own reader 
 
 from __future__ import annotations
 
-import operator
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shardio._check import require_int
 from shardio.errors import UsageError
 from shardio.format.manifest import Manifest
 from shardio.metrics.read import ReadMetrics
-from shardio.order import check_order
+from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo, detect_ranks
+from shardio.order.spec import OrderSpec, resolve_spec
 from shardio.read.packed import PackedDataset
 
 if TYPE_CHECKING:
@@ -29,23 +30,10 @@ if TYPE_CHECKING:
 __all__ = ["DALIOptions", "ShardPipeline", "UnverifiedReadWarning"]
 
 DECODERS = (None, "cpu", "mixed")
-SEED_LIMIT = 2**64
 
 
 class UnverifiedReadWarning(UserWarning):
     """The pipeline hands DALI bytes that shardio did not check (``verify=False``)."""
-
-
-def _int(value: object, what: str, *, minimum: int) -> int:
-    if isinstance(value, bool | np.bool_):
-        raise UsageError(f"{what} must be an integer, not a bool ({value!r})")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise UsageError(f"{what} must be an integer, got {type(value).__name__}") from exc
-    if number < minimum:
-        raise UsageError(f"{what} must be at least {minimum}, got {number}")
-    return int(number)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -61,36 +49,43 @@ class DALIOptions:
     device_id: int | None = None
     shard_id: int | None = None
     num_shards: int | None = None
-    seed: int = 0
+    seed: int | None = None
     shuffle: bool = True
-    order: str | None = None
-    window_shards: int = 4
-    drop_last: bool = False
+    order: str | OrderSpec | None = None
+    window_shards: int | None = None
+    drop_last: bool | None = None
     decode: str | None = None
     crop: int | None = None
     verify: bool = True
     cache: str | None = None
     prefetch_queue_depth: int = 2
     exts: tuple[str, ...] = ("jpeg",)
+    spec: OrderSpec = field(init=False)  # the order, from the fields above
 
     def __post_init__(self) -> None:
-        _int(self.batch_size, "batch_size", minimum=1)
-        _int(self.num_threads, "num_threads", minimum=1)
-        _int(self.prefetch_queue_depth, "prefetch_queue_depth", minimum=1)
-        _int(self.window_shards, "window_shards", minimum=1)
-        if _int(self.seed, "seed", minimum=0) >= SEED_LIMIT:
-            raise UsageError(f"seed must be below 2**64, got {self.seed}")
+        require_int(self.batch_size, "batch_size", minimum=1)
+        require_int(self.num_threads, "num_threads", minimum=1)
+        require_int(self.prefetch_queue_depth, "prefetch_queue_depth", minimum=1)
         if self.device_id is not None:
-            _int(self.device_id, "device_id", minimum=0)
+            require_int(self.device_id, "device_id", minimum=0)
         if (self.shard_id is None) != (self.num_shards is None):
             raise UsageError("give shard_id and num_shards together (or neither: detected)")
         if self.shard_id is not None and self.num_shards is not None:
             RankInfo(
-                rank=_int(self.shard_id, "shard_id", minimum=0),
-                world_size=_int(self.num_shards, "num_shards", minimum=1),
+                rank=require_int(self.shard_id, "shard_id", minimum=0),
+                world_size=require_int(self.num_shards, "num_shards", minimum=1),
             )
-        if self.order is not None:
-            check_order(self.order)
+        # The order as ShardDataset's (map mode): a name, a spec string or an OrderSpec.
+        spec = resolve_spec(
+            "map", self.order, shuffle=self.shuffle, seed=self.seed,
+            window_shards=self.window_shards, drop_last=self.drop_last,
+        )  # fmt: skip
+        object.__setattr__(self, "spec", spec)
+        if spec.partitioned and not self.verify:
+            raise UsageError(
+                f"order partition={spec.partition!r} needs verify=True: DALI's own reader "
+                "(verify=False) splits the ranks by range of its own"
+            )
         if self.decode not in DECODERS:
             raise UsageError(f"invalid decode {self.decode!r}: choose None, 'cpu' or 'mixed'")
         if self.decode == "mixed" and self.device_id is None:
@@ -99,7 +94,7 @@ class DALIOptions:
                 "or use decode='cpu'"
             )
         if self.crop is not None:
-            _int(self.crop, "crop", minimum=1)
+            require_int(self.crop, "crop", minimum=1)
             if self.decode is None:
                 raise UsageError("crop needs decoded images: give decode='cpu' or 'mixed'")
         if isinstance(self.exts, str) or not self.exts:
@@ -116,7 +111,8 @@ class DALIOptions:
 
     def op_seed(self, rank: int, salt: int) -> int:
         """A seed in [0, 2**31) for a DALI operator, distinct per rank and use."""
-        words = [self.seed & 0xFFFFFFFF, self.seed >> 32, rank, salt]
+        seed = self.spec.seed
+        words = [seed & 0xFFFFFFFF, seed >> 32, rank, salt]
         return int(np.random.SeedSequence(words).generate_state(1)[0]) % 2**31
 
 
@@ -188,15 +184,11 @@ class ShardPipeline:
         from shardio.dali._source import VerifiedSource
 
         o = self.options
-        order = o.order or "random"
         return VerifiedSource(
             self.path,
             batch_size=o.batch_size,
+            spec=o.spec,
             ranks=self.ranks,
-            seed=o.seed,
-            order=order if o.shuffle else "sequential",
-            window_shards=o.window_shards,
-            drop_last=o.drop_last,
             verify=o.verify,
             cache=o.cache,
             exts=o.exts,
@@ -229,7 +221,8 @@ class ShardPipeline:
             else:
                 index_paths.append(os.path.join(resolver.source_root, entry.dali_index))
         if self.options.shuffle:
-            words = [self.options.seed & 0xFFFFFFFF, self.options.seed >> 32, 0xDA11]
+            seed = self.options.spec.seed
+            words = [seed & 0xFFFFFFFF, seed >> 32, 0xDA11]
             perm = np.random.default_rng(words).permutation(len(paths)).tolist()
             paths, index_paths = [paths[i] for i in perm], [index_paths[i] for i in perm]
         return paths, index_paths
@@ -262,22 +255,56 @@ class ShardPipeline:
     # -- epochs and sizes ----------------------------------------------------------------------
     @property
     def epoch(self) -> int:
-        """The epoch the next pass reads (verified path)."""
-        return self._epoch
+        """The epoch the next pass reads."""
+        return self._source.cursor.epoch if self._source is not None else self._epoch
+
+    @property
+    def cursor(self) -> EpochCursor | None:
+        """The epoch and the position in it (verified path; None on DALI's reader path,
+        whose order is DALI's). :class:`~shardio.dali.DALILoader` advances it as it hands
+        batches to the training loop."""
+        return self._source.cursor if self._source is not None else None
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch of the next pass (a pass starting at DALI's iteration 0).
 
-        On the verified path the order is ShardDataset's for (seed, epoch). DALI's reader
+        On the verified path the order is ShardDataset's for (spec, epoch). DALI's reader
         (unverified path) reshuffles by its own generator every pass: there the epoch is
         recorded only.
 
         Raises:
             UsageError: ``epoch`` is not an integer >= 0.
         """
-        self._epoch = _int(epoch, "epoch", minimum=0)
+        self._epoch = require_int(epoch, "epoch", minimum=0)
         if self._source is not None:
-            self._source.epoch = self._epoch
+            self._source.cursor.set_epoch(self._epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the epoch stands: global positions delivered (ShardDataset's state: either
+        can resume from the other's).
+
+        Raises:
+            UsageError: on DALI's reader path (``verify=False``), which has no resumable order.
+        """
+        return self._cursor_for("state_dict").state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (also with another number of ranks): the next
+        pass reads the rest of that epoch.
+
+        Raises:
+            UsageError: the state is malformed or of another order or dataset; or DALI's
+                reader path.
+        """
+        self._cursor_for("load_state_dict").load(state)
+
+    def _cursor_for(self, what: str) -> EpochCursor:
+        if self._source is None:
+            raise UsageError(
+                f"{what}: DALI's own reader (verify=False) has no resumable order; read with "
+                "verify=True for mid-epoch resume"
+            )
+        return self._source.cursor
 
     def rank_indices(self) -> np.ndarray[Any, Any]:
         """Sample indices this rank reads in the current epoch, in order (verified path).
@@ -292,7 +319,7 @@ class ShardPipeline:
     @property
     def drop_last(self) -> bool:
         """Each rank cuts its remainder (True) or pads to equal counts (False)."""
-        return self.options.drop_last
+        return self.options.spec.drop_last
 
     def samples_per_rank(self) -> int:
         """Samples every rank delivers per epoch (the same on each rank).
@@ -305,7 +332,7 @@ class ShardPipeline:
         b, world, n = self.options.batch_size, self.ranks.world_size, self.manifest.num_samples
         if self._source is not None:
             return self._source.samples_per_rank()
-        if self.options.drop_last:
+        if self.options.spec.drop_last:
             return n // world // b * b
         return _ceil_div(_ceil_div(n, world), b) * b
 
@@ -319,7 +346,7 @@ class ShardPipeline:
             return {"size": -1}
         from nvidia.dali.plugin.base_iterator import LastBatchPolicy
 
-        policy = LastBatchPolicy.DROP if self.options.drop_last else LastBatchPolicy.FILL
+        policy = LastBatchPolicy.DROP if self.options.spec.drop_last else LastBatchPolicy.FILL
         return {"reader_name": self.reader_name, "last_batch_policy": policy}
 
     def read_metrics(self) -> ReadMetrics:

@@ -1,29 +1,40 @@
 """The verified source: batches of checked member bytes and labels for DALI's external_source.
 
-Torch-free and DALI-free. The order is ShardDataset's (map mode) for the same seed, epoch and
-ranks (:func:`shardio.order.rank_stream`). Every member passes shardio's xxh3-64 check
-(:meth:`PackedDataset.read_member_into`) before DALI sees it.
+Torch-free and DALI-free. The order is ShardDataset's for the same order spec, epoch and
+ranks: an :class:`~shardio.order.cursor.EpochCursor` holds the epoch and the position in it,
+so a pass starts where the last delivered batch left off (mid-epoch resume). Every member
+passes shardio's xxh3-64 check (:meth:`PackedDataset.read_member_into`) before DALI sees it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from shardio.errors import FormatError, UsageError
-from shardio.order import OrderSpec, rank_stream
+from shardio._check import require_int
+from shardio.errors import FormatError, ShardioError, UsageError
+from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo
+from shardio.order.spec import OrderSpec
 from shardio.read.deadline import resolve_read_timeout, with_deadline
 from shardio.read.packed import PackedDataset
+from shardio.storage.fsdetect import describe_fs
 
 __all__ = ["Batch", "VerifiedSource"]
 
 logger = logging.getLogger(__name__)
+
+# A batch read in less than this per member came from the page cache: no advice for the
+# next (measured on this kind of machine: a member from the page cache took about 20 us on
+# a local disk and 54 us through the MooseFS client, a cold one 49 us and 190 us).
+_CACHED_READ_NS = {False: 30_000, True: 100_000}  # by "network filesystem"
 
 # (payload per sample as uint8 arrays, label per sample as 0-d int64 arrays)
 Batch = tuple[list[np.ndarray[Any, Any]], list[np.ndarray[Any, Any]]]
@@ -33,24 +44,32 @@ class VerifiedSource:
     """A batch-mode ``external_source`` callable: ``source(batch_info)`` -> (data, labels).
 
     DALI calls it with ``BatchInfo(iteration, epoch_idx)``; iteration 0 starts a pass over
-    the rank's samples of :attr:`epoch`, and the pass ends with ``StopIteration``. While DALI
+    the rank's samples of the cursor's epoch not yet delivered (the cursor is advanced by
+    whoever hands the batches to training: :class:`~shardio.dali.DALILoader`), and the pass
+    ends with ``StopIteration``. While DALI
     works on one batch, one thread (``shardio-dali-read``, started on the first call) reads
     and checks the next; every read of the dataset happens in that thread.
 
     Args:
         path: the dataset directory (or a staging area).
         batch_size: samples per batch (the last batch of a pass may be smaller).
+        spec: the order (as ShardDataset's, partitions included).
         ranks: this process's rank and the world size.
-        seed: the order seed (as ShardDataset's).
-        order: "random", "shard-local" or "sequential".
-        window_shards: shards per window in shard-local order.
-        drop_last: cut each rank's epoch to ``num_samples // world_size`` instead of padding.
         verify: check each member's xxh3-64 (False only for HDF5's unverified mode).
         cache: a staging area to read verified copies from.
         exts: extensions of the payload member, first match wins per sample.
         read_timeout_s: seconds a read may stall before it is abandoned and raises
             :class:`~shardio.errors.ReadStalledError` (None: 120 s on a network filesystem,
             none on a local one; 0: none); see :mod:`shardio.read.deadline`.
+        ahead: batches read ahead of DALI's request, one after the other in the read
+            thread; while reads wait on storage, each batch's read first advises its own
+            members and the next batch's (``POSIX_FADV_WILLNEED``), so the kernel or the
+            filesystem client reads them in parallel while the thread reads in order (the
+            advice is left out while batches come from the page cache). Measured on the
+            MooseFS bed (4,000 samples, 7 shards of 8 MiB), the source alone per epoch: cold
+            0.59 s against 0.82-1.05 s with one batch ahead and no advice, warm 0.21 s
+            against 0.25 s; the map mode's coalesced requests on I/O threads did worse here
+            (0.70 s cold, 0.50 s warm).
     """
 
     def __init__(
@@ -58,29 +77,24 @@ class VerifiedSource:
         path: str | os.PathLike[str],
         *,
         batch_size: int,
+        spec: OrderSpec,
         ranks: RankInfo,
-        seed: int,
-        order: str,
-        window_shards: int,
-        drop_last: bool,
         verify: bool,
         cache: str | os.PathLike[str] | None,
         exts: Sequence[str],
         read_timeout_s: float | None = None,
+        ahead: int = 2,
     ) -> None:
-        # The same deadline as ShardDataset's: a stalled read raises ReadStalledError naming
-        # the shard instead of freezing the pipeline.
-        self.read_timeout_s = resolve_read_timeout(path, read_timeout_s)
+        self.ahead = require_int(ahead, "ahead", minimum=1, maximum=64)
+        # The same deadline as ShardDataset's (one statfs): a stalled read raises
+        # ReadStalledError naming the shard instead of freezing the pipeline.
+        fs = describe_fs(path)
+        self.read_timeout_s = resolve_read_timeout(path, read_timeout_s, fs=fs)
         opener = with_deadline(None, self.read_timeout_s, scope=path)
-        self.packed = PackedDataset(path, cache=cache, opener=opener)
+        self.packed = PackedDataset(path, cache=cache, opener=opener, fs=fs)
         self.batch_size = batch_size
         self.ranks = ranks
-        self.seed = seed
-        self.order = order
-        self.window_shards = window_shards
-        self.drop_last = drop_last
         self.verify = verify
-        self.epoch = 0
         table = self.packed.index.exts
         # ext id -> priority (lower wins) of the extensions asked for.
         self._wanted = {table.index(e): i for i, e in enumerate(exts) if e in table}
@@ -92,8 +106,11 @@ class VerifiedSource:
             )
         self._exts = tuple(exts)
         self._sizes = np.array([s.num_samples for s in self.packed.manifest.shards], np.int64)
+        self.cursor = EpochCursor(spec, self._sizes, ranks=ranks)
         self._positions: np.ndarray[Any, Any] | None = None
-        self._ahead: tuple[int, Future[Batch]] | None = None
+        self._ahead: dict[int, Future[Batch]] = {}  # iteration -> its batch, being read
+        self._advising = True  # the last batch did not come from the page cache
+        self._cached_ns = _CACHED_READ_NS[fs.network]
         self._pool: ThreadPoolExecutor | None = None
 
     @property
@@ -101,24 +118,22 @@ class VerifiedSource:
         """Samples in the dataset."""
         return len(self.packed)
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass reads (the cursor's)."""
+        return self.cursor.epoch
+
     def rank_indices(self, epoch: int | None = None) -> np.ndarray[Any, Any]:
         """Sample indices this rank reads in a whole epoch (the current one by default)."""
-        spec = OrderSpec(
-            order=self.order,
-            seed=self.seed,
-            window_shards=self.window_shards,
-            drop_last=self.drop_last,
-        )
-        layout = self.ranks
-        return rank_stream(
-            self._sizes, spec, self.epoch if epoch is None else epoch, layout
-        ).materialise()
+        if epoch is None or epoch == self.cursor.epoch:
+            return self.cursor.stream(consumed=0).materialise()
+        other = self.cursor.copy()
+        other.set_epoch(epoch)
+        return other.stream(consumed=0).materialise()
 
     def samples_per_rank(self) -> int:
         """Samples each rank reads in a whole epoch (equal on every rank)."""
-        world = self.ranks.world_size
-        n = self.num_samples
-        return n // world if self.drop_last else -(-n // world)
+        return self.cursor.samples_per_rank()
 
     def __call__(self, info: Any) -> Batch:
         """The batch ``info.iteration`` of the current pass.
@@ -130,22 +145,21 @@ class VerifiedSource:
         """
         iteration = int(info.iteration)
         if iteration == 0 or self._positions is None:
-            # A new pass: the epoch is read now, so set_epoch() before it takes effect.
+            # A new pass: the epoch and position are read now, so set_epoch() or a loaded
+            # state before it takes effect. It reads what was not delivered yet.
             self._cancel_ahead()
-            self._positions = self.rank_indices()
+            self._positions = self.cursor.stream().materialise()
         chunk = self._chunk(iteration)
         if chunk is None:
             self._cancel_ahead()
             raise StopIteration
-        if self._ahead is not None and self._ahead[0] == iteration:
-            future = self._ahead[1]
-        else:
-            self._cancel_ahead()
-            future = self._submit(chunk)
-        self._ahead = None
-        following = self._chunk(iteration + 1)
-        if following is not None:
-            self._ahead = (iteration + 1, self._submit(following))
+        future = self._ahead.pop(iteration, None)
+        if future is None:
+            self._cancel_ahead()  # another position than the one read ahead
+            future = self._submit(iteration)
+        for k in range(iteration + 1, iteration + 1 + self.ahead):
+            if k not in self._ahead and self._chunk(k) is not None:
+                self._ahead[k] = self._submit(k)
         return future.result()  # re-raises a read error with its own type
 
     def _chunk(self, iteration: int) -> list[int] | None:
@@ -155,34 +169,43 @@ class VerifiedSource:
             return None
         return [int(i) for i in self._positions[start : start + self.batch_size]]
 
-    def _submit(self, samples: list[int]) -> Future[Batch]:
+    def _submit(self, iteration: int) -> Future[Batch]:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardio-dali-read")
-        return self._pool.submit(self._read, samples)
+        samples = self._chunk(iteration)
+        assert samples is not None
+        following = self._chunk(iteration + 1) or []
+        return self._pool.submit(self._read, samples, following)
 
     def _cancel_ahead(self) -> None:
-        """Forget the batch read ahead (another pass or position); wait for it to finish."""
-        if self._ahead is not None:
-            _, future = self._ahead
-            self._ahead = None
+        """Forget the batches read ahead (another pass or position); wait for them."""
+        ahead, self._ahead = self._ahead, {}
+        for future in ahead.values():
             if not future.cancel():
                 future.exception()  # its error, if any, belongs to a batch nobody asked for
 
-    def _read(self, samples: list[int]) -> Batch:
+    def _read(self, samples: list[int], following: list[int]) -> Batch:
         packed = self.packed
         index = packed.index
+        # Advice for this batch and the next: the kernel (or the filesystem's client) reads
+        # them while this thread waits on the first members. Left out while reads come from
+        # the page cache (advice costs a call per shard, through the read deadline's hop).
+        if self._advising:
+            with contextlib.suppress(ShardioError, OSError):
+                packed.advise(samples + following)
+        began = time.perf_counter_ns()
         records = index.records(samples)  # checks the shards' index records first
-        data: list[np.ndarray[Any, Any]] = []
-        labels: list[np.ndarray[Any, Any]] = []
-        for sample, rec in zip(samples, records, strict=True):
-            member = self._payload_member(sample)
-            buf = bytearray(int(index.members[member]["size"]))
-            packed.read_member_into(
-                member, memoryview(buf), shard=int(rec["shard"]), sample=sample, verify=self.verify
-            )
-            data.append(np.frombuffer(buf, dtype=np.uint8))
-            # The label lives in the checked index (the synthesised cls member holds the same).
-            labels.append(np.array(int(rec["label"]), dtype=np.int64))
+        rows = [self._payload_member(sample) for sample in samples]
+        sizes = index.members["size"][rows].astype(np.int64).tolist()
+        buffers = [bytearray(size) for size in sizes]
+        targets = [memoryview(buf) for buf in buffers]
+        shards = records["shard"].astype(np.int64).tolist()
+        for member, shard, sample, target in zip(rows, shards, samples, targets, strict=True):
+            packed.read_member_into(member, target, shard=shard, sample=sample, verify=self.verify)
+        self._advising = time.perf_counter_ns() - began > self._cached_ns * max(1, len(rows))
+        data = [np.frombuffer(buf, dtype=np.uint8) for buf in buffers]
+        # The label lives in the checked index (the synthesised cls member holds the same).
+        labels = [np.array(int(label), dtype=np.int64) for label in records["label"]]
         packed.metrics.add("samples", len(samples))
         return data, labels
 

@@ -8,16 +8,33 @@ wrap, so values at or above 2**63 are refused, not overflowed past the bounds.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
 from shardio.errors import FormatError
 
-if TYPE_CHECKING:
-    from shardio.format.index import Index
+__all__ = ["IndexTables", "check_records", "parse_exts"]
 
-__all__ = ["check_records", "parse_exts"]
+
+class IndexTables(Protocol):
+    """The tables of an index that its records point into (an ``Index`` has them)."""
+
+    @property
+    def samples(self) -> np.ndarray[Any, Any]: ...
+
+    @property
+    def members(self) -> np.ndarray[Any, Any]: ...
+
+    @property
+    def keys_blob(self) -> Any: ...
+
+    @property
+    def paths_blob(self) -> Any: ...
+
+    @property
+    def exts(self) -> tuple[str, ...]: ...
+
 
 # Keys are percent-encoded (shardio.format.keys): these bytes, with "/" between directories.
 _KEY_BYTES = np.zeros(256, dtype=bool)
@@ -59,7 +76,7 @@ def _contiguous(starts: np.ndarray, lengths: np.ndarray, limit: int) -> bool:
 
 
 def check_records(
-    index: Index,
+    index: IndexTables,
     *,
     shard: int,
     first_sample: int,

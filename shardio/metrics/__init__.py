@@ -8,12 +8,17 @@ every interval from a thread of their own.
 
 from __future__ import annotations
 
-from shardio.metrics.export import JsonlWriter, LogReporter
-from shardio.metrics.histogram import LatencyHistogram, LatencySummary
-from shardio.metrics.prometheus import PrometheusExporter
-from shardio.metrics.read import ReadDelta, ReadMetrics
-from shardio.metrics.snapshot import MetricsSnapshot, combine, snapshot
-from shardio.metrics.steps import StepTimer
+from typing import TYPE_CHECKING
+
+from shardio._lazy import lazy_face
+
+if TYPE_CHECKING:
+    from shardio.metrics.export import JsonlWriter, LogReporter
+    from shardio.metrics.histogram import LatencyHistogram, LatencySummary
+    from shardio.metrics.prometheus import PrometheusExporter
+    from shardio.metrics.read import ReadDelta, ReadMetrics
+    from shardio.metrics.snapshots import MetricsSnapshot, combine, snapshot
+    from shardio.metrics.steps import StepTimer
 
 __all__ = [
     "JsonlWriter",
@@ -28,3 +33,19 @@ __all__ = [
     "combine",
     "snapshot",
 ]
+
+_LAZY = {
+    "JsonlWriter": "shardio.metrics.export",
+    "LogReporter": "shardio.metrics.export",
+    "LatencyHistogram": "shardio.metrics.histogram",
+    "LatencySummary": "shardio.metrics.histogram",
+    "PrometheusExporter": "shardio.metrics.prometheus",
+    "ReadDelta": "shardio.metrics.read",
+    "ReadMetrics": "shardio.metrics.read",
+    "MetricsSnapshot": "shardio.metrics.snapshots",
+    "combine": "shardio.metrics.snapshots",
+    "snapshot": "shardio.metrics.snapshots",
+    "StepTimer": "shardio.metrics.steps",
+}
+
+__getattr__, __dir__ = lazy_face(__name__, _LAZY)

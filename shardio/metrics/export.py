@@ -1,7 +1,7 @@
 """Periodic reporters of metrics snapshots: the thread they share, a log line, a JSON line.
 
 A reporter takes a *source*, any zero-argument callable that returns a
-:class:`~shardio.metrics.snapshot.MetricsSnapshot` (``loader.metrics`` is one), and reports
+:class:`~shardio.metrics.snapshots.MetricsSnapshot` (``loader.metrics`` is one), and reports
 what it returns every ``interval_s`` from a thread of its own named
 ``shardio-metrics-<kind>``. The thread starts in :meth:`PeriodicReporter.start` (or
 ``__enter__``), never earlier; :meth:`PeriodicReporter.close` (or ``__exit__``) stops and joins
@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import ClassVar, TypeVar
 
 from shardio.errors import StorageError, UsageError
-from shardio.metrics.snapshot import MetricsSnapshot
+from shardio.metrics.snapshots import MetricsSnapshot
 from shardio.storage.atomic import storage_error
 from shardio.storage.files import describe_kind
 

@@ -45,7 +45,7 @@ from shardio.errors import MissingExtraError, StorageError, UsageError
 from shardio.metrics import _spool
 from shardio.metrics._http import MetricsServer
 from shardio.metrics.export import PeriodicReporter, SnapshotSource
-from shardio.metrics.snapshot import MetricsSnapshot
+from shardio.metrics.snapshots import MetricsSnapshot
 from shardio.storage.atomic import atomic_write
 from shardio.storage.files import check_replaceable, open_regular
 

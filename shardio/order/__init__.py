@@ -2,27 +2,30 @@
 
 Torch-free. :class:`OrderSpec` describes the order (the same defaults everywhere);
 :class:`EpochOrder` evaluates an epoch's order position by position;
-:func:`rank_stream` gives what one rank reads, resumable and elastic; :func:`node_shares`
+:func:`rank_stream` gives what one rank reads, resumable and elastic; :class:`EpochCursor`
+is one rank's position in an epoch and its saved state; :func:`node_shares`
 says which node owns which shard (what ``shardio stage --node`` copies). The spec imports no
 numpy (a job prologue starts faster); the rest loads on first use.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from shardio.order.spec import (
-    MODE_ORDERS,
-    ORDERS,
-    PARTITIONS,
-    OrderSpec,
-    check_order,
-    default_order,
-)
+from shardio._lazy import lazy_face
 
 if TYPE_CHECKING:
+    from shardio.order.cursor import EpochCursor
     from shardio.order.orders import EpochOrder
     from shardio.order.ranks import RankInfo, detect_ranks
+    from shardio.order.spec import (
+        MODE_ORDERS,
+        ORDERS,
+        PARTITIONS,
+        OrderSpec,
+        check_order,
+        default_order,
+    )
     from shardio.order.streams import (
         RankStream,
         node_shares,
@@ -34,6 +37,7 @@ __all__ = [
     "MODE_ORDERS",
     "ORDERS",
     "PARTITIONS",
+    "EpochCursor",
     "EpochOrder",
     "OrderSpec",
     "RankInfo",
@@ -47,6 +51,13 @@ __all__ = [
 ]
 
 _LAZY = {
+    "EpochCursor": "shardio.order.cursor",
+    "MODE_ORDERS": "shardio.order.spec",
+    "ORDERS": "shardio.order.spec",
+    "PARTITIONS": "shardio.order.spec",
+    "OrderSpec": "shardio.order.spec",
+    "check_order": "shardio.order.spec",
+    "default_order": "shardio.order.spec",
     "EpochOrder": "shardio.order.orders",
     "RankInfo": "shardio.order.ranks",
     "detect_ranks": "shardio.order.ranks",
@@ -57,10 +68,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'shardio.order' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_face(__name__, _LAZY)

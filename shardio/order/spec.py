@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from shardio._check import require_int
 from shardio.errors import UsageError
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "ORDERS",
     "PARTITIONS",
     "SEED_LIMIT",
+    "resolve_spec",
     "OrderSpec",
     "check_order",
     "default_order",
@@ -226,3 +228,52 @@ def _parse_value(field: str, value: str, text: str) -> Any:
     except ValueError:
         raise UsageError(f"order spec {text!r}: bad value {value!r} for {field}") from None
     return value
+
+
+def resolve_spec(
+    mode: str,
+    order: str | OrderSpec | None,
+    *,
+    shuffle: bool = True,
+    seed: int | None = None,
+    window_shards: int | None = None,
+    drop_last: bool | None = None,
+) -> OrderSpec:
+    """The order spec of a reader's arguments (ShardDataset's, DALI's): ``order`` as a spec,
+    a spec string (``"order=random,partition=node"``) or None (the mode's default order),
+    with the loose ``seed``, ``window_shards`` and ``drop_last`` over OrderSpec's defaults;
+    ``shuffle=False`` reads in sequential order.
+
+    Raises:
+        UsageError: a value is invalid, or a loose value is given beside an OrderSpec.
+    """
+    if mode not in MODE_ORDERS:
+        raise UsageError(f"invalid mode {mode!r}: choose one of {', '.join(MODE_ORDERS)}")
+    loose = {"seed": seed, "window_shards": window_shards, "drop_last": drop_last}
+    given: dict[str, Any] = {k: v for k, v in loose.items() if v is not None}
+    if isinstance(order, OrderSpec):
+        if given:
+            raise UsageError(
+                f"give {', '.join(sorted(given))} in the OrderSpec, not beside it "
+                f"(OrderSpec(..., {next(iter(sorted(given)))}=...))"
+            )
+        spec = order
+    elif order is not None and not isinstance(order, str):
+        raise UsageError(
+            f"order must be an order name, a spec string or an OrderSpec, got "
+            f"{type(order).__name__}"
+        )
+    else:
+        if "seed" in given:
+            given["seed"] = require_int(given["seed"], "seed", minimum=0)
+            if given["seed"] >= SEED_LIMIT:
+                raise UsageError(f"seed must be below 2**64, got {given['seed']}")
+        if "window_shards" in given:
+            given["window_shards"] = require_int(given["window_shards"], "window_shards", minimum=1)
+        if "drop_last" in given:
+            given["drop_last"] = bool(given["drop_last"])
+        base = OrderSpec(order=default_order(mode), **given)
+        spec = OrderSpec.parse(order, base) if isinstance(order, str) else base
+    if not shuffle:
+        spec = spec.with_(order="sequential")
+    return spec

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -48,7 +47,6 @@ __all__ = [
     "dataset_files",
     "inspect_dst",
     "layout_of",
-    "locked",
     "make_dst",
     "existing_dir",
     "remove_bare_dst",
@@ -59,8 +57,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF)
 
 
 # --------------------------------------------------------------------------- lock
@@ -89,48 +85,6 @@ def make_dst(dst: str) -> bool:
     if not os.path.isdir(dst):
         raise UsageError(f"destination {dst} exists and is not a directory")
     return False
-
-
-@contextlib.contextmanager
-def locked(dst: str, *, shared: bool) -> Iterator[None]:
-    """Hold a lock on the DST directory itself while packing or merging into it.
-
-    Exclusive for a single-part pack and for merge, shared for ``--part`` runs (parts of
-    one pack write disjoint files). Never blocks.
-
-    Raises:
-        UsageError: another shardio process holds a conflicting lock.
-    """
-    try:
-        fd = os.open(dst, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise StorageError(exc.errno or errno.EIO, f"cannot open {dst}: {exc.strerror}") from exc
-    try:
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise UsageError(
-                f"another shardio pack is writing to {dst}: wait for it to finish and retry"
-            ) from exc
-        except OSError as exc:
-            if exc.errno not in _NO_LOCKS:
-                raise StorageError(
-                    exc.errno or errno.EIO, f"cannot lock {dst}: {exc.strerror}"
-                ) from exc
-            logger.warning(
-                "cannot lock %s (%s): nothing stops another pack from writing there at once",
-                dst,
-                exc.strerror,
-            )
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(dst))
-        except OSError:
-            same = False
-        if not same:  # removed or replaced between our open and our lock
-            raise UsageError(f"another shardio pack is writing to {dst}: retry")
-        yield
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------- inspect

@@ -25,7 +25,7 @@ from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
 from shardio.format.spec import INDEX_FILENAME, MANIFEST_FILENAME, REPORT_FILENAME, WORK_DIR
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
 from shardio.packing.calls import SourceCalls
-from shardio.packing.dest import existing_dir, locked, remove_temps, remove_work_dir
+from shardio.packing.dest import existing_dir, remove_temps, remove_work_dir
 from shardio.packing.workfiles import (
     PartRecord,
     ShardRecord,
@@ -35,6 +35,7 @@ from shardio.packing.workfiles import (
     part_record_name,
 )
 from shardio.storage.atomic import atomic_write
+from shardio.storage.dirlock import lock_directory
 
 __all__ = ["MergeResult", "merge_locked", "merge_parts", "part_record_name"]
 
@@ -182,7 +183,7 @@ def merge_parts(
     """
     if not os.path.isdir(dst):
         raise UsageError(f"{dst} is not a directory holding packed parts")
-    with locked(dst, shared=False):
+    with lock_directory(dst, shared=False):
         return merge_locked(dst, durable=durable, progress=progress)
 
 

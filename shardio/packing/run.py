@@ -29,7 +29,6 @@ from shardio.packing.dest import (
     existing_dir,
     inspect_dst,
     layout_of,
-    locked,
     make_dst,
     remove_bare_dst,
     remove_interrupted,
@@ -41,6 +40,7 @@ from shardio.packing.options import PackOptions, PackResult
 from shardio.packing.part import RunContext, alignment_for, fingerprint_of, pack_part, scan_part
 from shardio.packing.replace import commit_replacement, finish_commit, next_dir
 from shardio.packing.workfiles import NEXT_DIR
+from shardio.storage.dirlock import lock_directory
 from shardio.storage.files import make_dirs_inside
 from shardio.storage.runner import CommandRunner, run_command
 
@@ -89,7 +89,7 @@ def pack(
     ctx = RunContext(progress, runner, time.monotonic())
     _check_paths(src, dst)
     created = make_dst(dst)
-    with locked(dst, shared=options.num_parts > 1):
+    with lock_directory(dst, shared=options.num_parts > 1):
         try:
             return _pack_locked(src, dst, options, ctx)
         except BaseException:

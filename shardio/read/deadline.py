@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from shardio._check import require_int
 from shardio.errors import ReadStalledError, UsageError
 from shardio.read.opener import Opener, PosixOpener
 from shardio.read.unavailable import UnavailableShards, holds_path
@@ -174,10 +175,7 @@ class DeadlineOpener:
         seconds = check_read_timeout(timeout_s, "timeout_s")
         if not seconds:
             raise UsageError("DeadlineOpener needs timeout_s > 0")
-        if isinstance(max_abandoned, bool) or not isinstance(max_abandoned, int):
-            raise UsageError(f"max_abandoned must be an integer, got {max_abandoned!r}")
-        if not 1 <= max_abandoned <= 1024:
-            raise UsageError(f"max_abandoned must lie in [1, 1024], got {max_abandoned}")
+        max_abandoned = require_int(max_abandoned, "max_abandoned", minimum=1, maximum=1024)
         self.inner: Opener = inner if inner is not None else PosixOpener()
         self.timeout_s = seconds
         self.max_abandoned = max_abandoned

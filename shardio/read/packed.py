@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from shardio.cache.protocol import lock_for_reading
+from shardio.cache.protocol import lock_for_reading, read_staged_for
 from shardio.errors import (
     ChecksumMismatchError,
     FormatError,
@@ -288,6 +288,13 @@ class PackedDataset:
     def cache_root(self) -> str | None:
         """The staging area read from, or None."""
         return self.resolver.cache_root
+
+    @property
+    def staged_for(self) -> dict[str, Any] | None:
+        """What the staging area read from was staged for (the order spec and rank layout
+        its last stage run recorded), or None: no area, or nothing recorded."""
+        root = self.resolver.cache_root
+        return read_staged_for(root) if root is not None else None
 
     def __len__(self) -> int:
         return len(self.index)

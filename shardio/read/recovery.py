@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from shardio._check import require_int
 from shardio.errors import SampleDecodeError, SampleUnavailableError, StorageError, UsageError
 from shardio.read.journal import RepairJournal
 from shardio.read.packed import Event, PackedDataset
@@ -84,9 +85,9 @@ class RecoveryPolicy:
         if self.policy not in POLICIES:
             raise UsageError(f"invalid policy {self.policy!r}: choose one of {', '.join(POLICIES)}")
         for name in ("retries", "max_substitutes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
-                raise UsageError(f"{name} must be an integer in [0, 100], got {value!r}")
+            object.__setattr__(
+                self, name, require_int(getattr(self, name), name, minimum=0, maximum=100)
+            )
         for name in ("backoff_s", "max_backoff_s"):
             value = getattr(self, name)
             if (

@@ -234,6 +234,16 @@ class ShardResolver:
             self.cache_root, entry.path, entry.xxh3_128
         )
 
+    def recheck_unstaged(self) -> None:
+        """Check again, at their next use, the shards this process reads from the source
+        (a copy may have been staged since: a process that lives for several epochs, such
+        as a persistent DataLoader worker, calls this at each epoch's start)."""
+        if self.cache_root is None:
+            return
+        where = self._cache()
+        for shard in [k for k, loc in where.items() if not loc.staged]:
+            del where[shard]
+
     def forget(self, shard: int) -> None:
         """Decide again on the next :meth:`locate` (a copy may have been staged meanwhile)."""
         self._cache().pop(shard, None)

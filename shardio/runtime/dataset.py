@@ -10,22 +10,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import operator
 import os
 import resource
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from shardio._check import require_int
 from shardio.errors import ShardioError, UsageError
 from shardio.format.spec import LABEL_EXT
 from shardio.metrics.read import ReadDelta, ReadMetrics
-from shardio.order import OrderSpec, RankStream, default_order, rank_stream
-from shardio.order.ranks import RankInfo, detect_ranks
+from shardio.order import OrderSpec, RankStream
+from shardio.order.cursor import EpochCursor
+from shardio.order.ranks import RankInfo
+from shardio.order.spec import resolve_spec
 from shardio.read.deadline import resolve_read_timeout, with_deadline
 from shardio.read.extents import StreamReadahead
 from shardio.read.opener import Opener
@@ -33,10 +35,10 @@ from shardio.read.packed import Handoff, PackedDataset
 from shardio.read.strategy import ReadStrategy, choose_strategy
 from shardio.runtime.batch import read_batch, read_batch_mapped, share_tensors
 from shardio.runtime.decode import Decoder, decode_sample, make_decoder
-from shardio.storage.fsdetect import describe_fs
-
-if TYPE_CHECKING:
-    from shardio.runtime.transport import BatchRing
+from shardio.runtime.loader import ShardLoader
+from shardio.runtime.protocol import run_positions
+from shardio.runtime.transport import BatchRing
+from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, WorkerFailure, labels_to_tensor
 
 __all__ = ["ShardDataset", "ShardStreamDataset", "collate_samples"]
 
@@ -44,57 +46,11 @@ logger = logging.getLogger(__name__)
 
 MODES = ("map", "stream")
 TRANSPORTS = ("ring", "shm", "mmap")
-STATE_VERSION = 3  # 2: the order spec, ranks per node and the layouts of the epoch so far;
-# 3: rotating partitions computed directly from the epoch (their owners of epoch >= 1 differ)
-# Recovery events a worker sends with a batch (ResilientDataset); the loader takes them out.
-EVENTS_KEY = "__shardio_events__"
-# The read metrics a worker drained after reading a batch (a ReadDelta); the loader takes them
-# out and merges them into the rank's figures.
-METRICS_KEY = "__shardio_metrics__"
 MIN_WORKER_INFLIGHT = 4  # map mode, pfs: requests in flight per DataLoader worker, at least
 # The most a stream read-ahead reads into shards not begun to hold the next whole window.
 _WINDOW_AHEAD_MAX = 1 << 30
 # Samples of an epoch scanned for the order its shards are first read in (open_ahead).
 _OPEN_AHEAD_SCAN = 1 << 18
-SEED_LIMIT = 2**64  # the order generator takes the seed as two 32-bit words
-# The integers a state holds, with the least value each may take.
-_STATE_INTS = {
-    "version": 0,
-    "epoch": 0,
-    "num_samples": 0,
-    "consumed": 0,
-    "world_size": 1,
-    "ranks_per_node": 1,
-}
-
-
-def require_int(value: object, what: str, *, minimum: int | None = None) -> int:
-    """Return ``value`` as an int, refusing floats, strings and bools.
-
-    Python and numpy integers (and anything with ``__index__``, e.g. a 0-d integer tensor)
-    pass: ``1.5`` or ``np.float64(2.0)`` would otherwise be truncated into another sample.
-
-    Raises:
-        UsageError: not an integer, or below ``minimum``; the message names ``what``.
-    """
-    if isinstance(value, bool | np.bool_):
-        raise UsageError(f"{what} must be an integer, not a bool ({value!r})")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise UsageError(
-            f"{what} must be an integer, got {type(value).__name__} {value!r}"
-        ) from exc
-    if minimum is not None and number < minimum:
-        raise UsageError(f"{what} must be at least {minimum}, got {number}")
-    return number
-
-
-def _check_seed(seed: object) -> int:
-    number = require_int(seed, "seed", minimum=0)
-    if number >= SEED_LIMIT:
-        raise UsageError(f"seed must be below 2**64, got {number}")
-    return number
 
 
 def _first_use(shards: np.ndarray[Any, Any], num_shards: int) -> np.ndarray[Any, Any]:
@@ -110,30 +66,6 @@ def _default_max_open() -> int:
     if soft == resource.RLIM_INFINITY:
         return 65536
     return max(16, soft // 2)
-
-
-class WorkerFailure:
-    """A ShardioError raised in a DataLoader worker, carried to the main process intact.
-
-    torch re-raises worker errors by building a new exception from a message, which loses
-    the type and the attributes of a ChecksumMismatchError; the loader re-raises this one.
-
-    Attributes:
-        error: the exception.
-        metrics: the worker's read metrics up to the failure (its checksum failures, ...).
-    """
-
-    def __init__(self, error: BaseException, metrics: ReadDelta | None = None) -> None:
-        self.error = error
-        self.metrics = metrics
-
-
-def labels_to_tensor(batch: dict[str, Any]) -> dict[str, Any]:
-    """Make a batch's labels a tensor (workers send them as an ndarray: no shared memory)."""
-    labels = batch.get(LABEL_EXT)
-    if isinstance(labels, np.ndarray):
-        batch[LABEL_EXT] = torch.from_numpy(labels)
-    return batch
 
 
 def collate_samples(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -249,6 +181,9 @@ class ShardDataset(Dataset[dict[str, Any]]):
     mode = "map"
     # Set by the loader before its workers start; see _plan_reads.
     _read_plan: _ReadPlan | None = None
+    _board: Any = None  # persistent workers: the loader's run board (see begin_run)
+    _board_run = -1
+    _board_cut = False
     _advised_in = -1  # map mode: the process whose first batches were advised
     # From __getstate__: what a worker started by pickling opens the packed dataset with.
     _handoff: Handoff | None = None
@@ -289,7 +224,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self.transport = transport
         if mode not in MODES:
             raise UsageError(f"invalid mode {mode!r}: choose one of {', '.join(MODES)}")
-        self.spec = _order_spec(
+        self.spec = resolve_spec(
             mode, order, shuffle=shuffle, seed=seed, window_shards=window_shards,
             drop_last=drop_last,
         )  # fmt: skip
@@ -301,18 +236,18 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self.transform = transform
         self.verify = verify
         self.max_open = max_open if max_open is not None else _default_max_open()
-        self._ranks = ranks
         self._decoder = make_decoder(decode)
         self.cache = os.fspath(cache) if cache is not None else None
+        if read_strategy is not None and not isinstance(read_strategy, str):
+            raise UsageError(f"read_strategy must be a string, got {type(read_strategy).__name__}")
+        # Chosen once, here (workers get the choice with the dataset), with the one statfs of
+        # the dataset (each is a metadata-server request).
+        self.read_choice = choose_strategy(self.path, read_strategy)
+        fs = self.read_choice.fs
         # The deadline in force (0: none); the opener runs every call under it.
-        fs = describe_fs(self.path)  # once: each statfs is a metadata-server request
         self.read_timeout_s = resolve_read_timeout(self.path, read_timeout_s, fs=fs)
         self.opener = with_deadline(opener, self.read_timeout_s, scope=self.path)
         self.timed = bool(metrics)
-        if read_strategy is not None and not isinstance(read_strategy, str):
-            raise UsageError(f"read_strategy must be a string, got {type(read_strategy).__name__}")
-        # Chosen once, here; workers get the choice with the dataset.
-        self.read_choice = choose_strategy(self.path, read_strategy, fs=fs)
         self._ds: PackedDataset | None = PackedDataset(
             self.path,
             max_open=self.max_open,
@@ -326,14 +261,13 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self._shard_sizes = np.array(
             [s.num_samples for s in self._ds.manifest.shards], dtype=np.int64
         )
-        self.order_mismatch = _check_staged_order(self._ds.cache_root, self.spec)
+        self.order_mismatch = _check_staged_order(
+            self._ds.cache_root, self._ds.staged_for, self.spec
+        )
         self._closed_metrics: ReadMetrics | None = None
-        self.epoch = 0
-        self._consumed = 0  # global positions of this epoch delivered before this run
-        self._delivered = 0  # samples this process delivered since (direct iteration)
-        self._order_cache: tuple[int, np.ndarray[Any, Any]] | None = None
-        self._streams: dict[tuple[Any, ...], RankStream] = {}  # rank streams computed
-        self._history: list[tuple[int, int, int]] = []  # earlier layouts of this epoch
+        # The one owner of the epoch and the position in it (advanced as samples reach the
+        # training loop, by direct iteration or by a loader).
+        self.cursor = EpochCursor(self.spec, self._shard_sizes, ranks=ranks)
         self._stream_plan: tuple[np.ndarray[Any, Any], int | None] | None = None
         self._ring: BatchRing | None = None  # the loader's, while it iterates
         self._ship_metrics = False  # set by the loader: workers send their figures
@@ -350,8 +284,6 @@ class ShardDataset(Dataset[dict[str, Any]]):
         # stamps again each epoch; it still maps and checks the index itself.
         state["_handoff"] = self._ds.handoff() if self._ds is not None else self._handoff
         state["_ds"] = None
-        state["_order_cache"] = None
-        state["_streams"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -424,7 +356,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
 
     def ranks(self) -> RankInfo:
         """The rank layout used for splitting (detected at call time unless given)."""
-        return self._ranks if self._ranks is not None else detect_ranks()
+        return self.cursor.ranks()
 
     # -- order -------------------------------------------------------------------------------
     @property
@@ -447,19 +379,18 @@ class ShardDataset(Dataset[dict[str, Any]]):
         """Whether each rank's epoch is cut instead of padded (``spec.drop_last``)."""
         return self.spec.drop_last
 
+    @property
+    def epoch(self) -> int:
+        """The epoch (``cursor.epoch``)."""
+        return self.cursor.epoch
+
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch; a new epoch reshuffles and starts from its beginning.
 
         Raises:
             UsageError: ``epoch`` is not an integer >= 0.
         """
-        epoch = require_int(epoch, "epoch", minimum=0)
-        if epoch != self.epoch:
-            self.epoch = epoch
-            self._consumed = 0
-            self._delivered = 0
-            self._history = []
-            self._streams.clear()
+        self.cursor.set_epoch(epoch)
 
     def epoch_order(self) -> np.ndarray[Any, np.dtype[np.int64]]:
         """The global sample order of the current epoch, as one array (8 bytes a sample).
@@ -468,35 +399,12 @@ class ShardDataset(Dataset[dict[str, Any]]):
             UsageError: the order is node-partitioned: each node has an order of its own
                 (see :meth:`rank_indices`).
         """
-        if self.spec.partitioned:
-            raise UsageError(
-                f"partition={self.spec.partition!r} has no global order: each node reads its "
-                "own shards (use rank_indices() or rank_stream())"
-            )
-        if self._order_cache is None or self._order_cache[0] != self.epoch:
-            stream = rank_stream(self._shard_sizes, self.spec.with_(drop_last=False),
-                                 self.epoch, RankInfo())  # fmt: skip
-            self._order_cache = (self.epoch, stream.materialise())
-        return self._order_cache[1]
+        return self.cursor.epoch_order()
 
     def rank_stream(self, *, consumed: int | None = None) -> RankStream:
         """What this rank reads in the rest of the epoch, computed chunk by chunk (no array
         of the whole epoch: a billion-sample dataset starts at once)."""
-        if consumed is not None:
-            consumed = require_int(consumed, "consumed", minimum=0)
-        done = self._consumed if consumed is None else consumed
-        layout = self.ranks()
-        key = (self.epoch, done, layout, tuple(self._history))
-        stream = self._streams.get(key)
-        if stream is None:
-            stream = rank_stream(
-                self._shard_sizes, self.spec, self.epoch, layout, consumed=done,
-                history=self._history,
-            )  # fmt: skip
-            if len(self._streams) > 8:
-                self._streams.clear()
-            self._streams[key] = stream
-        return stream
+        return self.cursor.stream(consumed=consumed)
 
     def rank_indices(self, *, consumed: int | None = None) -> np.ndarray[Any, Any]:
         """Sample indices this rank reads in the rest of the epoch, as one array."""
@@ -504,70 +412,22 @@ class ShardDataset(Dataset[dict[str, Any]]):
 
     def samples_per_rank(self) -> int:
         """Samples each rank reads in a whole epoch (of the layout now)."""
-        if not self.spec.partitioned and not self._history:
-            world = self.ranks().world_size
-            n = self.num_samples
-            return n // world if self.drop_last else -(-n // world)
-        return self.rank_stream(consumed=0).steps
+        return self.cursor.samples_per_rank()
 
     # -- resumable state ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Position of the iteration in this process (global positions consumed)."""
-        return self._state(self._consumed + self._delivered * self.ranks().world_size)
-
-    def _state(self, consumed: int) -> dict[str, Any]:
-        layout = self.ranks()
-        return {
-            "version": STATE_VERSION,
-            "epoch": self.epoch,
-            "spec": self.spec.to_dict(),
-            "num_samples": self.num_samples,
-            "consumed": min(consumed, self.num_samples),
-            "world_size": layout.world_size,
-            "ranks_per_node": layout.node_size,
-            "history": [list(h) for h in self._history],
-        }
+        """The position in the epoch: global positions delivered (``cursor.state()``)."""
+        return self.cursor.state()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict`, also with another number of ranks or nodes.
-
-        Without a partition, the consumed prefix of the epoch's global order is done, so the
-        rest is shared out among the ranks now. With a node partition, what each rank of the
-        saved layout consumed is taken out and the rest shared out under the layout now
-        (recorded in the state, so a later resume honours every layout of the epoch).
+        """Resume from :meth:`state_dict`, also with another number of ranks or nodes
+        (see :meth:`EpochCursor.load <shardio.order.cursor.EpochCursor.load>`).
 
         Raises:
             UsageError: the state is malformed (a key missing, of the wrong type or out of
                 range), of another version, or from a dataset with another order.
         """
-        values = _parse_state(state)
-        spec = values["spec"]
-        mismatch = self.spec.differences(spec)
-        if mismatch:
-            raise UsageError(
-                f"state was saved with another order ({'; '.join(mismatch)}; this dataset, "
-                "then the state): cannot resume"
-            )
-        if values["num_samples"] != self.num_samples:
-            raise UsageError(
-                f"state was saved with num_samples={values['num_samples']!r}, this dataset has "
-                f"{self.num_samples!r}: cannot resume"
-            )
-        layout = self.ranks()
-        history = [tuple(h) for h in values["history"]]
-        consumed = values["consumed"]
-        same = (values["world_size"], values["ranks_per_node"]) == (
-            layout.world_size,
-            layout.node_size,
-        )
-        if self.spec.partitioned and not same and consumed > 0:
-            history.append((values["world_size"], values["ranks_per_node"], consumed))
-            consumed = 0
-        self.epoch = values["epoch"]
-        self._consumed = consumed
-        self._history = history
-        self._delivered = 0
-        self._streams.clear()
+        self.cursor.load(state)
 
     # -- reading -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -648,6 +508,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
     def __getitems__(self, indices: Sequence[int]) -> Any:
         """A batch: packed in shared memory when undecoded, else collated decoded samples."""
         if get_worker_info() is not None:
+            self._follow_board()
             if self.mode == "map" and self._read_plan is not None:
                 self._advise_planned(indices)
             try:
@@ -656,6 +517,91 @@ class ShardDataset(Dataset[dict[str, Any]]):
             except ShardioError as exc:
                 return WorkerFailure(exc, self._drain_metrics())
         return self._read_items(indices)
+
+    # -- a loader's run (LoaderDataset) -----------------------------------------------------
+    def begin_run(
+        self,
+        positions: Any,
+        *,
+        batch_size: int,
+        workers: int,
+        prefetch: object = None,
+        forked: bool = False,
+        ring: BatchRing | None = None,
+        board: Any = None,
+        drop_last: bool = False,
+    ) -> None:
+        """In the training process, before a loader starts its workers (they get the dataset
+        with what is set here).
+
+        Args:
+            positions: the rank's samples that make this run's batches, in order (an array,
+                or a lazy RankStream for an epoch too large for one).
+            batch_size: samples per batch.
+            workers: DataLoader workers (0: read in the training process).
+            prefetch: the DataLoader's prefetch factor (None or invalid: its default, 2).
+            forked: the workers are forked (they inherit this process's descriptors).
+            ring: the shared-memory ring the workers fill, or None.
+            board: persistent workers: a shared int64 tensor ``[run, epoch, consumed]`` the
+                loader rewrites before each later run; a worker that sees a new run
+                recomputes its positions from it (:func:`run_positions`), as the loader
+                does for that run.
+            drop_last: the loader cuts each run to whole batches (for ``board``).
+        """
+        self._board = board
+        self._board_run = -1 if board is None else int(board[0])
+        self._board_cut = drop_last
+        self._ring = ring
+        self._ship_metrics = self.timed  # workers send their figures with each batch
+        if workers > 0:
+            self._plan_reads(
+                positions, batch_size=batch_size, workers=workers, prefetch=prefetch,
+                forked=forked,
+            )  # fmt: skip
+        if self.mode == "stream":
+            self._stream_plan = (positions, batch_size)
+
+    def _follow_board(self) -> None:
+        """In a persistent worker at a run's start: take that run's epoch and position from
+        the loader's board, and recompute the positions it deals (the same as the loader's)."""
+        board = self._board
+        if board is None or int(board[0]) == self._board_run:
+            return
+        self._board_run = int(board[0])
+        self.cursor.place(int(board[1]), int(board[2]))
+        self.packed.resolver.recheck_unstaged()  # copies staged since the last epoch
+        batch_size = (
+            self._stream_plan[1] if self._stream_plan is not None
+            else self._read_plan.batch_size if self._read_plan is not None else None
+        )  # fmt: skip
+        if batch_size is None:
+            return
+        positions = run_positions(self.cursor.stream(), batch_size, self._board_cut)
+        if self._stream_plan is not None:
+            self._stream_plan = (positions, batch_size)
+        if self._read_plan is not None and self._read_plan.positions is not None:
+            self._read_plan = dataclasses.replace(self._read_plan, positions=positions)
+            self._advised_in = -1  # advise this run's first batches too
+
+    def end_run(self) -> None:
+        """After a loader's run (its workers shut down): direct use reads as before."""
+        self._board = None
+        self._stream_plan = None
+        self._read_plan = None
+        self._ring = None
+        self._ship_metrics = False
+
+    def absorb_events(self, events: list[dict[str, Any]]) -> None:
+        """Recovery events a worker sent (ResilientDataset records them; a plain dataset
+        sends none)."""
+        if events:
+            logger.debug("%d recovery events without a recovery policy: dropped", len(events))
+
+    def count_faults(self, **counts: int) -> None:
+        """Add what a loader saw to this rank's read figures (``worker_restarts``,
+        ``stalls``, ``stall_ms``)."""
+        for name, value in counts.items():
+            self._received.add(name, require_int(value, name, minimum=0))
 
     # -- read-ahead advice ------------------------------------------------------------------
     def _plan_reads(
@@ -791,11 +737,9 @@ class ShardDataset(Dataset[dict[str, Any]]):
             return batch
         return self._ring.describe(batch, worker=worker.id)
 
-    def loader(self, batch_size: int, num_workers: int = 0, **kwargs: Any) -> Any:
+    def loader(self, batch_size: int, num_workers: int = 0, **kwargs: Any) -> ShardLoader:
         """The DataLoader shardio recommends: batches built in the workers and moved through
         shared memory, resumable with ``state_dict``/``load_state_dict``."""
-        from shardio.runtime.loader import ShardLoader
-
         return ShardLoader(self, batch_size=batch_size, num_workers=num_workers, **kwargs)
 
     def close(self) -> None:
@@ -806,102 +750,13 @@ class ShardDataset(Dataset[dict[str, Any]]):
             self._ds = None
 
 
-def _parse_state(state: object) -> dict[str, Any]:
-    """The fields of a saved state, each checked for presence, type and range.
-
-    A version-1 state (an older shardio, whose orders were computed otherwise) is taken at an
-    epoch boundary (nothing consumed) or in sequential order, where both agree.
-
-    Raises:
-        UsageError: naming the first field that is wrong.
-    """
-    if not isinstance(state, Mapping):
-        raise UsageError(f"ShardDataset state must be a dict, got {type(state).__name__}")
-    if "version" not in state:
-        raise UsageError("ShardDataset state lacks 'version': cannot resume")
-    version = state["version"]
-    if version == 1 and type(version) is int:
-        state = _upgrade_v1(state)
-        version = STATE_VERSION
-    if type(version) is not int or version not in (2, STATE_VERSION):
-        raise UsageError(f"unsupported ShardDataset state version {version!r}")
-    missing = [k for k in (*_STATE_INTS, "spec", "history") if k not in state]
-    if missing:
-        raise UsageError(f"ShardDataset state lacks {', '.join(map(repr, missing))}: cannot resume")
-    values: dict[str, Any] = {
-        key: require_int(state[key], f"state {key!r}", minimum=least)
-        for key, least in _STATE_INTS.items()
-    }
-    if values["consumed"] > values["num_samples"]:
-        raise UsageError(
-            f"state 'consumed' is {values['consumed']}, more than its {values['num_samples']} "
-            "samples"
-        )
-    values["spec"] = OrderSpec.from_dict(state["spec"])
-    history = state["history"]
-    if not isinstance(history, list) or not all(
-        isinstance(h, list | tuple) and len(h) == 3 for h in history
-    ):
-        raise UsageError("state 'history' must be a list of [world_size, ranks_per_node, consumed]")
-    values["history"] = [
-        (
-            require_int(w, "state history world_size", minimum=1),
-            require_int(r, "state history ranks_per_node", minimum=1),
-            require_int(c, "state history consumed", minimum=0),
-        )
-        for w, r, c in history
-    ]
-    spec = values["spec"]
-    if (
-        version == 2
-        and spec.partition == "rotating"
-        and spec.rotate > 0
-        and values["epoch"] > 0
-        and (values["consumed"] > 0 or values["history"])
-    ):
-        raise UsageError(
-            f"this state was saved mid-epoch (epoch {values['epoch']}) of a rotating partition "
-            "by an older shardio, whose rotation gave other node shares: resume from the start "
-            "of the epoch (load it after setting its 'consumed' to 0 and 'history' to []) or "
-            "finish the epoch with the older release"
-        )
-    return values
-
-
-def _upgrade_v1(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A version-1 state in the form of version 2, where the two orders agree."""
-    for key in ("seed", "order", "window_shards", "consumed", "world_size"):
-        if key not in state:
-            raise UsageError(f"ShardDataset state lacks {key!r}: cannot resume")
-    if state["consumed"] != 0 and state["order"] != "sequential":
-        raise UsageError(
-            "this state was saved mid-epoch by an older shardio, whose shuffled orders differ "
-            "from this one's: resume from the start of the epoch (load it after setting "
-            "its 'consumed' to 0) or finish the epoch with the older release"
-        )
-    spec = {
-        "order": state["order"],
-        "seed": state["seed"],
-        "window_shards": state["window_shards"],
-    }
-    return {
-        **state,
-        "version": STATE_VERSION,
-        "spec": spec,
-        "ranks_per_node": state["world_size"],
-        "history": [],
-    }
-
-
-def _check_staged_order(area: str | None, spec: OrderSpec) -> list[str]:
-    """How the order a staging area was staged for differs from ``spec`` (logged: a job
-    that reads in another order than it staged for reads much from the source)."""
-    if area is None:
-        return []
-    from shardio.cache.protocol import read_staged_for
-
-    staged = read_staged_for(area)
-    if staged is None:
+def _check_staged_order(
+    area: str | None, staged: dict[str, Any] | None, spec: OrderSpec
+) -> list[str]:
+    """How the order a staging area was staged for (``staged``) differs from ``spec``
+    (logged: a job that reads in another order than it staged for reads much from the
+    source)."""
+    if area is None or staged is None:
         return []
     try:
         staged_spec = OrderSpec.from_dict(staged.get("spec"))
@@ -922,42 +777,6 @@ def _check_staged_order(area: str | None, spec: OrderSpec) -> list[str]:
     return differences
 
 
-def _order_spec(
-    mode: str,
-    order: str | OrderSpec | None,
-    *,
-    shuffle: bool,
-    seed: int | None,
-    window_shards: int | None,
-    drop_last: bool | None,
-) -> OrderSpec:
-    """The order spec of ShardDataset's arguments (the one set of defaults: OrderSpec's and
-    :func:`shardio.order.default_order`)."""
-    if mode not in MODES:
-        raise UsageError(f"invalid mode {mode!r}: choose one of {', '.join(MODES)}")
-    loose = {"seed": seed, "window_shards": window_shards, "drop_last": drop_last}
-    given: dict[str, Any] = {k: v for k, v in loose.items() if v is not None}
-    if isinstance(order, OrderSpec):
-        if given:
-            raise UsageError(
-                f"give {', '.join(sorted(given))} in the OrderSpec, not beside it "
-                f"(OrderSpec(..., {next(iter(sorted(given)))}=...))"
-            )
-        spec = order
-    else:
-        if "seed" in given:
-            given["seed"] = _check_seed(given["seed"])
-        if "window_shards" in given:
-            given["window_shards"] = require_int(given["window_shards"], "window_shards", minimum=1)
-        if "drop_last" in given:
-            given["drop_last"] = bool(given["drop_last"])
-        base = OrderSpec(order=default_order(mode), **given)
-        spec = OrderSpec.parse(order, base) if isinstance(order, str) else base
-    if not shuffle:
-        spec = spec.with_(order="sequential")
-    return spec
-
-
 class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
     """Streaming mode: an IterableDataset that splits work by rank and DataLoader worker.
 
@@ -973,21 +792,25 @@ class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
+        if info is not None:
+            self._follow_board()
         if self._stream_plan is not None:
             positions, batch_size = self._stream_plan
         else:
-            if info is None:
-                # A restarted direct iteration continues after what was delivered.
-                self._consumed += self._delivered * self.ranks().world_size
-                self._delivered = 0
+            # A restarted direct iteration continues after what was delivered (an epoch read
+            # to its end is read again).
+            self.cursor.begin()
             positions, batch_size = self.rank_indices(), None
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        world = self.ranks().world_size  # each sample delivered moves the epoch as far
         if batch_size is None:
             for i in positions[worker::workers]:
                 sample = self[int(i)]
                 if info is None:
-                    self._delivered += 1
+                    self.cursor.advance(world)
                 yield sample
+            if info is None:
+                self.cursor.finish()
             return
         n_chunks = -(-len(positions) // batch_size)
         # This worker's next batches: all ``depth - 1`` of them before its first batch (the

@@ -18,27 +18,23 @@ import signal
 import time
 import weakref
 from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from shardio._check import require_int
 from shardio.errors import StorageError, UsageError
-from shardio.metrics.snapshot import MetricsSnapshot, snapshot
+from shardio.metrics.snapshots import MetricsSnapshot, snapshot
 from shardio.metrics.steps import StepTimer
 from shardio.read.deadline import check_read_timeout
-from shardio.runtime.dataset import (
-    EVENTS_KEY,
-    METRICS_KEY,
-    ShardDataset,
-    WorkerFailure,
-    labels_to_tensor,
-    require_int,
-)
 from shardio.runtime.placement import worker_pinning
+from shardio.runtime.protocol import LoaderDataset, run_positions
 from shardio.runtime.stallwatch import StallWatch, WorkersStuckError, watched_opener
 from shardio.runtime.transport import BatchRing, RingBatch, max_batch_bytes
+from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, WorkerFailure, labels_to_tensor
 
 __all__ = ["ShardLoader"]
 
@@ -60,7 +56,6 @@ def _identity(batch: Any) -> Any:
 
 # A rank's positions up to this many are an array; more stay a lazy RankStream, read a chunk
 # at a time (8 bytes a sample: a billion-sample epoch split over 8 ranks would take 1 GB).
-_MATERIALISE_LIMIT = 1 << 22
 _CHUNK = 1 << 16
 
 
@@ -100,14 +95,23 @@ class ShardLoader:
             60 s, or off when the dataset has no deadline; 0: off. Workers only.
         max_worker_restarts: replacements in a row that deliver no batch before the loader
             gives up with a StorageError.
+        persistent_workers: keep the workers (and the shards they hold open, and the
+            shared-memory ring) from one epoch to the next: after an epoch read to its end,
+            the next iteration tells them its epoch and position through a small shared
+            board instead of starting new workers. An iteration left early (``break``, an
+            error, replaced workers) or an epoch with an elastic history starts new ones.
+            Workers only; :meth:`close` (or the loader's end) stops them. On by default:
+            measured here (4,000 samples, 201 shards, 2 workers), the wait for an epoch's
+            first batch fell from 53 ms to 15 ms with forked workers and from 2.5 s to
+            13 ms with ``forkserver``, whose new workers re-opened all 402 shard files
+            every epoch. False starts new workers every epoch.
         **kwargs: passed to ``torch.utils.data.DataLoader`` (pin_memory, prefetch_factor,
-            multiprocessing_context, ...). ``persistent_workers`` is refused: workers must
-            see each epoch's start position.
+            multiprocessing_context, ...).
     """
 
     def __init__(
         self,
-        dataset: ShardDataset,
+        dataset: LoaderDataset,
         *,
         batch_size: int,
         num_workers: int = 0,
@@ -115,6 +119,7 @@ class ShardLoader:
         pin_workers: bool = True,
         worker_timeout_s: float | None = None,
         max_worker_restarts: int = 2,
+        persistent_workers: bool = True,
         **kwargs: Any,
     ) -> None:
         batch_size = require_int(batch_size, "batch_size", minimum=1)
@@ -123,8 +128,10 @@ class ShardLoader:
             max_worker_restarts, "max_worker_restarts", minimum=0
         )
         num_workers = require_int(num_workers, "num_workers", minimum=0)
-        if kwargs.get("persistent_workers"):
-            raise UsageError("ShardLoader does not support persistent_workers")
+        if not isinstance(persistent_workers, bool):
+            raise UsageError(
+                f"persistent_workers must be True or False, got {persistent_workers!r}"
+            )
         if kwargs.get("in_order") is False:
             raise UsageError("ShardLoader needs in_order=True: resume relies on the order")
         for key in ("sampler", "batch_sampler", "shuffle", "collate_fn", "batch_size"):
@@ -136,32 +143,38 @@ class ShardLoader:
         self.drop_last = drop_last
         self.pin_workers = pin_workers
         self.kwargs = kwargs
-        self._delivered = 0
-        self._epoch = dataset.epoch  # the epoch _delivered counts samples of
+        self.persistent_workers = persistent_workers and num_workers > 0
+        # Persistent workers between iterations, stopped by close() or when this loader is
+        # collected (a loader made per epoch, ``for b in ds.loader(...)``, leaves none behind).
+        self._keeper = _Keeper()
+        weakref.finalize(self, self._keeper.drop)
         self._ring_counts: torch.Tensor | None = None  # the last ring's, shared with workers
         self._transport_done = {"ring": 0, "fallback": 0}  # of the iterations before it
         self._live: weakref.ref[_Batches] | None = None  # the last iteration
         self.steps = StepTimer()
 
-    def _sync_epoch(self) -> None:
-        # ds.set_epoch() called directly (the DistributedSampler habit) starts a new epoch.
-        if self.dataset.epoch != self._epoch:
-            self._delivered = 0
-            self._epoch = self.dataset.epoch
-
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (a new one reshuffles and starts at its beginning)."""
-        self.dataset.set_epoch(epoch)
-        self._sync_epoch()
+        self.dataset.cursor.set_epoch(epoch)
 
     def __len__(self) -> int:
-        n = self.dataset.samples_per_rank()
+        n = self.dataset.cursor.samples_per_rank()
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def _dataloader(
-        self, positions: Any, *, timeout: float = 0.0, watch: StallWatch | None = None
-    ) -> DataLoader[Any]:
+        self,
+        positions: Any,
+        *,
+        ring: BatchRing | None = None,
+        timeout: float = 0.0,
+        watch: StallWatch | None = None,
+        board: torch.Tensor | None = None,
+    ) -> tuple[DataLoader[Any], _PositionSampler | None]:
+        """The DataLoader of a run over ``positions`` (cut to whole batches with
+        ``drop_last``), and its sampler (map mode)."""
         common: dict[str, Any] = {"num_workers": self.num_workers, **self.kwargs}
+        if board is not None:
+            common["persistent_workers"] = True
         if self.num_workers > 0:
             if timeout:
                 common["timeout"] = timeout
@@ -169,40 +182,38 @@ class ShardLoader:
             if self.pin_workers:  # computed here, in the main process, before workers start
                 pinning = worker_pinning(
                     num_workers=self.num_workers,
-                    local_rank=self.dataset.ranks().local_rank,
+                    local_rank=self.dataset.cursor.ranks().local_rank,
                     user_init=common.get("worker_init_fn"),
                 )
                 if pinning is not None:
                     common["worker_init_fn"] = pinning
             if watch is not None:
                 common["worker_init_fn"] = watch.init_fn(common.get("worker_init_fn"))
-            # Before the workers start, which take the dataset with it: the batches each
-            # reads (each advises its first ones before reading any) and the staged shards.
-            self.dataset._plan_reads(
-                self._batched(positions),
-                batch_size=self.batch_size,
-                workers=self.num_workers,
-                prefetch=common["prefetch_factor"],
-                forked=_forks(common.get("multiprocessing_context")),
-            )
-        if self.dataset.mode == "stream":
-            self.dataset._stream_plan = (self._batched(positions), self.batch_size)
-            return DataLoader(self.dataset, batch_size=None, collate_fn=_identity, **common)
-        return DataLoader(
-            self.dataset,
+        # Before the workers start, which take the dataset with it: the batches each reads
+        # (each advises its first ones before reading any), the staged shards, the ring.
+        self.dataset.begin_run(
+            positions,
             batch_size=self.batch_size,
-            sampler=_PositionSampler(positions),
+            workers=self.num_workers,
+            prefetch=common.get("prefetch_factor"),
+            forked=self.num_workers > 0 and _forks(common.get("multiprocessing_context")),
+            ring=ring,
+            board=board,
+            drop_last=self.drop_last,
+        )
+        data: Any = self.dataset  # a torch Dataset (map mode) or IterableDataset (stream)
+        if self.dataset.mode == "stream":
+            return DataLoader(data, batch_size=None, collate_fn=_identity, **common), None
+        sampler = _PositionSampler(positions)
+        loader = DataLoader(
+            data,
+            batch_size=self.batch_size,
+            sampler=sampler,
             drop_last=self.drop_last,
             collate_fn=_identity,
             **common,
         )
-
-    def _batched(self, positions: Any) -> Any:
-        """The positions that make batches (``drop_last`` cuts an incomplete last one)."""
-        if self.drop_last:
-            n = len(positions) // self.batch_size * self.batch_size
-            return positions[:n] if isinstance(positions, np.ndarray) else positions.head(n)
-        return positions
+        return loader, sampler
 
     def _make_ring(self, positions: Any) -> BatchRing | None:
         """The ring of one iteration over ``positions``, when its batches take one."""
@@ -216,7 +227,7 @@ class ShardLoader:
         return BatchRing.allocate(
             workers=self.num_workers,
             slots=prefetch + _SPARE_SLOTS,
-            slot_bytes=max_batch_bytes(ds.packed, self._batched(positions), self.batch_size),
+            slot_bytes=max_batch_bytes(ds.packed, positions, self.batch_size),
         )
 
     @property
@@ -240,7 +251,7 @@ class ShardLoader:
         process's own reads; step time, wait and stall fraction are measured where the
         training loop takes each batch. A batch's reads count once the batch is delivered.
         """
-        ranks = self.dataset.ranks()
+        ranks = self.dataset.cursor.ranks()
         current = self.transport_stats
         transport = {k: v + current[k] for k, v in self._transport_done.items()}
         return snapshot(
@@ -272,6 +283,11 @@ class ShardLoader:
                 live.close()  # runs its finally: the workers are shut down there
             except ValueError as exc:
                 raise UsageError(f"ShardLoader.close() while another thread reads: {exc}") from exc
+        self._drop_kept()
+
+    def _drop_kept(self) -> None:
+        """Stop the persistent workers, if any are kept."""
+        self._keeper.drop()
 
     def _watchdog_s(self) -> float:
         """Seconds without a batch after which the workers are deemed stuck (0: never)."""
@@ -282,12 +298,11 @@ class ShardLoader:
         given = self.kwargs.get("timeout")
         if given:
             return float(given)
-        deadline = float(getattr(self.dataset, "read_timeout_s", 0.0) or 0.0)
+        deadline = float(self.dataset.read_timeout_s or 0.0)
         return max(_MIN_WATCHDOG_S, _WATCHDOG_DEADLINES * deadline) if deadline else 0.0
 
     def _iterate(self) -> _Batches:
         """Iterate, replacing workers that stopped answering (see ``worker_timeout_s``)."""
-        self._sync_epoch()
         fruitless = stalled = 0
         while True:
             try:
@@ -296,15 +311,14 @@ class ShardLoader:
             except WorkersStuckError as stuck:
                 # Whatever they had prefetched is lost, not delivered: the next run starts at
                 # the first sample not yet handed to the training loop, as a resume would.
-                self.dataset._received.add("worker_restarts", self.num_workers)
+                self.dataset.count_faults(worker_restarts=self.num_workers)
                 if stuck.stalls:
                     # Each stall held its shard: the new workers fail its reads at once, so
                     # restarts for stalls end (one per shard at most), unless the holds do
                     # not reach them (no usable /dev/shm): bounded by the shards then.
                     stalled = stalled + 1 if not stuck.progressed else 1
-                    self.dataset._received.add("stalls", stuck.stalls)
-                    self.dataset._received.add(
-                        "stall_ms", int(stuck.stalls * stuck.waited_s * 1000)
+                    self.dataset.count_faults(
+                        stalls=stuck.stalls, stall_ms=int(stuck.stalls * stuck.waited_s * 1000)
                     )
                     if stalled > self._stall_restart_limit():
                         raise StorageError(
@@ -317,7 +331,7 @@ class ShardLoader:
                         "a read stalled for %g s: DataLoader workers replaced, resuming after "
                         "%d samples",
                         stuck.waited_s,
-                        self.dataset._consumed + self._delivered,
+                        self.dataset.cursor.consumed,
                     )
                     continue
                 fruitless = 0 if stuck.progressed else fruitless + 1
@@ -331,7 +345,7 @@ class ShardLoader:
                 logger.warning(
                     "no batch for %g s: DataLoader workers replaced, resuming after %d samples",
                     stuck.waited_s,
-                    self.dataset._consumed + self._delivered,
+                    self.dataset.cursor.consumed,
                 )
 
     def _stall_restart_limit(self) -> int:
@@ -349,26 +363,49 @@ class ShardLoader:
         return StallWatch(workers=self.num_workers, timeout_s=opener.timeout_s)
 
     def _iterate_once(self) -> _Batches:
-        world = self.dataset.ranks().world_size
-        base = self.dataset._consumed + self._delivered * world
-        self.dataset._consumed, self._delivered = base, 0
-        stream = self.dataset.rank_stream(consumed=base)
-        positions = stream.materialise() if len(stream) <= _MATERIALISE_LIMIT else stream
-        # Allocated before the DataLoader starts its workers: they get it with the dataset.
-        if self._ring_counts is not None:
+        cursor = self.dataset.cursor
+        cursor.begin()  # an epoch read to its end is read again, as a DataLoader does
+        world = cursor.ranks().world_size
+        # From the first sample not yet handed to the training loop (the cursor moves as each
+        # batch is: a run after replaced workers starts where the last one stopped).
+        positions = run_positions(cursor.stream(), self.batch_size, self.drop_last)
+        kept = self._keeper.kept if self._keeper.kept is not None and not cursor.history else None
+        if kept is None:
+            self._drop_kept()  # an elastic history: workers are started with it
+        if self._ring_counts is not None and (kept is None or kept.ring is None):
             last = self.transport_stats
             self._transport_done = {k: v + last[k] for k, v in self._transport_done.items()}
-        ring = self.dataset._ring = self._make_ring(positions)
-        self._ring_counts = ring.counts if ring is not None else None
-        self.dataset._ship_metrics = self.dataset.timed
-        batches = None
+            self._ring_counts = None
         clock = time.perf_counter_ns
         watchdog = self._watchdog_s()
-        progressed = False
-        watch = self._stall_watch()
+        progressed = finished = False
+        batches: Any = None
+        if kept is not None:
+            # The persistent workers learn this run from the board when it starts.
+            ring, watch = kept.ring, kept.watch
+            kept.board[1], kept.board[2] = cursor.epoch, cursor.consumed
+            kept.board[0] += 1
+            if kept.sampler is not None:
+                kept.sampler.positions = positions
+        else:
+            # Allocated before the DataLoader starts its workers: they get it with the dataset.
+            ring = self._make_ring(positions)
+            self._ring_counts = ring.counts if ring is not None else None
+            watch = self._stall_watch()
         try:
             self.steps.start()
-            batches = iter(self._dataloader(positions, timeout=watchdog, watch=watch))
+            if kept is not None:
+                batches = iter(kept.loader)
+            else:
+                board = torch.zeros(3, dtype=torch.int64) if self.persistent_workers else None
+                if board is not None:
+                    board.share_memory_()  # type: ignore[no-untyped-call]
+                loader, sampler = self._dataloader(
+                    positions, ring=ring, timeout=watchdog, watch=watch, board=board
+                )
+                batches = iter(loader)
+                if board is not None:
+                    kept = _KeptWorkers(loader, batches, sampler, ring, watch, board)
             if watch is not None:
                 watch.start(batches, _kill_workers)
             while True:
@@ -376,6 +413,8 @@ class ShardLoader:
                 try:
                     item = next(batches)
                 except StopIteration:
+                    finished = True
+                    cursor.finish()
                     break
                 except Exception as exc:
                     # Whatever a killed worker's iterator raises once the watch fired is the
@@ -397,7 +436,7 @@ class ShardLoader:
                         raise watch.stuck(progressed) from None  # the wake-up item
                     raise
                 progressed = True
-                self._delivered += len(batch["__key__"])
+                cursor.advance(len(batch["__key__"]) * world)
                 batch = labels_to_tensor(batch)
                 now = clock()
                 self.steps.batch(wait_ns=now - asked, samples=len(batch["__key__"]), now_ns=now)
@@ -405,14 +444,20 @@ class ShardLoader:
         finally:
             if watch is not None:
                 watch.stop()
-            # Now, not when the garbage collector finds the iterator (a traceback may hold it).
-            shutdown = getattr(batches, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
-            self.dataset._stream_plan = None
-            self.dataset._read_plan = None
-            self.dataset._ring = None
-            self.dataset._ship_metrics = False
+            if finished and kept is not None:
+                self._keeper.kept = kept  # kept for the next epoch, workers idle
+            else:
+                # Now, not when the garbage collector finds the iterator (a traceback may
+                # hold it). A run left early ends its persistent workers too: batches they
+                # had in flight would still arrive.
+                self._keeper.kept = None
+                if kept is not None:
+                    kept.shutdown()
+                else:
+                    shutdown = getattr(batches, "_shutdown_workers", None)
+                    if shutdown is not None:
+                        shutdown()
+            self.dataset.end_run()
 
     def _arrived(self, item: Any, ring: BatchRing | None) -> dict[str, Any]:
         """The batch a worker's ``item`` stands for, its figures and events taken out."""
@@ -424,22 +469,16 @@ class ShardLoader:
             self.dataset.absorb_metrics(delta)
         events = batch.pop(EVENTS_KEY, None)
         if events is not None:
-            absorb = getattr(self.dataset, "absorb_events", None)
-            if absorb is not None:
-                absorb(events)
+            self.dataset.absorb_events(events)
         return batch  # type: ignore[no-any-return]
 
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch stands: global positions delivered to the training loop."""
-        self._sync_epoch()
-        world = self.dataset.ranks().world_size
-        return self.dataset._state(self.dataset._consumed + self._delivered * world)
+        return self.dataset.cursor.state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`, also with another number of ranks."""
-        self.dataset.load_state_dict(state)
-        self._delivered = 0
-        self._epoch = self.dataset.epoch
+        self.dataset.cursor.load(state)
 
 
 def _forks(context: object) -> bool:
@@ -484,3 +523,32 @@ def _arrived(item: Any, ring: BatchRing | None) -> Any:
             raise StorageError(errno.EPROTO, "ring transport: a ring batch without a ring")
         return ring.receive(item)
     return item
+
+
+@dataclass
+class _KeptWorkers:
+    """A DataLoader's persistent workers between iterations, and what they were given."""
+
+    loader: DataLoader[Any]
+    batches: Any  # its iterator (a persistent DataLoader resets and reuses it)
+    sampler: _PositionSampler | None
+    ring: BatchRing | None
+    watch: StallWatch | None
+    board: torch.Tensor  # [run, epoch, consumed], read by the workers at each run's start
+
+    def shutdown(self) -> None:
+        shutdown = getattr(self.batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
+class _Keeper:
+    """Holds a loader's persistent workers; stops them when asked or when the loader goes."""
+
+    def __init__(self) -> None:
+        self.kept: _KeptWorkers | None = None
+
+    def drop(self) -> None:
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            kept.shutdown()

@@ -62,8 +62,9 @@ import torch
 
 from shardio.errors import UsageError
 from shardio.metrics.read import ReadMetrics
-from shardio.metrics.snapshot import MetricsSnapshot, snapshot
+from shardio.metrics.snapshots import MetricsSnapshot, snapshot
 from shardio.metrics.steps import StepTimer
+from shardio.order.ranks import detect_ranks
 from shardio.runtime.batch import ByteColumn, MappedColumn
 
 __all__ = ["DeviceByteColumn", "GPUPrefetcher"]
@@ -319,6 +320,15 @@ def _samples_in(batch: Any) -> int:
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
+    """The device of ``device``: "auto" is this local rank's GPU (the CPU without CUDA);
+    a CUDA device asked for by name must exist."""
+    if device == "auto":
+        if not torch.cuda.is_available():
+            logger.info("GPUPrefetcher: no CUDA device; batches stay on the CPU")
+            return torch.device("cpu")
+        # bind.sh narrows CUDA_VISIBLE_DEVICES to the rank's GPU (then index 0); otherwise
+        # the local ranks of a node take the GPUs in turn.
+        return torch.device("cuda", detect_ranks().local_rank % torch.cuda.device_count())
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -328,8 +338,14 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     if dev.type != "cuda":
         raise UsageError(f"GPUPrefetcher copies to cuda or cpu, not {dev.type!r}")
     if not torch.cuda.is_available():
-        logger.warning("GPUPrefetcher: no CUDA device; batches stay on the CPU")
-        return torch.device("cpu")
+        raise UsageError(
+            f"device {str(device)!r}: CUDA is not available to this process (no GPU, a CPU "
+            "build of torch, or CUDA_VISIBLE_DEVICES empty); pass device='auto' to fall back "
+            "to the CPU, or device='cpu'"
+        )
+    count = torch.cuda.device_count()
+    if dev.index is not None and not 0 <= dev.index < count:
+        raise UsageError(f"device {str(device)!r}: this process sees {count} CUDA device(s)")
     return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
@@ -338,7 +354,10 @@ class GPUPrefetcher:
 
     Args:
         loader: a :class:`ShardLoader` (``ds.loader(...)``) or any iterable of batches.
-        device: a CUDA device, or "cpu" (also used when CUDA is not available).
+        device: "auto" (default): this local rank's GPU (``LOCAL_RANK`` modulo the GPUs this
+            process sees, index 0 when ``bind.sh`` narrowed ``CUDA_VISIBLE_DEVICES`` to one),
+            or the CPU when CUDA is not available; a CUDA device ("cuda:1"), which must
+            exist (no silent fallback); or "cpu".
         depth: batches prepared ahead (an int >= 1).
 
     Iterating starts a pass (``iter(loader)`` anew, in a thread named ``shardio-prefetch``);
@@ -357,7 +376,7 @@ class GPUPrefetcher:
     """
 
     def __init__(
-        self, loader: Iterable[Any], device: str | torch.device = "cuda:0", depth: int = 2
+        self, loader: Iterable[Any], device: str | torch.device = "auto", depth: int = 2
     ) -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise UsageError(f"depth must be an int >= 1, got {depth!r}")

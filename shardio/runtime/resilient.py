@@ -21,7 +21,8 @@ import xxhash
 from shardio.errors import UsageError
 from shardio.metrics.read import ReadMetrics
 from shardio.read.recovery import Recovery, RecoveryPolicy
-from shardio.runtime.dataset import EVENTS_KEY, ShardDataset, ShardStreamDataset
+from shardio.runtime.dataset import ShardDataset, ShardStreamDataset
+from shardio.runtime.wire import EVENTS_KEY
 
 __all__ = ["ResilientDataset"]
 
@@ -86,6 +87,7 @@ class ResilientDataset(ShardDataset):
             except TypeError as exc:
                 raise UsageError(f"ResilientDataset: {exc}") from exc
         self.__dict__.update(dataset.__getstate__())
+        self.cursor = dataset.cursor.copy()  # its own position, from where the dataset stood
         self._received = ReadMetrics()  # its own figures, not the wrapped dataset's
         self._closed_metrics = None
         self.recovery_policy = chosen

@@ -24,7 +24,7 @@ import torch
 
 from shardio.errors import ReadStalledError
 from shardio.read.deadline import WATCH_SLOTS, DeadlineOpener
-from shardio.runtime.dataset import WorkerFailure
+from shardio.runtime.wire import WorkerFailure
 
 __all__ = ["StallWatch", "WorkersStuckError", "watched_opener"]
 
@@ -92,7 +92,9 @@ class StallWatch:
         return _WatchInit(self.table, then)
 
     def start(self, batches: Any, kill: Callable[[Any], None]) -> None:
-        """Watch the workers of the DataLoader iterator ``batches``; ``kill`` kills them."""
+        """Watch the workers of the DataLoader iterator ``batches``; ``kill`` kills them.
+        Started again for each run of persistent workers (after :meth:`stop`)."""
+        self._stop.clear()
         self._thread = threading.Thread(
             target=self._run, args=(batches, kill), name="shardio-stall-watch", daemon=True
         )

@@ -36,7 +36,7 @@ from shardio.errors import ShardioError, StorageError
 from shardio.format.spec import LABEL_EXT
 from shardio.read.packed import PackedDataset
 from shardio.runtime.batch import SHM_DIR, ByteColumn, payload_rows, read_batch, shared_uint8
-from shardio.runtime.dataset import EVENTS_KEY, METRICS_KEY, WorkerFailure
+from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, WorkerFailure
 
 __all__ = ["BatchRing", "RingBatch", "max_batch_bytes"]
 

@@ -36,8 +36,8 @@ from shardio.format.spec import (
 )
 from shardio.packing.run import PackOptions, PackResult, pack
 from shardio.read.packed import PackedDataset
-from shardio.unpack import unpack_dataset
-from shardio.verify import verify_dataset
+from shardio.tools.unpack import unpack_dataset
+from shardio.tools.verify import verify_dataset
 
 
 def _pattern(size: int, seed: int) -> bytes:

@@ -362,14 +362,14 @@ def test_a_filesystem_without_locks_only_warns(
 ) -> None:
     import errno
 
-    import shardio.packing.dest as dest
+    import shardio.storage.dirlock as dest
 
     def no_locks(fd: int, op: int) -> None:
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setattr(dest.fcntl, "flock", no_locks)
     dst = tmp_path / "ds"
-    with caplog.at_level(logging.WARNING, logger="shardio.packing.dest"):
+    with caplog.at_level(logging.WARNING, logger="shardio.storage.dirlock"):
         result = pack(str(tiny_tree), str(dst), PackOptions(durable=False, fs_type="local"))
     assert result.num_samples == 6
     assert any("cannot lock" in r.getMessage() for r in caplog.records)
@@ -381,7 +381,7 @@ def test_a_lock_conflict_is_a_usage_error_in_the_api(
 ) -> None:
     import errno
 
-    import shardio.packing.dest as dest
+    import shardio.storage.dirlock as dest
 
     def would_block(fd: int, op: int) -> None:
         raise BlockingIOError(errno.EWOULDBLOCK, "Resource temporarily unavailable")

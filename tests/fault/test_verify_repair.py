@@ -20,7 +20,7 @@ import pytest
 from trees import flip_member
 
 from shardio.format.manifest import load_manifest
-from shardio.repair import repair_dataset
+from shardio.tools.repair import repair_dataset
 
 W1 = ("--workers", "1", "--no-progress")
 SUFFIX = {"tar": ".tar", "hdf5": ".h5"}

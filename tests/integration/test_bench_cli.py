@@ -14,13 +14,15 @@ from typing import Any, NamedTuple
 import pytest
 from trees import write_tree
 
+from shardio.bench import loop as bench_loop
+from shardio.bench.loop import drop_page_cache
+from shardio.bench.peers import list_regular_files
+from shardio.bench.report import check_run
+from shardio.bench.runners import run_shardio
+from shardio.bench.settings import BenchSettings
 from shardio.format.manifest import load_manifest
-from shardio.metrics.report import check_run
 from shardio.packing.run import PackOptions, pack
 from shardio.read.faults import Fault, FaultyOpener
-from shardio.runtime import bench
-from shardio.runtime.bench import BenchSettings, drop_page_cache, run_shardio
-from shardio.runtime.peers import list_regular_files
 
 CLASSES = 3
 PER_CLASS = 40
@@ -208,7 +210,7 @@ def test_cold_without_drop_caches_evicts_each_file(
     def no_global(paths: list[str], *, allow_global: bool = True) -> str:
         return drop_page_cache(paths, allow_global=False)
 
-    monkeypatch.setattr(bench, "drop_page_cache", no_global)
+    monkeypatch.setattr(bench_loop, "drop_page_cache", no_global)
     settings = BenchSettings(workers=0, batch_size=BATCH, compute_ms=0.0, epochs=2, cold=True)
     run = run_shardio(os.fspath(data.tar), settings)
     assert run.samples == SAMPLES * 2
@@ -329,8 +331,8 @@ def test_plot_replaced_by_a_symlink_during_the_run_is_left_alone(
     data: Data, tmp_path: pathlib.Path
 ) -> None:
     """The check is made again just before the rename (the run takes minutes)."""
+    from shardio.bench.plot import write_plot
     from shardio.errors import StorageError
-    from shardio.metrics.plot import write_plot
 
     run = run_shardio(os.fspath(data.tar), BenchSettings(workers=0, batch_size=BATCH,
                                                           compute_ms=0.0))  # fmt: skip

@@ -146,10 +146,10 @@ def test_closed_pipe_keeps_the_exit_code_of_a_damaged_verify(
 
 def test_a_broken_pipe_that_is_not_stdout_is_an_error(tiny: pathlib.Path) -> None:
     code = (
-        "import shardio.verify\n"
+        "import shardio.tools.verify\n"
         "def broken(*a, **k):\n"
         "    raise BrokenPipeError(32, 'Broken pipe')\n"
-        "shardio.verify.verify_dataset = broken"
+        "shardio.tools.verify.verify_dataset = broken"
     )
     proc = run_patched(code, "verify", tiny, *W1)
     assert proc.returncode == 1
@@ -181,10 +181,10 @@ def test_a_closed_progress_stream_does_not_stop_the_work() -> None:
 
 def test_an_unexpected_exception_is_one_internal_error_line(tiny: pathlib.Path) -> None:
     code = (
-        "import shardio.verify\n"
+        "import shardio.tools.verify\n"
         "def bug(*a, **k):\n"
         "    raise RuntimeError('boom')\n"
-        "shardio.verify.verify_dataset = bug"
+        "shardio.tools.verify.verify_dataset = bug"
     )
     proc = run_patched(code, "verify", tiny, *W1)
     assert proc.returncode == 1

@@ -26,7 +26,7 @@ from shardio.errors import ChecksumMismatchError
 from shardio.format.manifest import load_manifest
 from shardio.metrics.progress import ProgressSnapshot
 from shardio.packing.merge import merge_parts
-from shardio.unpack import unpack_dataset
+from shardio.tools.unpack import unpack_dataset
 
 GOLDEN_V1 = pathlib.Path(__file__).resolve().parents[1] / "data" / "format_v1" / "tar"
 W1 = ("--workers", "1", "--no-progress")

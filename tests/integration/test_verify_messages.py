@@ -22,8 +22,8 @@ from shardio.cli.progressbar import ProgressBar
 from shardio.errors import UsageError
 from shardio.format.manifest import load_manifest
 from shardio.metrics.progress import ProgressSnapshot
-from shardio.repair import repair_dataset
-from shardio.verify import verify_dataset
+from shardio.tools.repair import repair_dataset
+from shardio.tools.verify import verify_dataset
 
 W1 = ("--workers", "1", "--no-progress")
 

@@ -12,10 +12,10 @@ import pytest
 from mfsbed import PfsDataset
 
 from shardio import ShardDataset
+from shardio.bench.loop import drop_page_cache
 from shardio.order.ranks import RankInfo
 from shardio.read.packed import PackedDataset
 from shardio.read.strategy import choose_strategy
-from shardio.runtime.bench import drop_page_cache
 
 BATCH = 16
 SINGLE = RankInfo(rank=0, world_size=1)

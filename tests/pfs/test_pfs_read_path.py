@@ -13,12 +13,12 @@ import pytest
 from mfsbed import Bed, PfsDataset
 
 from shardio import ShardDataset
+from shardio.bench.loop import drop_page_cache
 from shardio.errors import ChecksumMismatchError
 from shardio.order.ranks import RankInfo
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.packed import PackedDataset
 from shardio.read.strategy import ENV_VAR
-from shardio.runtime.bench import drop_page_cache
 
 BATCH = 16
 SINGLE = RankInfo(rank=0, world_size=1)

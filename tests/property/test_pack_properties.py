@@ -15,8 +15,8 @@ from shardio.errors import ChecksumMismatchError
 from shardio.format.keys import split_name
 from shardio.packing.run import PackOptions, pack
 from shardio.read.packed import PackedDataset
-from shardio.unpack import unpack_dataset
-from shardio.verify import verify_dataset
+from shardio.tools.unpack import unpack_dataset
+from shardio.tools.verify import verify_dataset
 
 FORMATS = ["tar", "hdf5"]
 

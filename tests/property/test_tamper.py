@@ -23,8 +23,8 @@ from trees import read_tree, write_tree
 from shardio.errors import ShardioError
 from shardio.packing.run import PackOptions, pack
 from shardio.read.packed import PackedDataset
-from shardio.unpack import unpack_dataset
-from shardio.verify import verify_dataset
+from shardio.tools.unpack import unpack_dataset
+from shardio.tools.verify import verify_dataset
 
 # An ImageNet-style tree (labels), several members per sample, a non-UTF-8 name, 3 shards.
 TREE = {

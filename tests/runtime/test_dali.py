@@ -149,6 +149,84 @@ def test_a_loop_left_early_restarts_its_epoch(packed_tar: Packed) -> None:
     assert data == _expected(packed_tar, seed=1, epoch=4, ranks=RankInfo())[0]
 
 
+def test_a_loop_left_early_continues_after_its_last_batch(packed_tar: Packed) -> None:
+    want = _expected(packed_tar, seed=1, epoch=0, ranks=RankInfo())[0]
+    with sdali.loader(packed_tar.path, batch_size=BATCH, seed=1) as loader:
+        head: list[bytes] = []
+        for i, batch in enumerate(loader):
+            head += [bytes(t.numpy()) for t in batch["data"]]
+            if i == 2:
+                break
+        rest, _, _ = _epoch(loader)  # a fresh DALI pipeline, after the delivered batches
+        assert head + rest == want
+        assert _epoch(loader)[0] == want  # a finished epoch, no set_epoch: read again
+
+
+@pytest.mark.parametrize("spec", ["order=random,seed=4", "order=shard-local,seed=4,window=2"])
+def test_mid_epoch_resume_in_a_new_loader_delivers_exactly_the_rest(
+    packed_tar: Packed, spec: str
+) -> None:
+    ds = ShardDataset(packed_tar.path, order=spec, ranks=RankInfo())
+    ds.set_epoch(2)
+    want = [ds[int(i)]["jpeg"] for i in ds.rank_indices()]
+    ds.close()
+    with sdali.loader(packed_tar.path, batch_size=BATCH, order=spec) as first:
+        first.set_epoch(2)
+        head: list[bytes] = []
+        for i, batch in enumerate(first):
+            head += [bytes(t.numpy()) for t in batch["data"]]
+            if i == 3:
+                break
+        state = first.state_dict()
+    assert state["consumed"] == 4 * BATCH and state["epoch"] == 2
+    with sdali.loader(packed_tar.path, batch_size=BATCH, order=spec) as second:
+        second.load_state_dict(state)
+        rest, _, _ = _epoch(second)
+    assert head + rest == want
+    # The state is ShardDataset's: a ShardDataset resumes from the DALI loader's.
+    again = ShardDataset(packed_tar.path, order=spec, ranks=RankInfo())
+    again.load_state_dict(state)
+    assert [again[int(i)]["jpeg"] for i in again.rank_indices(consumed=state["consumed"])] == rest
+    again.close()
+
+
+def test_a_node_partition_reads_what_shard_dataset_reads_per_rank(
+    packed_tar: Packed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 4 ranks on 2 nodes: each node's ranks read only that node's shards (what
+    # ``shardio stage --node`` staged for it), the same samples as ShardDataset's.
+    spec = "order=random,seed=9,partition=node"
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    by_node: dict[int, set[bytes]] = collections.defaultdict(set)
+    for rank in range(4):
+        monkeypatch.setenv("RANK", str(rank))
+        ds = ShardDataset(packed_tar.path, order=spec)
+        ds.set_epoch(1)
+        want = [ds[int(i)]["jpeg"] for i in ds.rank_indices()]
+        ds.close()
+        with sdali.loader(packed_tar.path, batch_size=BATCH, order=spec) as loader:
+            assert loader.pipeline.ranks.node_size == 2
+            loader.set_epoch(1)
+            data, _, _ = _epoch(loader)
+        assert data == want, f"rank {rank}"
+        by_node[rank // 2] |= set(data)
+    assert not by_node[0] & by_node[1]  # the nodes read disjoint shards
+
+
+def test_a_partition_on_dalis_own_reader_is_refused(packed_tar: Packed) -> None:
+    with pytest.raises(UsageError, match="partition='node' needs verify=True"):
+        sdali.pipeline(packed_tar.path, batch_size=4, verify=False, order="partition=node")
+
+
+def test_dalis_own_reader_has_no_resumable_state(packed_tar: Packed) -> None:
+    with (
+        _unverified(packed_tar.path, batch_size=BATCH) as loader,
+        pytest.raises(UsageError, match="no resumable order"),
+    ):
+        loader.state_dict()
+
+
 def test_reads_verified_copies_from_a_staging_area(packed_tar: Packed, tmp_path: Path) -> None:
     area = tmp_path / "area"
     stage_dataset(packed_tar.path, area, StageOptions())

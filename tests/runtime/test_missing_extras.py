@@ -72,7 +72,7 @@ def test_a_broken_dali_install_names_the_extra_and_the_cause(tmp_path: Path) -> 
         ),
         (
             "matplotlib",
-            "lambda: __import__('shardio.metrics.plot').metrics.plot.require_matplotlib()",
+            "lambda: __import__('shardio.bench.plot').bench.plot.require_matplotlib()",
             "--plot needs matplotlib: pip install 'shardio[plot]'",
         ),
     ],

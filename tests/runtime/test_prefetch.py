@@ -168,11 +168,18 @@ def test_arguments_are_checked():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback without CUDA")
-def test_cuda_without_a_device_falls_back_to_the_cpu():
-    pf = GPUPrefetcher([torch.ones(2)], device="cuda:0")
+def test_auto_without_cuda_falls_back_to_the_cpu():
+    pf = GPUPrefetcher([torch.ones(2)])  # device="auto"
     assert pf.device == torch.device("cpu")
     assert [t.tolist() for t in pf] == [[1.0, 1.0]]
     assert pf.stream is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:3"])
+def test_a_cuda_device_without_cuda_is_refused_not_trained_on_the_cpu(device):
+    with pytest.raises(UsageError, match=f"device '{device}': CUDA is not available"):
+        GPUPrefetcher([torch.ones(2)], device=device)
 
 
 # -- exact resume -------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from shardio.cache import StageOptions, stage_dataset
 from shardio.cache.protocol import stamp_matches, write_stamp
 from shardio.format.checksum import file_xxh3_128
 from shardio.read.packed import PackedDataset
-from shardio.repair import repair_dataset
-from shardio.verify import verify_dataset
+from shardio.tools.repair import repair_dataset
+from shardio.tools.verify import verify_dataset
 
 W1 = ("--workers", "1", "--no-progress")
 TIMEOUT_S = 60  # a FIFO that blocked a check would hit it

@@ -19,8 +19,8 @@ import pytest
 
 from shardio.format.manifest import load_manifest
 from shardio.read.packed import PackedDataset
-from shardio.unpack import unpack_dataset
-from shardio.verify import verify_dataset
+from shardio.tools.unpack import unpack_dataset
+from shardio.tools.verify import verify_dataset
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 GOLDEN = DATA / "format_v2"  # what today's shardio writes

@@ -12,9 +12,9 @@ import io
 import os
 from collections.abc import Sequence
 
+from shardio.bench.report import READ_P99_ALERT_S, READ_P99_FAIL_S, BenchRun, timeline
 from shardio.errors import MissingExtraError
 from shardio.metrics.histogram import BUCKET_BOUNDS_NS
-from shardio.metrics.report import READ_P99_ALERT_S, READ_P99_FAIL_S, BenchRun, timeline
 from shardio.storage.atomic import atomic_write
 from shardio.storage.files import check_replaceable
 

@@ -40,10 +40,10 @@ from shardio.format.checksum import fd_xxh3_128, file_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.metrics.progress import Counters, ProgressCallback
-from shardio.packing.dest import locked
 from shardio.storage.atomic import atomic_write, storage_error
+from shardio.storage.dirlock import lock_directory
 from shardio.storage.files import describe_kind, make_dirs_inside, open_regular, read_regular
-from shardio.verify import ShardProblem, VerifyReport, verify_dataset
+from shardio.tools.verify import ShardProblem, VerifyReport, verify_dataset
 
 __all__ = ["Rebuild", "RepairReport", "Repaired", "Unrepaired", "repair_dataset"]
 
@@ -219,14 +219,9 @@ def repair_dataset(
 @contextlib.contextmanager
 def _dataset_lock(root: str) -> Iterator[None]:
     """Hold the dataset's exclusive lock (pack's), so no pack or merge runs meanwhile."""
-    with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(locked(root, shared=False))
-        except UsageError as exc:
-            raise UsageError(
-                f"another shardio process (a pack, merge or repair) is writing to {root}: "
-                "wait for it to finish and retry"
-            ) from exc
+    with lock_directory(
+        root, shared=False, busy="another shardio process (a pack, merge or repair) is writing to"
+    ):
         yield
 
 

@@ -1,6 +1,6 @@
 """The runners ``shardio bench --compare`` measures shardio against: loose files, webdataset.
 
-Both feed the same timed loop (:func:`shardio.runtime.bench.timed_loop`) with the same batch
+Both feed the same timed loop (:func:`shardio.bench.loop.timed_loop`) with the same batch
 size, workers and prefetch as shardio's loader, and send each batch's bytes from the workers
 the way shardio does: in one uint8 tensor (shared memory) with per-sample offsets.
 
@@ -22,12 +22,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from shardio.bench.settings import BenchSettings, RunnerStats
 from shardio.errors import ShardioError, StorageError, UsageError
 from shardio.format.fields import MAX_INT
 from shardio.format.manifest import load_manifest
 from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
 from shardio.metrics.histogram import LatencyHistogram
-from shardio.runtime.bench import BenchSettings, RunnerStats
 from shardio.storage.files import read_regular
 
 __all__ = ["LooseFiles", "LooseRunner", "WebDatasetRunner", "list_regular_files"]

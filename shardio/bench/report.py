@@ -1,6 +1,6 @@
 """The result of ``shardio bench``: one BenchRun per runner, its checks, and their text form.
 
-Torch-free: the timed loop (:mod:`shardio.runtime.bench`) fills a :class:`BenchRun`; this
+Torch-free: the timed loop (:mod:`shardio.bench.loop`) fills a :class:`BenchRun`; this
 module derives the figures a storage benchmark reports (accelerator utilisation, throughput,
 read-latency percentiles, step-time spread, stall fraction over time) and checks them against
 the thresholds MLPerf Storage and operators use:

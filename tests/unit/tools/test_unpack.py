@@ -26,9 +26,9 @@ from shardio.errors import (
 )
 from shardio.packing.run import PackOptions, pack
 from shardio.read.packed import PackedDataset
-from shardio.unpack import unpack_dataset
+from shardio.tools.unpack import unpack_dataset
 
-GOLDEN_V1 = pathlib.Path(__file__).resolve().parents[1] / "data" / "format_v1" / "tar"
+GOLDEN_V1 = pathlib.Path(__file__).resolve().parents[2] / "data" / "format_v1" / "tar"
 GOLDEN_TREE = {
     b"cat/0001.bin",
     b"cat/0001.json",

@@ -1,0 +1,40 @@
+"""One argument checker: integers as users pass them, refused in one line when wrong."""
+
+from __future__ import annotations
+
+import operator
+
+from shardio.errors import UsageError
+
+__all__ = ["require_int"]
+
+_NP_BOOLS = frozenset({"bool", "bool_"})
+
+
+def require_int(
+    value: object, what: str, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """Return ``value`` as an int, refusing floats, strings and bools.
+
+    Python and numpy integers (and anything with ``__index__``, e.g. a 0-d integer tensor)
+    pass: ``1.5`` or ``np.float64(2.0)`` would otherwise be truncated into another sample.
+
+    Raises:
+        UsageError: not an integer, or outside [``minimum``, ``maximum``]; the message names
+            ``what``.
+    """
+    kind = type(value)
+    # numpy's bool is told by its module and name: this module imports no numpy.
+    if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in _NP_BOOLS):
+        raise UsageError(f"{what} must be an integer, not a bool ({value!r})")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise UsageError(
+            f"{what} must be an integer, got {type(value).__name__} {value!r}"
+        ) from exc
+    if minimum is not None and number < minimum:
+        raise UsageError(f"{what} must be at least {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise UsageError(f"{what} must be at most {maximum}, got {number}")
+    return int(number)

@@ -1,0 +1,318 @@
+"""The epoch cursor: where one rank stands in an epoch, and its versioned, validated state.
+
+Torch-free. An :class:`EpochCursor` holds the order spec, the shards' sizes, the rank layout
+(given, or detected when asked), the epoch and the global positions of the epoch delivered
+so far, with the layouts an elastic resume went through. It is the one owner of the
+position: ShardDataset's direct iteration and ShardLoader advance it as they hand samples to
+the training loop, and its :meth:`state` is what they save. :meth:`stream` gives the rest of
+this rank's epoch (lazily, chunk by chunk).
+
+The state (a dict of plain values) is versioned: version 1 (an older shardio, whose orders
+were computed otherwise) loads at an epoch boundary or in sequential order, where both
+agree; version 2 loads except mid-epoch of a rotating partition after epoch 0; version 3 is
+written now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from shardio._check import require_int
+from shardio.errors import UsageError
+from shardio.order.ranks import RankInfo, detect_ranks
+from shardio.order.spec import OrderSpec
+from shardio.order.streams import RankStream, rank_stream
+
+__all__ = ["STATE_VERSION", "EpochCursor", "parse_state"]
+
+STATE_VERSION = 3  # 2: the order spec, ranks per node and the layouts of the epoch so far;
+# 3: rotating partitions computed directly from the epoch (their owners of epoch >= 1 differ)
+# The integers a state holds, with the least value each may take.
+_STATE_INTS = {
+    "version": 0,
+    "epoch": 0,
+    "num_samples": 0,
+    "consumed": 0,
+    "world_size": 1,
+    "ranks_per_node": 1,
+}
+_STREAMS_KEPT = 8  # rank streams of recent positions kept (each is cheap to rebuild)
+
+
+class EpochCursor:
+    """One rank's position in an epoch of an order over shards of the given sizes.
+
+    Args:
+        spec: the order.
+        shard_sizes: samples per shard, in manifest order.
+        ranks: the rank layout; None: detected each time it is asked (torch.distributed,
+            then the launcher's environment).
+    """
+
+    def __init__(self, spec: OrderSpec, shard_sizes: Any, *, ranks: RankInfo | None = None) -> None:
+        if not isinstance(spec, OrderSpec):
+            raise UsageError(f"spec must be an OrderSpec, got {type(spec).__name__}")
+        if ranks is not None and not isinstance(ranks, RankInfo):
+            raise UsageError(f"ranks must be a RankInfo, got {type(ranks).__name__}")
+        self.spec = spec
+        self.shard_sizes = np.array(shard_sizes, dtype=np.int64)
+        self.num_samples = int(self.shard_sizes.sum())
+        self._ranks = ranks
+        self.epoch = 0
+        self.consumed = 0  # global positions of this epoch delivered
+        self.history: list[tuple[int, int, int]] = []  # earlier layouts of this epoch
+        # This process read the epoch to its end (not saved: a state loaded at the end of an
+        # epoch stays there); the next iteration reads the epoch again.
+        self.ended = False
+        self._streams: dict[tuple[Any, ...], RankStream] = {}
+        self._order: tuple[int, np.ndarray[Any, Any]] | None = None
+
+    def copy(self) -> EpochCursor:
+        """An independent cursor at the same place."""
+        other = EpochCursor(self.spec, self.shard_sizes, ranks=self._ranks)
+        other.epoch, other.consumed, other.history = self.epoch, self.consumed, list(self.history)
+        other.ended = self.ended
+        return other
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_streams"], state["_order"] = {}, None  # rebuilt where needed
+        return state
+
+    # -- the layout and the epoch ------------------------------------------------------------
+    def ranks(self) -> RankInfo:
+        """The rank layout (detected at call time unless given)."""
+        return self._ranks if self._ranks is not None else detect_ranks()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch; a new epoch starts at its beginning.
+
+        Raises:
+            UsageError: ``epoch`` is not an integer >= 0.
+        """
+        epoch = require_int(epoch, "epoch", minimum=0)
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.consumed = 0
+            self.history = []
+            self.ended = False
+            self._streams.clear()
+
+    def place(self, epoch: int, consumed: int) -> None:
+        """Put the cursor at ``consumed`` positions of ``epoch`` (an epoch without elastic
+        history: what a loader's persistent workers are told at each epoch's start)."""
+        self.epoch = require_int(epoch, "epoch", minimum=0)
+        self.consumed = require_int(consumed, "consumed", minimum=0)
+        self.history = []
+        self.ended = False
+        self._streams.clear()
+
+    def rewind(self) -> None:
+        """Back to the start of the epoch (read it again)."""
+        self.consumed = 0
+        self.history = []
+        self.ended = False
+        self._streams.clear()
+
+    def finish(self) -> None:
+        """An iteration of this process read the rest of the epoch: the next one reads the
+        epoch again (as a DataLoader does) unless :meth:`set_epoch` chooses another."""
+        self.ended = True
+
+    def begin(self) -> None:
+        """At an iteration's start: an epoch this process finished is read again."""
+        if self.ended:
+            self.rewind()
+
+    def advance(self, positions: int) -> None:
+        """``positions`` more global positions were handed to training (a rank that
+        delivers n samples moves the epoch n times the world size)."""
+        self.consumed += require_int(positions, "positions", minimum=0)
+
+    # -- what the rank reads -----------------------------------------------------------------
+    def stream(self, *, consumed: int | None = None) -> RankStream:
+        """What this rank reads in the rest of the epoch after ``consumed`` global positions
+        (default: the cursor's), computed chunk by chunk (no array of the whole epoch)."""
+        if consumed is not None:
+            consumed = require_int(consumed, "consumed", minimum=0)
+        done = self.consumed if consumed is None else consumed
+        layout = self.ranks()
+        key = (self.epoch, done, layout, tuple(self.history))
+        found = self._streams.get(key)
+        if found is None:
+            found = rank_stream(
+                self.shard_sizes, self.spec, self.epoch, layout, consumed=done,
+                history=self.history,
+            )  # fmt: skip
+            if len(self._streams) >= _STREAMS_KEPT:
+                self._streams.clear()
+            self._streams[key] = found
+        return found
+
+    def samples_per_rank(self) -> int:
+        """Samples each rank reads in a whole epoch (of the layout now)."""
+        if not self.spec.partitioned and not self.history:
+            world = self.ranks().world_size
+            n = self.num_samples
+            return n // world if self.spec.drop_last else -(-n // world)
+        return self.stream(consumed=0).steps
+
+    def epoch_order(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The global sample order of the epoch, as one array (8 bytes a sample).
+
+        Raises:
+            UsageError: the order is node-partitioned: each node has an order of its own.
+        """
+        if self.spec.partitioned:
+            raise UsageError(
+                f"partition={self.spec.partition!r} has no global order: each node reads its "
+                "own shards (use rank_indices() or rank_stream())"
+            )
+        if self._order is None or self._order[0] != self.epoch:
+            whole = rank_stream(
+                self.shard_sizes, self.spec.with_(drop_last=False), self.epoch, RankInfo()
+            )
+            self._order = (self.epoch, whole.materialise())
+        return self._order[1]
+
+    # -- state -------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """The position, as plain values (what a checkpoint saves)."""
+        layout = self.ranks()
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "spec": self.spec.to_dict(),
+            "num_samples": self.num_samples,
+            "consumed": min(self.consumed, self.num_samples),
+            "world_size": layout.world_size,
+            "ranks_per_node": layout.node_size,
+            "history": [list(h) for h in self.history],
+        }
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state`, also with another number of ranks or nodes.
+
+        Without a partition, the consumed prefix of the epoch's global order is done, so the
+        rest is shared out among the ranks now. With a node partition, what each rank of the
+        saved layout consumed is taken out and the rest shared out under the layout now
+        (recorded in the state, so a later resume honours every layout of the epoch).
+
+        Raises:
+            UsageError: the state is malformed (a key missing, of the wrong type or out of
+                range), of another version, or of another order or dataset size.
+        """
+        values = parse_state(state)
+        mismatch = self.spec.differences(values["spec"])
+        if mismatch:
+            raise UsageError(
+                f"state was saved with another order ({'; '.join(mismatch)}; this dataset, "
+                "then the state): cannot resume"
+            )
+        if values["num_samples"] != self.num_samples:
+            raise UsageError(
+                f"state was saved with num_samples={values['num_samples']!r}, this dataset has "
+                f"{self.num_samples!r}: cannot resume"
+            )
+        layout = self.ranks()
+        history = [tuple(h) for h in values["history"]]
+        consumed = values["consumed"]
+        same = (values["world_size"], values["ranks_per_node"]) == (
+            layout.world_size,
+            layout.node_size,
+        )
+        if self.spec.partitioned and not same and consumed > 0:
+            history.append((values["world_size"], values["ranks_per_node"], consumed))
+            consumed = 0
+        self.epoch = values["epoch"]
+        self.consumed = consumed
+        self.history = history
+        self.ended = False
+        self._streams.clear()
+
+
+def parse_state(state: object) -> dict[str, Any]:
+    """The fields of a saved state, each checked for presence, type and range.
+
+    Raises:
+        UsageError: naming the first field that is wrong.
+    """
+    if not isinstance(state, Mapping):
+        raise UsageError(f"ShardDataset state must be a dict, got {type(state).__name__}")
+    if "version" not in state:
+        raise UsageError("ShardDataset state lacks 'version': cannot resume")
+    version = state["version"]
+    if version == 1 and type(version) is int:
+        state = _upgrade_v1(state)
+        version = STATE_VERSION
+    if type(version) is not int or version not in (2, STATE_VERSION):
+        raise UsageError(f"unsupported ShardDataset state version {version!r}")
+    missing = [k for k in (*_STATE_INTS, "spec", "history") if k not in state]
+    if missing:
+        raise UsageError(f"ShardDataset state lacks {', '.join(map(repr, missing))}: cannot resume")
+    values: dict[str, Any] = {
+        key: require_int(state[key], f"state {key!r}", minimum=least)
+        for key, least in _STATE_INTS.items()
+    }
+    if values["consumed"] > values["num_samples"]:
+        raise UsageError(
+            f"state 'consumed' is {values['consumed']}, more than its {values['num_samples']} "
+            "samples"
+        )
+    values["spec"] = OrderSpec.from_dict(state["spec"])
+    history = state["history"]
+    if not isinstance(history, list) or not all(
+        isinstance(h, list | tuple) and len(h) == 3 for h in history
+    ):
+        raise UsageError("state 'history' must be a list of [world_size, ranks_per_node, consumed]")
+    values["history"] = [
+        (
+            require_int(w, "state history world_size", minimum=1),
+            require_int(r, "state history ranks_per_node", minimum=1),
+            require_int(c, "state history consumed", minimum=0),
+        )
+        for w, r, c in history
+    ]
+    spec = values["spec"]
+    if (
+        version == 2
+        and spec.partition == "rotating"
+        and spec.rotate > 0
+        and values["epoch"] > 0
+        and (values["consumed"] > 0 or values["history"])
+    ):
+        raise UsageError(
+            f"this state was saved mid-epoch (epoch {values['epoch']}) of a rotating partition "
+            "by an older shardio, whose rotation gave other node shares: resume from the start "
+            "of the epoch (load it after setting its 'consumed' to 0 and 'history' to []) or "
+            "finish the epoch with the older release"
+        )
+    return values
+
+
+def _upgrade_v1(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A version-1 state in the form of version 2, where the two orders agree."""
+    for key in ("seed", "order", "window_shards", "consumed", "world_size"):
+        if key not in state:
+            raise UsageError(f"ShardDataset state lacks {key!r}: cannot resume")
+    if state["consumed"] != 0 and state["order"] != "sequential":
+        raise UsageError(
+            "this state was saved mid-epoch by an older shardio, whose shuffled orders differ "
+            "from this one's: resume from the start of the epoch (load it after setting "
+            "its 'consumed' to 0) or finish the epoch with the older release"
+        )
+    spec = {
+        "order": state["order"],
+        "seed": state["seed"],
+        "window_shards": state["window_shards"],
+    }
+    return {
+        **state,
+        "version": STATE_VERSION,
+        "spec": spec,
+        "ranks_per_node": state["world_size"],
+        "history": [],
+    }
