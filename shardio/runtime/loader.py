@@ -370,8 +370,11 @@ class ShardLoader:
         # batch is: a run after replaced workers starts where the last one stopped).
         positions = run_positions(cursor.stream(), self.batch_size, self.drop_last)
         kept = self._keeper.kept if self._keeper.kept is not None and not cursor.history else None
+        if kept is not None and not kept.resume():
+            logger.warning("a persistent DataLoader worker died between epochs: starting new ones")
+            kept = None
         if kept is None:
-            self._drop_kept()  # an elastic history: workers are started with it
+            self._drop_kept()  # an elastic history, or a dead worker: new workers
         if self._ring_counts is not None and (kept is None or kept.ring is None):
             last = self.transport_stats
             self._transport_done = {k: v + last[k] for k, v in self._transport_done.items()}
@@ -445,6 +448,7 @@ class ShardLoader:
             if watch is not None:
                 watch.stop()
             if finished and kept is not None:
+                kept.park()
                 self._keeper.kept = kept  # kept for the next epoch, workers idle
             else:
                 # Now, not when the garbage collector finds the iterator (a traceback may
@@ -535,6 +539,29 @@ class _KeptWorkers:
     ring: BatchRing | None
     watch: StallWatch | None
     board: torch.Tensor  # [run, epoch, consumed], read by the workers at each run's start
+
+    def park(self) -> None:
+        """Between epochs: the workers idle, and their death (the OOM killer) must not raise
+        from torch's SIGCHLD handler in whatever the training loop runs then; it is found
+        at the next epoch's start instead (:meth:`resume`)."""
+        if getattr(self.batches, "_worker_pids_set", False):
+            from torch.utils.data._utils import signal_handling
+
+            signal_handling._remove_worker_pids(id(self.batches))  # type: ignore[attr-defined]
+            self.batches._worker_pids_set = False
+
+    def resume(self) -> bool:
+        """At an epoch's start: whether every worker is alive (then watched again)."""
+        workers = list(getattr(self.batches, "_workers", ()))
+        if not workers or not all(w.is_alive() for w in workers):
+            return False
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._set_worker_pids(  # type: ignore[attr-defined]
+            id(self.batches), tuple(w.pid for w in workers)
+        )
+        self.batches._worker_pids_set = True
+        return True
 
     def shutdown(self) -> None:
         shutdown = getattr(self.batches, "_shutdown_workers", None)

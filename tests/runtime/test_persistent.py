@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
+import time
 from typing import Any
 
 import pytest
@@ -131,3 +133,29 @@ def test_a_bad_persistent_workers_is_refused(packed_tar: Packed, bad: object) ->
     ds = ShardDataset(packed_tar.path, ranks=RankInfo())
     with pytest.raises(UsageError, match="persistent_workers must be True or False"):
         ShardLoader(ds, batch_size=4, num_workers=2, persistent_workers=bad)  # type: ignore[arg-type]
+
+
+def test_a_kept_worker_killed_between_epochs_is_replaced_not_raised(
+    packed_tar: Packed, tmp_path: pathlib.Path
+) -> None:
+    # The OOM killer takes an idle worker between epochs: torch's SIGCHLD handler must not
+    # raise in the training loop; the next epoch starts new workers and is exact.
+    ds = ShardDataset(packed_tar.path, seed=5, ranks=RankInfo())
+    loader = ds.loader(batch_size=32, num_workers=2, worker_init_fn=_CountStarts(tmp_path))
+    try:
+        _keys(loader)
+        victim = int(sorted(os.listdir(tmp_path))[0].split("-")[0])
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # reaped by its parent's SIGCHLD handling
+            try:
+                os.kill(victim, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)  # a SIGCHLD handler that raised would have raised by now
+        loader.set_epoch(1)
+        assert _keys(loader) == _order(packed_tar.path, "map", 1)
+        assert len(os.listdir(tmp_path)) == 4  # two new workers
+    finally:
+        loader.close()
