@@ -17,7 +17,7 @@ from shardio.errors import MissingExtraError, UsageError
 from shardio.metrics.histogram import LatencyHistogram
 
 if TYPE_CHECKING:
-    from shardio.read.opener import Opener
+    from shardio.storage.opener import Opener
 
 __all__ = ["ShardioRunner", "require_torch", "run_bench", "run_shardio"]
 

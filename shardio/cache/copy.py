@@ -47,10 +47,11 @@ from shardio.storage.files import (
     describe_kind,
     find_temps_inside,
     make_dirs_inside,
-    open_regular,
     read_regular,
+    refuse_irregular,
     unlink_inside,
 )
+from shardio.storage.opener import Opener, PosixOpener, open_named
 from shardio.storage.stall import IoThreads, call_with_deadline
 
 __all__ = [
@@ -101,14 +102,15 @@ def _open_staged(path: str, what: str) -> int | None:
     return fd
 
 
-def _staged_digest(path: str, what: str) -> str | None:
-    """xxh3-128 of a staged file (None when absent), read, not mapped: a file truncated
-    meanwhile ends the hash early instead of killing the process with SIGBUS."""
+def _staged_digest(path: str, what: str, opener: Opener | None = None) -> str | None:
+    """xxh3-128 of a staged file (None when absent), read through ``opener``, not mapped: a
+    file truncated meanwhile ends the hash early instead of killing the process with
+    SIGBUS."""
     fd = _open_staged(path, what)
     if fd is None:
         return None
     try:
-        return fd_xxh3_128(fd, chunk_bytes=_CHUNK)
+        return fd_xxh3_128(fd, chunk_bytes=_CHUNK, opener=opener)
     finally:
         os.close(fd)
 
@@ -133,43 +135,16 @@ def _staged_equals(path: str, data: bytes, what: str) -> bool:
 
 
 def _copy_range(
-    fin: int,
-    fout: int,
-    limit: int,
-    counters: Counters,
-    bound: _Bound | None = None,
+    reader: Opener, fin: int, fout: int, limit: int, *, counters: Counters, bound: _Bound
 ) -> int:
-    """Copy at most ``limit`` bytes inside the kernel (copy_file_range, else sendfile, else
-    read/write); return the bytes copied. ``bound`` runs each chunk's call (under a read
+    """Copy at most ``limit`` bytes of ``fin`` to ``fout`` through ``reader`` (in the kernel
+    where it can); return the bytes copied. ``bound`` runs each chunk's call (under a read
     deadline; an abandoned call writes only into the temp file, which is then removed)."""
     total = 0
-    run = bound if bound is not None else _direct
-    for copy in (os.copy_file_range, _sendfile):
-        try:
-            while total < limit:
-                n = run(partial(copy, fin, fout, min(_CHUNK, limit - total)))
-                if n == 0:
-                    break
-                total += n
-                counters.add(0, n)
-            return total
-        except OSError as exc:
-            if total or exc.errno not in (
-                errno.EXDEV,
-                errno.ENOSYS,
-                errno.EINVAL,
-                errno.EOPNOTSUPP,
-            ):
-                raise
-    buf = bytearray(min(_CHUNK, max(limit, 1)))
-    view = memoryview(buf)
     while total < limit:
-        n = run(partial(os.readv, fin, [view[: min(len(buf), limit - total)]]))
+        n = bound(partial(reader.copy_into, fin, fout, total, min(_CHUNK, limit - total)))
         if n == 0:
             break
-        written = 0
-        while written < n:
-            written += os.write(fout, view[written:n])
         total += n
         counters.add(0, n)
     return total
@@ -188,23 +163,18 @@ def _direct(call: Callable[[], int], cleanup: Callable[[int], None] | None = Non
     return call()
 
 
-def _sendfile(fin: int, fout: int, count: int) -> int:
-    return os.sendfile(fout, fin, None, count)
-
-
-def _hash_file(fd: int, size: int, bound: _Bound | None = None) -> str:
+def _hash_file(reader: Opener, fd: int, size: int, bound: _Bound) -> str:
     """xxh3-128 of the first ``size`` bytes of a temp file of ours, read back with ``pread``
     (its pages are still in the page cache). Not mapped: a page the filesystem cannot serve
     (the temp file of a repair lies on the parallel filesystem, and its data server may die)
     is an ``OSError`` for a read, SIGBUS for a mapping. ``bound`` runs each read (the copy's
     deadline)."""
     hasher = xxhash.xxh3_128()
-    run = bound if bound is not None else _direct
     buf = bytearray(min(_CHUNK, max(size, 1)))
     view = memoryview(buf)
     pos = 0
     while pos < size:
-        n = run(partial(os.preadv, fd, [view[: min(len(buf), size - pos)]], pos))
+        n = bound(partial(reader.pread_into, fd, view[: min(len(buf), size - pos)], pos))
         if n == 0:
             break  # shorter than written: the hash differs, the copy is refused
         hasher.update(view[:n])
@@ -224,6 +194,7 @@ def copy_verified(
     action: str = "staging",
     before_publish: Callable[[], None] | None = None,
     read_timeout_s: float = 0.0,
+    opener: Opener | None = None,
 ) -> int:
     """Copy src to a temp file in the kernel, hash the copy's own bytes, publish if it matches.
 
@@ -239,14 +210,18 @@ def copy_verified(
         read_timeout_s: seconds the open or one chunk's copy may stall before the copy is
             abandoned with :class:`~shardio.errors.ReadStalledError` naming the shard (0:
             no deadline).
+        opener: what opens, copies and reads back the bytes (default: POSIX calls, in the
+            kernel where it can: copy_file_range, else sendfile, else a buffer).
 
     Raises:
         ReadStalledError: the source stalled past ``read_timeout_s``.
     """
+    reader = opener if opener is not None else PosixOpener()
     if not read_timeout_s:
         return _copy_verified(
             src, dst, expected, size_bytes=size_bytes, durable=durable, counters=counters,
-            what=what, action=action, before_publish=before_publish, bound=None,
+            what=what, action=action, before_publish=before_publish, bound=_direct,
+            reader=reader,
         )  # fmt: skip
     pool = IoThreads(_MAX_ABANDONED_COPIES)
 
@@ -260,6 +235,7 @@ def copy_verified(
         return _copy_verified(
             src, dst, expected, size_bytes=size_bytes, durable=durable, counters=counters,
             what=what, action=action, before_publish=before_publish, bound=bound,
+            reader=reader,
         )  # fmt: skip
     finally:
         pool.close()
@@ -276,14 +252,12 @@ def _copy_verified(
     what: str,
     action: str,
     before_publish: Callable[[], None] | None,
-    bound: _Bound | None,
+    bound: _Bound,
+    reader: Opener,
 ) -> int:
-    if bound is None:
-        fin = open_regular(src, what=what)
-    else:
-        fin = bound(partial(open_regular, src, what=what), os.close)
+    fin = _open_source(reader, src, what, bound)
     try:
-        size = os.fstat(fin).st_size
+        size = bound(partial(reader.size, fin))
         if size != size_bytes:
             raise IntegrityError(
                 errno.EIO,
@@ -299,8 +273,10 @@ def _copy_verified(
             raise storage_error(exc, dst, action) from exc
         try:
             try:
-                total = _copy_range(fin, fout, size_bytes + 1, counters, bound)
-                actual = _hash_file(fout, total, bound) if total == size_bytes else ""
+                total = _copy_range(
+                    reader, fin, fout, size_bytes + 1, counters=counters, bound=bound
+                )
+                actual = _hash_file(reader, fout, total, bound) if total == size_bytes else ""
             finally:
                 os.close(fout)
             if total != size_bytes:
@@ -325,8 +301,16 @@ def _copy_verified(
                 raise storage_error(exc, dst, action) from exc
             raise
     finally:
-        os.close(fin)
+        reader.close(fin)
     return total
+
+
+def _open_source(reader: Opener, src: str, what: str, bound: _Bound) -> int:
+    """``src`` opened by ``reader`` (under the copy's deadline); anything but a regular file
+    refused. Raises StorageError naming it."""
+    fin = bound(partial(open_named, reader, src, what=what), reader.close)
+    refuse_irregular(fin, src, what=what, close=reader.close)
+    return fin
 
 
 def _sync_small_file(src: str, dst: str, durable: bool, *, max_bytes: int) -> None:
@@ -373,6 +357,7 @@ def stage_one(
     counters: Counters,
     bad_copy: tuple[int, int] | None = None,
     read_timeout_s: float = 0.0,
+    opener: Opener | None = None,
 ) -> tuple[str, str, int]:
     """Stage one shard (and its DALI index) under its lock; return (rel, outcome, bytes).
 
@@ -383,6 +368,7 @@ def stage_one(
         bad_copy: (device, inode) of a staged copy a reader found bad: dropped first if it is
             still the file staged (a copy another process re-staged meanwhile is kept).
         read_timeout_s: the copy's read deadline (:func:`copy_verified`); 0: none.
+        opener: what reads the source (:func:`copy_verified`); default: POSIX calls.
     """
     rel, expected = entry.path, entry.xxh3_128
     final = os.path.join(dest, rel)
@@ -393,7 +379,7 @@ def stage_one(
             logger.warning("staged copy %s was found bad by a reader: copying it again", final)
         outcome, copied = "present", 0
         if not stamp_matches(dest, rel, expected):
-            digest = _staged_digest(final, "staged copy")
+            digest = _staged_digest(final, "staged copy", opener)
             if digest == expected:
                 write_stamp(dest, rel, expected, durable)  # a verified copy, no stamp
             else:
@@ -412,6 +398,7 @@ def stage_one(
                     durable=durable,
                     counters=counters,
                     read_timeout_s=read_timeout_s,
+                    opener=opener,
                 )
                 write_stamp(dest, rel, expected, durable)
         if entry.dali_index is not None:  # DALI wants the .idx beside the staged tar

@@ -37,7 +37,7 @@ from shardio.cli.common import (
     stdout_is_closed,
     whole_number,
 )
-from shardio.cli.pack import cmd_merge, cmd_pack, label_map_json, label_map_text
+from shardio.cli.pack import cmd_merge, cmd_pack, label_map_text
 from shardio.cli.stage import cmd_stage, default_stage_dir, seconds_arg
 from shardio.cli.topo import add_topo_parser, cmd_topo
 from shardio.errors import ShardioError, UsageError
@@ -479,50 +479,12 @@ def _pack_striping(layout: dict[str, Any]) -> str:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from shardio.read.packed import PackedDataset
-    from shardio.read.strategy import choose_strategy
-    from shardio.storage.striping import describe_layout
+    from shardio.tools.inspect import inspect_dataset
 
-    with PackedDataset(args.dst) as ds:
-        man = ds.manifest
-        # What reads of this dataset would use here (SHARDIO_READ_STRATEGY included).
-        choice = choose_strategy(args.dst)
-        fs_type = choice.fs.name
-        pack_layout = dict(man.layout)
-        info = {
-            "path": args.dst,
-            "format_version": man.format_version,
-            "shard_format": man.shard_format,
-            "samples": man.num_samples,
-            "members": man.num_members,
-            "shards": len(man.shards),
-            "data_bytes": man.data_bytes,
-            "total_bytes": man.total_bytes,
-            "extensions": sorted(ds.index.exts),
-            "label_layout": man.label_layout,
-            "classes": len(man.classes) if man.classes is not None else 0,
-            "label_map": label_map_json(man.classes, man.label_layout, man.label_source),
-            "filesystem": fs_type,  # now, where inspect runs
-            "filesystem_detail": {
-                "name": choice.fs.name,
-                "description": choice.fs.describe(),
-                "network": choice.fs.network,
-                "mount_point": choice.fs.mount_point,
-                "mount_type": choice.fs.mount_type,
-                "source": choice.fs.source,
-            },
-            "read_strategy": {
-                "name": choice.strategy.name,
-                "reason": choice.reason,
-                "description": choice.strategy.describe(),
-            },
-            "stripe_layout": describe_layout(os.path.join(args.dst, "shards"), fs_type=fs_type),
-            # What pack recorded (fs_type, action, stripe, commands, message); null if nothing.
-            "pack_layout": pack_layout or None,
-            "created_by": man.created_by,
-        }
+    found = inspect_dataset(args.dst)
+    man, choice, fs_type = found.manifest, found.read_choice, found.read_choice.fs.name
     if args.json:
-        print(json.dumps(info, indent=1))
+        print(json.dumps(found.to_json(), indent=1))
         return EXIT_OK
     files = man.num_members - (man.num_samples if man.classes is not None else 0)
     mean = man.data_bytes / files if files else 0
@@ -530,7 +492,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(f"format        shardio v{man.format_version}, {man.shard_format} shards")
     print(
         f"samples       {man.num_samples:,} ({man.num_members:,} members, "
-        f"extensions: {', '.join(info['extensions'])})"
+        f"extensions: {', '.join(found.extensions)})"
     )
     print(
         f"shards        {len(man.shards):,}, {format_size(man.total_bytes)} "
@@ -540,9 +502,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(f"classes       {label_map_text(man.classes, man.label_layout, man.label_source)}")
     else:
         print("classes       none")
-    now = str(info["stripe_layout"]) if fs_type in _STRIPING_FS else "no striping"
+    now = found.stripe_layout if fs_type in _STRIPING_FS else "no striping"
     now = now.replace("\n", "\n" + " " * 30)  # lfs getstripe may print several lines
-    print(f"stripe layout at pack time:   {_pack_striping(pack_layout)}")
+    print(f"stripe layout at pack time:   {_pack_striping(dict(man.layout))}")
     print(f"              filesystem now: {fs_type}, {now}")
     print(f"filesystem    {choice.fs.describe()}")
     print(f"read strategy {choice.describe()}: {choice.strategy.describe()}")

@@ -8,6 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from shardio.cli.common import EXIT_OK, default_workers, one_line, parse_part
+from shardio.tools.inspect import CLASSES_SHOWN as _CLASSES_SHOWN
 from shardio.units import format_duration, format_size, parse_size
 
 if TYPE_CHECKING:
@@ -15,9 +16,8 @@ if TYPE_CHECKING:
     from shardio.packing.calls import SourceCalls
     from shardio.packing.run import PackResult
 
-__all__ = ["cmd_merge", "cmd_pack", "label_map_json", "label_map_text"]
+__all__ = ["cmd_merge", "cmd_pack", "label_map_text"]
 
-_CLASSES_SHOWN = 5  # classes named (with their index) in the pack summary and inspect
 _SKIPPED_SHOWN = 5  # skipped files listed in the pack summary; pack-report.json has all
 
 
@@ -124,20 +124,6 @@ def _show_name(name: str) -> str:
     except UnicodeError:  # a lone surrogate that no file name decodes to
         raw = name.encode("utf-8", "backslashreplace")
     return one_line(_show_path(raw))
-
-
-def label_map_json(
-    classes: tuple[str, ...] | None, layout: str, source: LabelSource | None
-) -> dict[str, object] | None:
-    """The label map for ``--json`` output: its size, first classes, origin; None: no map."""
-    if classes is None:
-        return None
-    return {
-        "num_classes": len(classes),
-        "layout": layout,
-        "first": [{"index": i, "name": n} for i, n in enumerate(classes[:_CLASSES_SHOWN])],
-        "source": source.to_json() if source is not None else {"kind": "class-dirs"},
-    }
 
 
 def _calls_text(calls: SourceCalls, note: str = "") -> str:

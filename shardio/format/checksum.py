@@ -7,12 +7,14 @@ import os
 
 import xxhash
 
-from shardio.errors import StorageError
-from shardio.storage.files import open_regular
+from shardio.errors import ShardioError, StorageError
+from shardio.storage.files import refuse_irregular
+from shardio.storage.opener import Opener, PosixOpener, open_named
 
 __all__ = ["fd_xxh3_128", "file_xxh3_128", "hex64", "member_xxh3_64", "new_file_hasher"]
 
 _CHUNK = 8 * 1024 * 1024
+_POSIX = PosixOpener()
 
 
 def member_xxh3_64(data: bytes | bytearray | memoryview) -> int:
@@ -30,33 +32,46 @@ def new_file_hasher() -> xxhash.xxh3_128:
     return xxhash.xxh3_128()
 
 
-def fd_xxh3_128(fd: int, *, chunk_bytes: int = _CHUNK) -> str:
-    """Return the xxh3-128 of an open file from its current position to its end (read, not
-    mapped: a file truncated meanwhile ends the hash early instead of raising SIGBUS)."""
+def fd_xxh3_128(fd: int, *, chunk_bytes: int = _CHUNK, opener: Opener | None = None) -> str:
+    """Return the xxh3-128 of an open file, read from its start through ``opener`` (default:
+    POSIX ``pread``). Read, not mapped: a file truncated meanwhile ends the hash early
+    instead of raising SIGBUS."""
+    reader = opener if opener is not None else _POSIX
     hasher = xxhash.xxh3_128()
-    buf = bytearray(chunk_bytes)
-    view = memoryview(buf)
-    while n := os.readv(fd, [buf]):
+    view = memoryview(bytearray(chunk_bytes))
+    pos = 0
+    while n := reader.pread_into(fd, view, pos):
         hasher.update(view[:n])
+        pos += n
     return hasher.hexdigest()
 
 
 def file_xxh3_128(
-    path: str | os.PathLike[str], *, what: str = "file", chunk_bytes: int = _CHUNK
+    path: str | os.PathLike[str],
+    *,
+    what: str = "file",
+    chunk_bytes: int = _CHUNK,
+    opener: Opener | None = None,
+    nofollow: bool = False,
 ) -> str:
-    """Return the xxh3-128 of a whole regular file as 32 hex digits.
+    """Return the xxh3-128 of a whole regular file as 32 hex digits, read through ``opener``
+    (default: POSIX calls).
 
     Raises:
-        StorageError: not a regular file (a FIFO never blocks), or unreadable; names
-            ``what`` and the path.
+        StorageError: not a regular file (a FIFO never blocks; with ``nofollow``, a
+            symlink), or unreadable; names ``what`` and the path.
     """
     name = os.fspath(path)
-    fd = open_regular(name, what=what)
+    reader = opener if opener is not None else _POSIX
+    fd = open_named(reader, name, what=what, nofollow=nofollow)
     try:
-        return fd_xxh3_128(fd, chunk_bytes=chunk_bytes)
+        refuse_irregular(fd, name, what=what, close=lambda _fd: None)
+        return fd_xxh3_128(fd, chunk_bytes=chunk_bytes, opener=reader)
+    except ShardioError:
+        raise
     except OSError as exc:
         raise StorageError(
             exc.errno or errno.EIO, f"cannot read {what} {name}: {exc.strerror or exc}"
         ) from exc
     finally:
-        os.close(fd)
+        reader.close(fd)

@@ -50,9 +50,9 @@ import numpy as np
 
 from shardio._check import require_int
 from shardio.errors import ReadStalledError, UsageError
-from shardio.read.opener import Opener, PosixOpener
 from shardio.read.unavailable import UnavailableShards, holds_path
 from shardio.storage.fsdetect import FsInfo, describe_fs
+from shardio.storage.opener import Opener, PosixOpener
 from shardio.storage.stall import IoThreads, Job, submit
 
 __all__ = [
@@ -332,6 +332,19 @@ class DeadlineOpener:
             raise
         finally:
             row[0] = 0
+
+    def copy_into(self, fd: int, out: int, offset: int, count: int) -> int:
+        """The inner copy, abandoned after the deadline: an abandoned call writes on into
+        ``out`` alone (the caller's temp file, removed when the copy fails)."""
+        path = self._paths.get(fd, "")
+        inner = self.inner
+
+        def call() -> int:
+            return inner.copy_into(fd, out, offset, count)
+
+        what = f"copy of {path or f'descriptor {fd}'} at offset {offset}"
+        got: int = self._run(path, what, call)
+        return got
 
     def pread_into(self, fd: int, target: memoryview, offset: int) -> int:
         path = self._paths.get(fd, "")

@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 
 from shardio.read.check import member_digest_problem
-from shardio.read.opener import Opener, read_fully
 from shardio.read.packed import PackedDataset
 from shardio.read.strategy import ReadStrategy
+from shardio.storage.opener import Opener, read_fully
 
 __all__ = [
     "Request",

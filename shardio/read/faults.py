@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from shardio.errors import UsageError
-from shardio.read.opener import PosixOpener
+from shardio.storage.opener import PosixOpener, copy_through_buffer
 
 __all__ = ["FAULT_KINDS", "Fault", "FaultyOpener"]
 
@@ -192,6 +192,10 @@ class FaultyOpener(PosixOpener):
                 for k in range(0, got, 512):
                     target[k] ^= 0x5A
         return got
+
+    def copy_into(self, fd: int, out: int, offset: int, count: int) -> int:
+        """Through :meth:`pread_into`, so that a copy meets the faults a read meets."""
+        return copy_through_buffer(self, fd, out, offset, count)
 
     def map(self, path: str) -> mmap.mmap | None:
         """A mapping of the bytes this opener would read (faults applied), in anonymous

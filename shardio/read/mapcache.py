@@ -20,7 +20,7 @@ from collections import OrderedDict
 
 from shardio.errors import StorageError
 from shardio.metrics.read import ReadMetrics
-from shardio.read.opener import Opener, PosixOpener
+from shardio.storage.opener import Opener, PosixOpener
 
 __all__ = ["FileIdentity", "MapCache", "file_identity"]
 

@@ -38,10 +38,10 @@ from shardio.metrics.read import ReadMetrics
 from shardio.read.check import member_digest_problem
 from shardio.read.deadline import bounded
 from shardio.read.mapcache import MapCache
-from shardio.read.opener import Opener, PosixOpener, read_fully
 from shardio.read.resolver import NOT_OPENED, Location, ShardResolver
 from shardio.read.strategy import ReadStrategy
 from shardio.storage.fsdetect import FsInfo, describe_fs
+from shardio.storage.opener import Opener, PosixOpener, read_fully
 
 __all__ = ["Event", "FilePool", "Handoff", "PackedDataset"]
 
@@ -203,20 +203,20 @@ class PackedDataset:
             and its resolver's decisions are taken instead of being read and made again.
         fs: the filesystem of ``root`` where the caller has told it (one statfs and one read
             of the mount table a process; default: told here).
+        on_event: called with a dict for each recovery event (a dropped or re-staged copy);
+            None: each is logged.
+        read_strategy: how :func:`shardio.runtime.batch.read_batch` reads a batch's members
+            (the runtime's choice from :func:`shardio.read.strategy.choose_strategy`); None
+            or one in flight: one pread per member in the reading thread.
 
     Attributes:
         resolver: where each shard is read from.
-        on_event: called with a dict for each recovery event (a dropped or re-staged copy).
         metrics: this process's read counters and latency histograms (the one place the
             pool, the map cache, the resolver, the reader and the recovery steps count).
-        read_strategy: how :func:`shardio.runtime.batch.read_batch` reads a batch's members
-            (set by the runtime from :func:`shardio.read.strategy.choose_strategy`); None or
-            one in flight: one pread per member in the reading thread.
         advising: whether :meth:`advise` sends advice (the runtime turns it off while a
             stream read-ahead runs).
     """
 
-    read_strategy: ReadStrategy | None = None
     advising = True  # False while a stream read-ahead fills the page cache (see advise)
 
     def __init__(
@@ -230,8 +230,11 @@ class PackedDataset:
         timed: bool = True,
         handoff: Handoff | None = None,
         fs: FsInfo | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        read_strategy: ReadStrategy | None = None,
     ) -> None:
         self.root = os.fspath(root)
+        self.read_strategy = read_strategy
         self.opener: Opener = opener if opener is not None else PosixOpener()
         # The manifest and the index are read outside the opener, under its deadline: with
         # their server gone the open fails in bounded time, not after the client's retries.
@@ -256,7 +259,7 @@ class PackedDataset:
         elif cache is not None:
             self.resolver.check_cache()  # another dataset's area is refused, a missing one said
         self.restage = restage
-        self.on_event: Callable[[Event], None] | None = None
+        self.on_event = on_event
         self.pool = FilePool(self.opener, max_open, self.metrics)
         self.maps = MapCache(self.opener, metrics=self.metrics)
 

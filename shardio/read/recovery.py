@@ -118,6 +118,9 @@ _Recoverable = (OSError, SampleDecodeError)
 class Recovery:
     """Apply a :class:`RecoveryPolicy` to the reads of one process.
 
+    The reader is not rewired: open it with ``restage=policy.restage`` and its
+    ``on_event`` routed to :meth:`emit` (its dropped and re-staged copies are events too).
+
     Args:
         ds: the packed dataset read from.
         policy: the policy.
@@ -167,16 +170,11 @@ class Recovery:
             journal = os.path.join(str(ds.cache_root), STAGE_DIR, JOURNAL_NAME)
         self.journal = RepairJournal(journal) if journal is not None else None
         self._journal_failed = False
-        ds.restage = policy.restage
-        ds.on_event = self._on_reader_event
 
     # -- events ------------------------------------------------------------------------------
-    def _on_reader_event(self, event: Event) -> None:
-        # The resolver counted the re-stage or the drop already.
-        self.emit(event)
-
     def emit(self, event: Event) -> None:
-        """Log, queue and journal one event."""
+        """Log, queue and journal one event (the reader's own events come here too: open
+        it with ``on_event`` routed to this; the resolver counted them already)."""
         if self.context is not None:
             event = {**self.context(), **event}
         logger.warning("shardio recovery: %s", _describe(event))

@@ -12,9 +12,10 @@ import dataclasses
 import logging
 import os
 import resource
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,15 +31,19 @@ from shardio.order.ranks import RankInfo
 from shardio.order.spec import resolve_spec
 from shardio.read.deadline import resolve_read_timeout, with_deadline
 from shardio.read.extents import StreamReadahead
-from shardio.read.opener import Opener
-from shardio.read.packed import Handoff, PackedDataset
+from shardio.read.packed import Event, Handoff, PackedDataset
+from shardio.read.recovery import RecoveryPolicy
 from shardio.read.strategy import ReadStrategy, choose_strategy
 from shardio.runtime.batch import read_batch, read_batch_mapped, share_tensors
 from shardio.runtime.decode import Decoder, decode_sample, make_decoder
 from shardio.runtime.loader import ShardLoader
 from shardio.runtime.protocol import run_positions
+from shardio.runtime.recovering import SampleRecovery, make_policy
 from shardio.runtime.transport import BatchRing
 from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, WorkerFailure, labels_to_tensor
+
+if TYPE_CHECKING:
+    from shardio.read import Opener
 
 __all__ = ["ShardDataset", "ShardStreamDataset", "collate_samples"]
 
@@ -176,6 +181,13 @@ class ShardDataset(Dataset[dict[str, Any]]):
             every member still checked after its read) or "auto"; None (default): the
             ``SHARDIO_READ_STRATEGY`` environment variable, else "auto" (chosen from the
             filesystem holding ``path``). See :mod:`shardio.read.strategy`.
+        recovery: what a sample that cannot be read (or decoded) gets: None (default): its
+            error is raised as it is; "raise", "skip" or a
+            :class:`~shardio.read.recovery.RecoveryPolicy`: retried, re-staged, rebuilt,
+            then raised as SampleUnavailableError or substituted (see
+            :mod:`shardio.read.recovery`; ``ResilientDataset(ds, policy=...)`` is this).
+        rebuild: with ``recovery``: rebuilds a damaged source shard in place
+            (``rebuild(shard_index) -> bool``), tried after the retries.
     """
 
     mode = "map"
@@ -216,7 +228,14 @@ class ShardDataset(Dataset[dict[str, Any]]):
         metrics: bool = True,
         read_timeout_s: float | None = None,
         read_strategy: str | None = None,
+        recovery: str | RecoveryPolicy | None = None,
+        rebuild: Callable[[int], bool] | None = None,
     ) -> None:
+        if recovery is None and rebuild is not None:
+            raise UsageError("rebuild is a step of a recovery policy: give recovery= too")
+        self.recovering: SampleRecovery | None = (
+            SampleRecovery(make_policy(recovery, {}), rebuild) if recovery is not None else None
+        )
         if transport not in TRANSPORTS:
             raise UsageError(
                 f"invalid transport {transport!r}: choose one of {', '.join(TRANSPORTS)}"
@@ -248,15 +267,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self.read_timeout_s = resolve_read_timeout(self.path, read_timeout_s, fs=fs)
         self.opener = with_deadline(opener, self.read_timeout_s, scope=self.path)
         self.timed = bool(metrics)
-        self._ds: PackedDataset | None = PackedDataset(
-            self.path,
-            max_open=self.max_open,
-            cache=self.cache,
-            opener=self.opener,
-            timed=self.timed,
-            fs=fs,
-        )
-        self._ds.read_strategy = self._batch_strategy()
+        self._ds: PackedDataset | None = self._open_packed(fs=fs)
         self.num_samples = len(self._ds)
         self._shard_sizes = np.array(
             [s.num_samples for s in self._ds.manifest.shards], dtype=np.int64
@@ -294,19 +305,81 @@ class ShardDataset(Dataset[dict[str, Any]]):
         """The underlying packed dataset, opened in this process on first use."""
         if self._ds is None:
             handoff, self._handoff = self._handoff, None
-            self._ds = PackedDataset(
-                self.path,
-                max_open=self.max_open,
-                cache=self.cache,
-                opener=self.opener,
-                timed=self.timed,
-                handoff=handoff,
-            )
-            self._ds.read_strategy = self._batch_strategy()
+            self._ds = self._open_packed(handoff=handoff)
             if self._closed_metrics is not None:  # figures of a closed reader go on
                 self._ds.metrics.merge(self._closed_metrics)
                 self._closed_metrics = None
         return self._ds
+
+    def _open_packed(self, *, fs: Any = None, handoff: Handoff | None = None) -> PackedDataset:
+        """This process's reader: with the recovery policy's re-staging, its events routed
+        to the recovery."""
+        return PackedDataset(
+            self.path,
+            max_open=self.max_open,
+            cache=self.cache,
+            opener=self.opener,
+            timed=self.timed,
+            fs=fs,
+            handoff=handoff,
+            restage=self.recovering is not None and self.recovering.policy.restage,
+            on_event=self._reader_event if self.recovering is not None else None,
+            read_strategy=self._batch_strategy(),
+        )
+
+    def _reader_event(self, event: Event) -> None:
+        if self.recovering is not None:
+            self.recovering.reader_event(self, event)
+
+    # -- recovery (a policy given to the reader; see shardio.runtime.recovering) -------------
+    def with_recovery(
+        self,
+        policy: str | RecoveryPolicy = "raise",
+        *,
+        rebuild: Callable[[int], bool] | None = None,
+        **options: Any,
+    ) -> ShardDataset:
+        """A copy of this dataset that recovers from read faults by ``policy`` (a name with
+        RecoveryPolicy's fields as ``options``, or a RecoveryPolicy); this one is left
+        unchanged. The copy starts where this one stands, with figures of its own."""
+        chosen = make_policy(policy, options)
+        if rebuild is not None and not callable(rebuild):
+            raise UsageError(f"rebuild must be callable, got {type(rebuild).__name__}")
+        copy = object.__new__(type(self))
+        copy.__setstate__(self.__getstate__())
+        copy.cursor = self.cursor.copy()  # its own position, from where this one stood
+        copy._received = ReadMetrics()
+        copy._closed_metrics = None
+        copy.recovering = SampleRecovery(chosen, rebuild)
+        return copy
+
+    @property
+    def recovery_policy(self) -> RecoveryPolicy | None:
+        """The recovery policy in force, or None (errors are raised as they are)."""
+        return self.recovering.policy if self.recovering is not None else None
+
+    @property
+    def rebuild(self) -> Callable[[int], bool] | None:
+        """The recovery's rebuild hook, or None."""
+        return self.recovering.rebuild if self.recovering is not None else None
+
+    @property
+    def recovery_events(self) -> list[Event]:
+        """The recovery events the training process saw (the last 10,000), from every
+        worker, each a dict as in the journal; empty without a recovery policy."""
+        return self.recovering.events if self.recovering is not None else []
+
+    @property
+    def recovery_stats(self) -> Counter[str]:
+        """Recoveries by kind, from every worker: ``retry`` (a retry read the sample),
+        ``restage``, ``drop``, ``rebuild``, ``skip`` (substituted) and ``raise``; a view of
+        the rank's read metrics (``loader.metrics().counters``)."""
+        return SampleRecovery.stats(self.read_metrics().counts)
+
+    def probe_sample(self, sample: int) -> None:
+        """Read ``sample`` as it would be delivered (decoded too), raising what its read
+        would: the recovery's retry, and its check of a substitute before it is taken."""
+        self._read_decoded([sample])
 
     def _batch_strategy(self) -> ReadStrategy | None:
         """The strategy ``read_batch`` reads with: map mode's (stream mode reads its shards
@@ -455,8 +528,18 @@ class ShardDataset(Dataset[dict[str, Any]]):
         return number % self.num_samples
 
     def _read_checked(self, read: Callable[[list[int]], Any], indices: list[int]) -> Any:
-        """``read(indices)``: the hook a ResilientDataset recovers faults in."""
-        return read(indices)
+        """``read(indices)``, through the recovery policy when there is one; a worker sends
+        the recovery's events with the batch, the training process keeps them."""
+        if self.recovering is None:
+            return read(indices)
+        batch, events = self.recovering.read(self, read, indices)
+        if events:
+            if get_worker_info() is not None:
+                if isinstance(batch, dict):
+                    batch[EVENTS_KEY] = events
+            else:
+                self.recovering.absorb(events)
+        return batch
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Sample ``index`` as a dict: ``__key__``, bytes per extension, ``cls`` as int.
@@ -592,9 +675,11 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self._ship_metrics = False
 
     def absorb_events(self, events: list[dict[str, Any]]) -> None:
-        """Recovery events a worker sent (ResilientDataset records them; a plain dataset
+        """Recovery events a worker sent (kept with a recovery policy; a dataset without one
         sends none)."""
-        if events:
+        if self.recovering is not None:
+            self.recovering.absorb(events)
+        elif events:
             logger.debug("%d recovery events without a recovery policy: dropped", len(events))
 
     def count_faults(self, **counts: int) -> None:

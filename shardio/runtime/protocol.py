@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from shardio.metrics.read import ReadMetrics
     from shardio.order.cursor import EpochCursor
     from shardio.order.streams import RankStream
-    from shardio.read.opener import Opener
+    from shardio.read import Opener
     from shardio.read.packed import PackedDataset
     from shardio.runtime.transport import BatchRing
 

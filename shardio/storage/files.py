@@ -15,7 +15,7 @@ import errno
 import logging
 import os
 import stat
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from shardio.errors import FormatError, ShardioError, StorageError, UsageError
 from shardio.storage.atomic import TEMP_MARK, storage_error
@@ -81,17 +81,25 @@ def open_regular(path: str | bytes, *, what: str = "file", nofollow: bool = Fals
         elif exc.errno == errno.ELOOP and nofollow:
             reason = "is a symlink, not a file shardio wrote"
         raise StorageError(exc.errno or errno.EIO, f"cannot open {what} {name}: {reason}") from exc
+    refuse_irregular(fd, name, what=what)
+    return fd
+
+
+def refuse_irregular(
+    fd: int, path: str | bytes, *, what: str = "file", close: Callable[[int], None] = os.close
+) -> None:
+    """Close ``fd`` (with ``close``) and raise StorageError unless it is a regular file."""
+    name = os.fsdecode(path)
     try:
         mode = os.fstat(fd).st_mode
     except OSError as exc:
-        os.close(fd)
+        close(fd)
         raise StorageError(exc.errno or errno.EIO, f"cannot stat {what} {name}") from exc
     if not stat.S_ISREG(mode):
-        os.close(fd)
+        close(fd)
         raise StorageError(
             errno.EINVAL, f"{what} {name} is a {describe_kind(mode)}, not a regular file"
         )
-    return fd
 
 
 def open_for_pread(path: str | bytes, *, what: str = "file", nofollow: bool = False) -> int:

@@ -36,13 +36,14 @@ from shardio.cache.copy import copy_verified, leftover_temps, stage_one, temps_o
 from shardio.cache.identity import check_area_holds, source_identity
 from shardio.cache.protocol import STAGE_DIR, drop_if_same, read_area_marker, shard_lock
 from shardio.errors import FormatError, IntegrityError, ShardioError, StorageError, UsageError
-from shardio.format.checksum import fd_xxh3_128, file_xxh3_128
+from shardio.format.checksum import file_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.metrics.progress import Counters, ProgressCallback
 from shardio.storage.atomic import atomic_write, storage_error
 from shardio.storage.dirlock import lock_directory
-from shardio.storage.files import describe_kind, make_dirs_inside, open_regular, read_regular
+from shardio.storage.files import describe_kind, make_dirs_inside, read_regular
+from shardio.storage.opener import Opener, PosixOpener
 from shardio.tools.verify import ShardProblem, VerifyReport, verify_dataset
 
 __all__ = ["Rebuild", "RepairReport", "Repaired", "Unrepaired", "repair_dataset"]
@@ -151,6 +152,7 @@ def repair_dataset(
     progress: ProgressCallback | None = None,
     rebuild: Rebuild | None = None,
     durable: bool | None = None,
+    opener: Opener | None = None,
 ) -> RepairReport:
     """Verify ``root`` and repair what is wrong (see the module docstring).
 
@@ -163,6 +165,8 @@ def repair_dataset(
         rebuild: tried for a shard when no source copy of it is good (see :data:`Rebuild`).
         durable: fsync each replacement before renaming it (default: yes for a dataset; no
             for a staging area, a job-scoped cache, as ``shardio stage`` does).
+        opener: what every byte checked or copied is read through (verify, the copies,
+            the digests); default: POSIX calls.
 
     Raises:
         UsageError: no source for a dataset; a source that is not a copy of the same dataset;
@@ -188,7 +192,7 @@ def repair_dataset(
         else:  # the dataset at staged_from may have been re-packed since: never its bytes
             ident = source_identity(src)
             check_area_holds(root_path, ident, action="repair it from that source")
-        job = _Repair(root_path, manifest, src, rebuild, durable=bool(durable))
+        job = _Repair(root_path, manifest, src, rebuild, durable=bool(durable), opener=opener)
         found = job.run(workers, progress, staged=True)
     else:
         if source is None:
@@ -199,7 +203,9 @@ def repair_dataset(
             )
         src = os.fspath(source)
         _check_same_dataset(root_path, manifest, src)
-        job = _Repair(root_path, manifest, src, rebuild, durable=durable is not False)
+        job = _Repair(
+            root_path, manifest, src, rebuild, durable=durable is not False, opener=opener
+        )
         with _dataset_lock(root_path):
             job.manifest = load_manifest(os.path.join(root_path, MANIFEST_FILENAME))
             _check_same_dataset(root_path, job.manifest, src)  # it may have changed
@@ -267,8 +273,10 @@ class _Repair:
         rebuild: Rebuild | None,
         *,
         durable: bool,
+        opener: Opener | None = None,
     ) -> None:
         self.root = root
+        self.opener: Opener = opener if opener is not None else PosixOpener()
         self.manifest = manifest
         self.source = source
         self.rebuild = rebuild
@@ -282,7 +290,9 @@ class _Repair:
         what the first verify found."""
         index_touched = self._repair_index()
         try:
-            found = verify_dataset(self.root, workers=workers, progress=progress)
+            found = verify_dataset(
+                self.root, workers=workers, progress=progress, opener=self.opener
+            )
         except FormatError as exc:
             lost = [u for u in self.unrepaired if u.path == self.manifest.index.path]
             if not lost:
@@ -307,7 +317,7 @@ class _Repair:
             else:
                 self._replace_shard(shard, problem)
         if touched or index_touched:
-            after = verify_dataset(self.root, workers=workers, shards=touched)
+            after = verify_dataset(self.root, workers=workers, shards=touched, opener=self.opener)
             self.after = after
             self._settle(after)
         return found
@@ -337,7 +347,7 @@ class _Repair:
         entry = self.manifest.index
         path = os.path.join(self.root, entry.path)
         try:
-            if file_xxh3_128(path, what="index") == entry.xxh3_128:
+            if file_xxh3_128(path, what="index", opener=self.opener) == entry.xxh3_128:
                 return False
             state, was = "damaged", "index checksum mismatch"
         except StorageError as exc:
@@ -352,6 +362,7 @@ class _Repair:
                 entry.size_bytes,
                 durable=self.durable,
                 what="index",
+                opener=self.opener,
             )
         except ShardioError as exc:
             why = f"{was}; {exc}"
@@ -409,6 +420,7 @@ class _Repair:
             temps_of(entry, temps),
             durable=self.durable,
             counters=Counters(shared=False),
+            opener=self.opener,
         )
         if outcome == "present":  # intact (or staged by another process meanwhile)
             return "its bytes are intact: verified and stamped again"
@@ -437,7 +449,7 @@ class _Repair:
         try:
             _refuse_non_regular(final)
             how = ""
-            if _digest_or_none(final) != entry.xxh3_128:
+            if _digest_or_none(final, self.opener) != entry.xxh3_128:
                 how = self._copy_from_source(shard, entry)
             if entry.dali_index is not None and not os.path.lexists(
                 os.path.join(self.root, entry.dali_index)
@@ -466,6 +478,7 @@ class _Repair:
                 entry.size_bytes,
                 durable=self.durable,
                 what="source copy of shard",
+                opener=self.opener,
             )
         except StorageError as exc:
             if not (isinstance(exc, IntegrityError) or exc.errno == errno.ENOENT):
@@ -474,7 +487,7 @@ class _Repair:
             if note:
                 raise IntegrityError(exc.errno or errno.EIO, f"{exc}; {note}") from exc
             _refuse_non_regular(final)
-            if _digest_or_none(final) != entry.xxh3_128:
+            if _digest_or_none(final, self.opener) != entry.xxh3_128:
                 raise IntegrityError(
                     errno.EIO, f"{exc}; and the rebuilt {entry.path} does not verify"
                 ) from exc
@@ -504,19 +517,13 @@ def _refuse_non_regular(path: str) -> None:
         )
 
 
-def _digest_or_none(path: str) -> str | None:
-    """xxh3-128 of a regular file (read, never through a symlink), None if absent or
-    unreadable."""
+def _digest_or_none(path: str, opener: Opener) -> str | None:
+    """xxh3-128 of a regular file (read through ``opener``, never through a symlink), None if
+    absent or unreadable."""
     try:
-        fd = open_regular(path, what="shard", nofollow=True)
+        return file_xxh3_128(path, what="shard", opener=opener, nofollow=True)
     except StorageError:
         return None
-    try:
-        return fd_xxh3_128(fd)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _replace_verified(
@@ -528,6 +535,7 @@ def _replace_verified(
     *,
     durable: bool,
     what: str,
+    opener: Opener,
 ) -> None:
     """Copy ``src`` into a temp file beside ``root/rel``, hash the copy's own bytes, and
     rename it over ``root/rel`` only if it matches ``expected``.
@@ -550,6 +558,7 @@ def _replace_verified(
         what=what,
         action="repairing",
         before_publish=lambda: _refuse_non_regular(final),  # nothing planted is replaced
+        opener=opener,
     )
     logger.info("replaced %s by the verified copy %s", final, src)
 

@@ -26,12 +26,13 @@ from shardio._pool import WorkerPool, check_workers
 from shardio.cache.identity import source_mismatch
 from shardio.cache.protocol import read_plan, stamp_matches, stamp_path
 from shardio.errors import FormatError, ShardioError, StorageError, UsageError
-from shardio.format.checksum import file_xxh3_128, hex64, new_file_hasher
+from shardio.format.checksum import hex64, new_file_hasher
 from shardio.format.manifest import ShardEntry
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
 from shardio.read.check import member_digest_problem
 from shardio.read.packed import PackedDataset
-from shardio.storage.files import describe_kind, open_regular
+from shardio.storage.files import describe_kind, refuse_irregular
+from shardio.storage.opener import Opener, open_named, read_fully
 
 __all__ = [
     "AreaReport",
@@ -207,13 +208,14 @@ class VerifyReport:
 
 
 class _Reader:
-    """Ranges of an open file read with ``pread`` through one reused buffer.
+    """Ranges of an open file read through the opener into one reused buffer.
 
     Not a mapping: a file truncated (or failing) while it is read gives a short read or an
     OSError here, where a mapping would kill the process with SIGBUS.
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, opener: Opener, fd: int) -> None:
+        self._opener = opener
         self._fd = fd
         self._buf = bytearray(_CHUNK)
         self._lo = self._hi = 0  # the range of the file that the buffer holds
@@ -224,15 +226,21 @@ class _Reader:
             want = max(hi - lo, _CHUNK)
             if len(self._buf) < want:  # a member larger than the chunk
                 self._buf = bytearray(want)
-            target = memoryview(self._buf)
-            got = 0
-            while got < want:
-                n = os.preadv(self._fd, [target[got:want]], lo + got)
-                if n == 0:
-                    break
-                got += n
+            got = read_fully(self._opener, self._fd, memoryview(self._buf)[:want], lo)
             self._lo, self._hi = lo, lo + got
         return memoryview(self._buf)[lo - self._lo : max(lo, min(hi, self._hi)) - self._lo]
+
+
+def _digest(ds: PackedDataset, path: str, what: str) -> str:
+    """xxh3-128 of the file at ``path``, read through the dataset's opener."""
+    fd = _open_shard(ds, path, what)
+    try:
+        refuse_irregular(fd, path, what=what, close=lambda _fd: None)
+        hasher = new_file_hasher()
+        _feed(hasher, _Reader(ds.opener, fd), 0, ds.opener.size(fd))
+        return hasher.hexdigest()
+    finally:
+        ds.opener.close(fd)
 
 
 def _feed(hasher: Any, reader: _Reader, lo: int, hi: int) -> None:
@@ -255,7 +263,7 @@ def _scan(ds: PackedDataset, shard: int, fd: int, size: int) -> tuple[list[BadMe
     whole file; return (the bad members, the file's xxh3-128)."""
     entry = ds.manifest.shards[shard]
     samples = ds.index.samples[entry.first_sample : entry.first_sample + entry.num_samples]
-    reader = _Reader(fd)
+    reader = _Reader(ds.opener, fd)
     whole = new_file_hasher()
     bad: list[BadMember] = []
     pos = 0
@@ -290,7 +298,7 @@ def _check_bytes(
 ) -> tuple[list[BadMember], int]:
     """Scan an open shard file; add to ``reasons``; return (bad members, bytes checked)."""
     entry = ds.manifest.shards[shard]
-    size = os.fstat(fd).st_size
+    size = ds.opener.size(fd)
     if size == 0:
         return [], 0
     bad, digest = _scan(ds, shard, fd, size)
@@ -316,11 +324,16 @@ def _plan(root: str) -> set[str] | None:
     return _PLANS[root]
 
 
-def _open(root: str) -> PackedDataset:
+def _open(root: str, opener: Opener | None = None) -> PackedDataset:
     ds = _DATASETS.get(root)
     if ds is None:
-        ds = _DATASETS[root] = PackedDataset(root)
+        ds = _DATASETS[root] = PackedDataset(root, opener=opener)
     return ds
+
+
+def _open_shard(ds: PackedDataset, path: str, what: str, *, nofollow: bool = False) -> int:
+    """``path`` opened through the dataset's opener; StorageError naming it."""
+    return open_named(ds.opener, path, what=what, nofollow=nofollow)
 
 
 def _index_problem(ds: PackedDataset, shard: int) -> ShardProblem | None:
@@ -342,12 +355,16 @@ def _verify_shard(root: str, shard: int, quick: bool) -> tuple[ShardProblem | No
     path = ds.shard_path(shard)
     lost = entry.num_samples  # when none of the shard's bytes can be checked
     try:
-        size = os.stat(path).st_size
+        st = os.stat(path)
     except FileNotFoundError:
         return ShardProblem(entry.path, "missing", state=MISSING, samples_lost=lost), 0
     except OSError as exc:
         why = f"cannot stat: {exc.strerror}"
         return ShardProblem(entry.path, why, samples_lost=lost), 0
+    if not stat.S_ISREG(st.st_mode):  # never read: a FIFO would block, a device is not ours
+        why = f"shard {path} is a {describe_kind(st.st_mode)}, not a regular file"
+        return ShardProblem(entry.path, why, samples_lost=lost), 0
+    size = st.st_size
     reasons: list[str] = []
     problem = _index_problem(ds, shard)
     if problem is not None:
@@ -361,25 +378,20 @@ def _verify_shard(root: str, shard: int, quick: bool) -> tuple[ShardProblem | No
         found = ShardProblem(entry.path, "; ".join(reasons), samples_lost=empty)
         return (found if reasons else None), 0
     try:
-        fd = open_regular(path, what="shard")
+        fd = _open_shard(ds, path, "shard")
     except StorageError as exc:
         return ShardProblem(entry.path, str(exc), samples_lost=lost), 0
     try:
-        identity = _identity(fd)
+        identity = ds.opener.identity(fd)
         bad, checked = _check_bytes(ds, shard, fd, reasons)
     except OSError as exc:
         why = f"cannot read: {exc.strerror or exc}"
         return ShardProblem(entry.path, why, samples_lost=lost), 0
     finally:
-        os.close(fd)
+        ds.opener.close(fd)
     if reasons or bad:
         return ShardProblem(entry.path, "; ".join(reasons), tuple(bad), identity=identity), checked
     return None, checked
-
-
-def _identity(fd: int) -> tuple[int, int]:
-    st = os.fstat(fd)
-    return st.st_dev, st.st_ino
 
 
 def _verify_staged(root: str, shard: int, quick: bool) -> tuple[ShardProblem | None, int]:
@@ -423,17 +435,18 @@ def _verify_staged(root: str, shard: int, quick: bool) -> tuple[ShardProblem | N
             return ShardProblem(rel, why, state=STALE, staged=True), 0
         return _staged_dali_problem(root, entry), 0
     try:
-        fd = open_regular(path, what="staged copy", nofollow=True)
+        fd = _open_shard(ds, path, "staged copy", nofollow=True)
+        refuse_irregular(fd, path, what="staged copy", close=ds.opener.close)
     except StorageError as exc:  # replaced by a symlink or FIFO since the lstat
         return ShardProblem(rel, str(exc), state=FOREIGN, staged=True), 0
     try:
-        identity = _identity(fd)
+        identity = ds.opener.identity(fd)
         bad, checked = _check_bytes(ds, shard, fd, reasons)
     except OSError as exc:
         why = f"cannot read: {exc.strerror or exc}"
         return ShardProblem(rel, why, staged=True, identity=_identity_of(path)), 0
     finally:
-        os.close(fd)
+        ds.opener.close(fd)
     if reasons or bad:
         why = "; ".join(reasons)
         return ShardProblem(rel, why, tuple(bad), staged=True, identity=identity), checked
@@ -462,8 +475,10 @@ def _staged_dali_problem(root: str, entry: ShardEntry) -> ShardProblem | None:
     return ShardProblem(entry.path, why, state=MISSING, staged=True)
 
 
-def _verify_task(root: str, shard: int, quick: bool) -> tuple[ShardProblem | None, int]:
-    ds = _open(root)
+def _verify_task(
+    root: str, shard: int, quick: bool, opener: Opener | None = None
+) -> tuple[ShardProblem | None, int]:
+    ds = _open(root, opener)
     check = _verify_shard if ds.manifest.staged_from is None else _verify_staged
     result = check(root, shard, quick)
     counters = _COUNTERS.get("c")
@@ -525,6 +540,7 @@ def verify_dataset(
     workers: int = 1,
     progress: ProgressCallback | None = None,
     shards: Collection[int] | None = None,
+    opener: Opener | None = None,
 ) -> VerifyReport:
     """Check a dataset, or a staging area's copies, against its manifest and index.
 
@@ -537,6 +553,8 @@ def verify_dataset(
             shards to check).
         progress: called with (shards, bytes) snapshots while running.
         shards: check only these shards (numbers in the manifest); default all.
+        opener: what every byte is read through (the manifest and index under its
+            deadline); default: POSIX calls. Worker processes get a copy.
 
     Raises:
         FormatError: the manifest or index cannot be read at all.
@@ -547,13 +565,13 @@ def verify_dataset(
     start = time.monotonic()
     check_workers(workers, what="workers")
     root = os.fspath(root)
-    ds = PackedDataset(root)
+    ds = PackedDataset(root, opener=opener)
     problems: list[ShardProblem] = []
     source = ds.manifest.staged_from
     try:
         index_entry_path = ds.manifest.index.path
         index_path = os.path.join(root, index_entry_path)
-        if file_xxh3_128(index_path) != ds.manifest.index.xxh3_128:
+        if _digest(ds, index_path, "index") != ds.manifest.index.xxh3_128:
             problems.append(ShardProblem(ds.manifest.index.path, "index checksum mismatch"))
         chosen = _chosen(root, len(ds.manifest.shards), shards)
         counters = Counters()
@@ -575,13 +593,15 @@ def verify_dataset(
         try:
             if workers <= 1 or len(chosen) <= 1:
                 _DATASETS[root] = ds
-                results = [_verify_task(root, s, quick) for s in chosen]
+                results = [_verify_task(root, s, quick, opener) for s in chosen]
             else:
                 size = min(workers, len(chosen))  # never a process with nothing to do
                 with WorkerPool(size, initializer=_init, initargs=(counters,)) as pool:
                     n = len(chosen)
                     try:
-                        results = pool.map(_verify_task, [root] * n, chosen, [quick] * n)
+                        results = pool.map(
+                            _verify_task, [root] * n, chosen, [quick] * n, [opener] * n
+                        )
                     except BrokenProcessPool as exc:
                         raise ShardioError(
                             "a verify worker process died (killed by a signal or out of "

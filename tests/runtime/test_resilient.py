@@ -201,3 +201,32 @@ def test_bad_arguments_are_refused(packed_tar: Packed) -> None:
         ResilientDataset(ShardDataset(packed_tar.path), policy="ignore")
     with pytest.raises(UsageError):
         ResilientDataset(ShardDataset(packed_tar.path), tries=3)
+    with pytest.raises(UsageError):
+        ShardDataset(packed_tar.path, rebuild=lambda shard: True)  # no policy to rebuild in
+    with pytest.raises(UsageError):
+        ShardDataset(packed_tar.path, recovery=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["map", "stream"])
+def test_recovery_is_a_policy_given_to_the_reader_not_a_subclass(
+    packed_tar: Packed, mode: str
+) -> None:
+    """ResilientDataset returns the dataset's own kind with a policy; the dataset it was made
+    from is unchanged; ShardDataset(recovery=...) is the same reader."""
+    opener = FaultyOpener([_fault(packed_tar, "flip")])
+    plain = ShardDataset(packed_tar.path, mode=mode, opener=opener, shuffle=False)
+    wrapped = ResilientDataset(plain, policy="skip", retries=0)
+    direct = ShardDataset(packed_tar.path, mode=mode, opener=opener, shuffle=False, recovery="skip")
+    assert type(wrapped) is type(plain) is type(direct)
+    assert not isinstance(plain, ResilientDataset)
+    assert plain.recovery_policy is None and plain.recovery_events == []
+    assert isinstance(direct, ResilientDataset)
+    assert wrapped.packed.restage and not plain.packed.restage  # opened with the policy's
+    keys_wrapped = _check_bytes(packed_tar, _epoch(wrapped, 0))
+    assert _check_bytes(packed_tar, _epoch(direct, 0)) == keys_wrapped
+    assert wrapped.recovery_stats["skip"] >= 1
+    assert plain.recovery_stats["skip"] == 0  # the plain one read nothing, counted nothing
+    from shardio.errors import ChecksumMismatchError
+
+    with pytest.raises(ChecksumMismatchError):
+        _epoch(plain, 0)  # still raising its errors as they are

@@ -552,8 +552,10 @@ def test_a_resume_substitutes_as_the_uninterrupted_run_did(tmp_path: pathlib.Pat
     position = {s: p for p, s in enumerate(order)}
     shard_of = probe.packed.shard_of
     found = None
+    assert probe.recovering is not None
+    candidates = probe.recovering.for_process(probe).candidates
     for b in order[len(order) // 2 :]:
-        c = next(iter(probe._candidates(b)))
+        c = next(iter(candidates(b)))
         earlier = [
             a
             for a in order[: position[b] - 2 * BATCH]

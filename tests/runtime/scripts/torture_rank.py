@@ -51,8 +51,8 @@ def stall_copies(folder: str, stage: str) -> None:
     original = cache_copy.copy_verified
     original_range = cache_copy._copy_range
 
-    def stalled_range(fin: int, fout: int, limit: int, *rest: Any) -> int:
-        copied = original_range(fin, fout, limit, *rest)
+    def stalled_range(*args: Any, **kwargs: Any) -> int:
+        copied = original_range(*args, **kwargs)
         write_json(os.path.join(folder, "stalled"), {"pid": os.getpid()})
         time.sleep(600)  # the test kills the job long before
         return copied

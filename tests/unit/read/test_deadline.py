@@ -29,9 +29,9 @@ from shardio.read.deadline import (
     with_deadline,
 )
 from shardio.read.faults import Fault, FaultyOpener
-from shardio.read.opener import PosixOpener
 from shardio.read.packed import PackedDataset
 from shardio.read.unavailable import UnavailableShards
+from shardio.storage.opener import PosixOpener
 from shardio.storage.stall import IoThreads, call_with_deadline
 
 

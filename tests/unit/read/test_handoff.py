@@ -16,8 +16,8 @@ import pytest
 from shardio.cache.protocol import StampCache, stamp_path, write_stamp
 from shardio.cache.stage import StageOptions, stage_dataset
 from shardio.errors import FormatError, ReadStalledError
-from shardio.read.opener import PosixOpener
 from shardio.read.packed import PackedDataset
+from shardio.storage.opener import PosixOpener
 
 
 @pytest.fixture

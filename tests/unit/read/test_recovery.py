@@ -206,3 +206,13 @@ def test_substitutes_on_held_shards_do_not_use_up_the_tries(dataset: pathlib.Pat
         (got,) = rec.read_batch(_read(ds), [sample])
         assert got["__key__"] == ds.key(shards[3].first_sample)  # the first draw not held
         assert rec.metrics["substitutes"] == 1
+
+
+def test_a_recovery_leaves_the_reader_as_it_was_opened(dataset: pathlib.Path) -> None:
+    """The reader is opened with the policy's re-staging and its event hook; building a
+    Recovery over it writes neither."""
+    events: list[Any] = []
+    with PackedDataset(dataset, restage=False, on_event=events.append) as ds:
+        _recovery(ds, [], restage=True)
+        assert ds.restage is False
+        assert ds.on_event == events.append

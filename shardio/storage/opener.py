@@ -1,0 +1,164 @@
+"""The opener: every byte the read side takes from storage goes through one of these.
+
+An opener opens a path, reads ranges of it with ``pread``, copies ranges of it into a file
+of the caller's (staging and repair, in the kernel where it can), tells its size and
+identity, passes read-ahead advice and (for the opt-in mapped transport only) maps it. The
+POSIX one is the default; :mod:`shardio.read.deadline` bounds every call of another in time,
+and :mod:`shardio.read.faults` wraps it to inject faults in tests. Openers are passed in
+(``PackedDataset(root, opener=...)``, ``verify_dataset(root, opener=...)``,
+``copy_verified(..., opener=...)``) and must pickle, since DataLoader and verify workers get a
+copy. ``tests/conformance/test_openers.py`` is what every opener must pass.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from typing import Protocol
+
+from shardio.errors import StorageError, StorageUnavailableError
+from shardio.storage.files import open_for_pread, open_regular
+
+__all__ = ["Opener", "PosixOpener", "copy_through_buffer", "open_named", "read_fully"]
+
+
+class Opener(Protocol):
+    """What the read side needs from storage. Every method may raise ``OSError``."""
+
+    def open(self, path: str, *, nofollow: bool = False) -> int:
+        """Open ``path`` read-only without blocking; return a descriptor."""
+
+    def pread_into(self, fd: int, target: memoryview, offset: int) -> int:
+        """Read up to ``len(target)`` bytes at ``offset``; return how many (0 at the end)."""
+
+    def copy_into(self, fd: int, out: int, offset: int, count: int) -> int:
+        """Copy up to ``count`` bytes at ``offset`` of ``fd`` to ``out`` at its own file
+        position (advanced); return how many (0 at the end). ``fd``'s position is unchanged."""
+
+    def size(self, fd: int) -> int:
+        """The size of the open file in bytes."""
+
+    def identity(self, fd: int) -> tuple[int, int]:
+        """(device, inode) of the open file: tells a replaced file from the one read."""
+
+    def advise(self, fd: int, offset: int, length: int) -> None:
+        """Hint that ``length`` bytes at ``offset`` will be read soon."""
+
+    def map(self, path: str) -> mmap.mmap | None:
+        """A private read mapping of the whole file (None when it is empty)."""
+
+    def close(self, fd: int) -> None:
+        """Close a descriptor from :meth:`open`."""
+
+
+class PosixOpener:
+    """Plain POSIX calls: ``open(O_NONBLOCK)``, ``preadv``, ``fstat``, ``posix_fadvise``."""
+
+    def open(self, path: str, *, nofollow: bool = False) -> int:
+        return open_for_pread(path, what="shard", nofollow=nofollow)
+
+    def pread_into(self, fd: int, target: memoryview, offset: int) -> int:
+        return os.preadv(fd, [target], offset)
+
+    def copy_into(self, fd: int, out: int, offset: int, count: int) -> int:
+        # In the kernel where the two filesystems allow it (copy_file_range within one,
+        # sendfile across), else through a buffer.
+        for copy in (_copy_file_range, _sendfile):
+            try:
+                return copy(fd, out, offset, count)
+            except OSError as exc:
+                if exc.errno not in _NO_KERNEL_COPY:
+                    raise
+        return copy_through_buffer(self, fd, out, offset, count)
+
+    def size(self, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    def identity(self, fd: int) -> tuple[int, int]:
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+
+    def advise(self, fd: int, offset: int, length: int) -> None:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+
+    def map(self, path: str) -> mmap.mmap | None:
+        fd = open_regular(path, what="shard")
+        try:
+            if os.fstat(fd).st_size == 0:
+                return None
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        except OSError as exc:
+            raise StorageError(exc.errno, f"cannot map shard {path}: {exc.strerror}") from exc
+        finally:
+            os.close(fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def __repr__(self) -> str:
+        return "PosixOpener()"
+
+
+_NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP)
+_COPY_BUFFER = 8 * 1024 * 1024
+
+
+def _copy_file_range(fd: int, out: int, offset: int, count: int) -> int:
+    return os.copy_file_range(fd, out, count, offset)
+
+
+def _sendfile(fd: int, out: int, offset: int, count: int) -> int:
+    return os.sendfile(out, fd, offset, count)
+
+
+def copy_through_buffer(opener: Opener, fd: int, out: int, offset: int, count: int) -> int:
+    """``copy_into`` by ``opener.pread_into`` and ``write`` (at most 8 MiB a call): for an
+    opener whose reads are not the kernel's (faults injected) or filesystems that copy no
+    other way."""
+    buf = memoryview(bytearray(max(1, min(count, _COPY_BUFFER))))
+    got = opener.pread_into(fd, buf, offset)
+    written = 0
+    while written < got:
+        written += os.write(out, buf[written:got])
+    return got
+
+
+def open_named(opener: Opener, path: str, *, what: str, nofollow: bool = False) -> int:
+    """``opener.open(path)``; a failure is a StorageError naming ``what`` and ``path``
+    ("cannot open index /d/index.bin: No such file or directory"). An unavailable storage's
+    error (a stall abandoned, a shard held) is raised as it is.
+
+    Raises:
+        StorageError: it cannot be opened (with ``nofollow``: it is a symlink).
+    """
+    try:
+        return opener.open(path, nofollow=nofollow)
+    except StorageUnavailableError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and nofollow:
+            reason = "is a symlink, not a file shardio wrote"
+        elif exc.errno == errno.EISDIR:
+            reason = "is a directory, not a regular file"
+        else:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise StorageError(exc.errno or errno.EIO, f"cannot open {what} {path}: {reason}") from exc
+
+
+def read_fully(opener: Opener, fd: int, target: memoryview, offset: int) -> int:
+    """Fill ``target`` from ``offset``, looping over short reads; return the bytes read.
+
+    Fewer than ``len(target)`` bytes means the file ended first (it is shorter than its
+    index says). ``EINTR`` is retried by Python itself.
+    """
+    done = 0
+    size = len(target)
+    while done < size:
+        got = opener.pread_into(fd, target[done:], offset + done)
+        if got < 0:  # pragma: no cover - a broken opener
+            raise OSError(errno.EIO, "negative read")
+        if got == 0:
+            break
+        done += got
+    return done
