@@ -10,10 +10,10 @@ from typing import Any
 from shardio.cli.common import EXIT_OK, whole_number
 from shardio.errors import UsageError
 from shardio.topology import Placement, Topology, format_cpulist, placement, read_topology
+from shardio.topology.sysfs import SYSFS_ENV
 
 __all__ = ["add_topo_parser", "cmd_topo"]
 
-SYSFS_ENV = "SHARDIO_SYSFS"  # the same variable the loader's worker pinning reads
 
 
 def add_topo_parser(sub: argparse._SubParsersAction[Any]) -> None:

@@ -85,7 +85,7 @@ def pipeline(
     *,
     batch_size: int,
     num_threads: int = 2,
-    device_id: int | None = None,
+    device_id: int | str | None = "auto",
     shard_id: int | None = None,
     num_shards: int | None = None,
     seed: int | None = None,
@@ -106,7 +106,13 @@ def pipeline(
         dataset_path: the dataset directory (holding manifest.json), or a staging area.
         batch_size: samples per batch.
         num_threads: DALI's CPU threads.
-        device_id: the CUDA device; None runs a CPU-only pipeline.
+        device_id: the CUDA device. "auto" (default): this local rank's GPU (``LOCAL_RANK``
+            or ``SLURM_LOCALID`` modulo the GPUs this process sees, read from sysfs without
+            CUDA and narrowed by ``CUDA_VISIBLE_DEVICES``: index 0 when ``bind.sh`` gave the
+            rank one GPU), or a CPU-only pipeline where it sees none; None: a CPU-only
+            pipeline. Where batches land: the payload (or the images) on the CPU, or on
+            this GPU with ``decode="mixed"``; the labels are always an int64 CPU tensor
+            (from the verified source), moved with the batch by the caller.
         shard_id: this rank; with ``num_shards``. Both None: detected as ShardDataset does
             (torch.distributed, SLURM, RANK/WORLD_SIZE), so the split matches its world.
         num_shards: the number of ranks.

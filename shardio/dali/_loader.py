@@ -24,7 +24,8 @@ class DALILoader:
 
     ``data`` is a dense uint8 tensor ``(B, crop, crop, 3)`` when the pipeline decodes and
     crops; otherwise (raw bytes, or decoded images of their own sizes) a list of B uint8
-    tensors. With ``decode="mixed"`` the data lies on the pipeline's GPU.
+    tensors. With ``decode="mixed"`` the data lies on the pipeline's GPU; ``label`` is an
+    int64 CPU tensor in every mode (move it with the batch: ``label.to(data.device)``).
 
     Each ``for batch in loader`` is one epoch; :meth:`set_epoch` before it selects the epoch
     (the DistributedSampler habit; nothing advances it by itself, as with ShardDataset).

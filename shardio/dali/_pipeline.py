@@ -8,6 +8,7 @@ Two paths. Verified (the default, and every HDF5 dataset): shardio's own reader 
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -16,13 +17,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardio._check import require_int
-from shardio.errors import UsageError
+from shardio.errors import ShardioError, UsageError
 from shardio.format.manifest import Manifest
 from shardio.metrics.read import ReadMetrics
 from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo, detect_ranks
 from shardio.order.spec import OrderSpec, resolve_spec
 from shardio.read.packed import PackedDataset
+from shardio.topology.place import local_gpu
+from shardio.topology.sysfs import SYSFS_ENV, read_topology
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from shardio.dali._source import VerifiedSource
@@ -40,13 +45,30 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _local_device(detect: bool) -> int | None:
+    """``device_id="auto"``: this local rank's GPU (its local rank modulo the GPUs this
+    process sees, after ``CUDA_VISIBLE_DEVICES``; read from sysfs, ``SHARDIO_SYSFS`` for
+    another tree), None (a CPU-only pipeline) when it sees none. With explicit ranks
+    (``shard_id``) and no ``LOCAL_RANK``, local rank 0."""
+    env = os.environ
+    try:
+        local = detect_ranks().local_rank if detect or "LOCAL_RANK" in env else 0
+        topology = read_topology(env.get(SYSFS_ENV) or "/sys")
+        return local_gpu(topology, local)
+    except UsageError:
+        raise  # a malformed rank variable: named, as ShardDataset does
+    except (ShardioError, OSError) as exc:
+        logger.info("device_id='auto': no GPU found (%s); a CPU-only pipeline", exc)
+        return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class DALIOptions:
     """How :func:`shardio.dali.pipeline` builds its pipeline (see there for each field)."""
 
     batch_size: int
     num_threads: int = 2
-    device_id: int | None = None
+    device_id: int | str | None = "auto"
     shard_id: int | None = None
     num_shards: int | None = None
     seed: int | None = None
@@ -66,7 +88,9 @@ class DALIOptions:
         require_int(self.batch_size, "batch_size", minimum=1)
         require_int(self.num_threads, "num_threads", minimum=1)
         require_int(self.prefetch_queue_depth, "prefetch_queue_depth", minimum=1)
-        if self.device_id is not None:
+        if self.device_id == "auto":
+            object.__setattr__(self, "device_id", _local_device(self.shard_id is None))
+        elif self.device_id is not None:
             require_int(self.device_id, "device_id", minimum=0)
         if (self.shard_id is None) != (self.num_shards is None):
             raise UsageError("give shard_id and num_shards together (or neither: detected)")

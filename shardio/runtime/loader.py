@@ -157,6 +157,11 @@ class ShardLoader:
         """Select the epoch (a new one reshuffles and starts at its beginning)."""
         self.dataset.cursor.set_epoch(epoch)
 
+    @property
+    def pin_memory(self) -> bool:
+        """Whether the DataLoader pins each batch (``pin_memory=True`` was passed)."""
+        return bool(self.kwargs.get("pin_memory", False))
+
     def __len__(self) -> int:
         n = self.dataset.cursor.samples_per_rank()
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)

@@ -25,13 +25,13 @@ from typing import Any
 from shardio._env import env_flag
 from shardio.errors import ShardioError
 from shardio.topology import format_cpulist, placement, read_topology
+from shardio.topology.sysfs import SYSFS_ENV
 
-__all__ = ["PIN_ENV", "SYSFS_ENV", "WorkerPinning", "pin_workers_enabled", "worker_pinning"]
+__all__ = ["PIN_ENV", "WorkerPinning", "pin_workers_enabled", "worker_pinning"]
 
 log = logging.getLogger(__name__)
 
 PIN_ENV = "SHARDIO_PIN_WORKERS"
-SYSFS_ENV = "SHARDIO_SYSFS"
 
 
 def pin_workers_enabled(environ: Mapping[str, str] | None = None) -> bool:

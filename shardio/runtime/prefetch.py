@@ -20,18 +20,32 @@ takes batches from the loader and, on CUDA:
 The consumer's ``__next__`` makes the current stream wait on the batch's event (no kernel
 reads a batch before it arrived) and calls ``record_stream`` on its device buffer, so the
 caching allocator does not reuse that memory while the training stream may still read it.
+When the batch's copy has not landed yet (its event not reached), ``__next__`` waits for it
+on the host, so the time counts in the step's wait and the stall fraction
+(:meth:`GPUPrefetcher.metrics`); a stream wait alone would return at once and hide it.
 Delivered tensors are views of one device buffer per batch: keeping any of them keeps the
 batch's buffer.
 
-Memory held: pinned host memory of about (depth + 1) x 1.25 x the largest batch's bytes
-(the staging arenas; an arena that grows returns its old block to torch's pinned-memory
-cache), and device memory of about depth batches queued, plus the batch in use and the one
-being copied. The source article asks for a prefetch buffer of
+Memory held (what ``tests/gpu/test_prefetch_gpu.py`` measures): device memory of at most
+``depth + 2`` batches (``depth`` queued, the one the consumer holds and the one being
+copied; more only while the caller keeps older batches), and pinned host memory of
+``depth + 1`` arenas, each up to 1.25 x the largest batch's bytes, which torch's host
+allocator rounds up to a power of two per block (an arena that grows returns its old block
+to that allocator's cache, which keeps it). Do not also pass ``pin_memory=True`` to the
+loader: its batches would be pinned once by the DataLoader and copied into a pinned arena
+again (the prefetcher warns). The source article asks for a prefetch buffer of
 ``num_workers * batch_size`` samples ahead of the GPU: with :class:`ShardLoader` the workers
 already hold ``num_workers * prefetch_factor`` batches read ahead in shared memory (the ring);
 the prefetcher adds ``depth`` batches that are already on the device, so the transfer of the
 next batch is hidden behind the current step, and the arenas are a transfer buffer, not more
 read-ahead.
+
+The loader's iterator is started, and its first batch taken, in the thread that calls
+``iter(prefetcher)``, not in the prefetch thread: DataLoader workers are forked there, never
+from a second thread of a process that has initialised CUDA (a fork from a thread other than
+the one holding the process's locks can deadlock the child). A worker started again later
+(after a stall, or an elastic change) is forked from the prefetch thread: use
+``multiprocessing_context="forkserver"`` where that matters.
 
 On the CPU (``device="cpu"``, or no CUDA) the same class runs the same thread and bounded
 queue of ``depth`` batches and delivers the loader's batches as they are: ByteColumns are
@@ -54,6 +68,7 @@ import logging
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -349,6 +364,26 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
+def await_copy(event: Any) -> int:
+    """Wait on the host until ``event`` (recorded after a batch's copy) is reached; return
+    the nanoseconds waited (0 when the copy had landed)."""
+    if event.query():
+        return 0
+    began = time.perf_counter_ns()
+    event.synchronize()
+    return time.perf_counter_ns() - began
+
+
+def _double_pinning(loader: Any, device: torch.device) -> str | None:
+    """Why the loader's batches would be pinned twice, or None."""
+    if device.type != "cuda" or not getattr(loader, "pin_memory", False):
+        return None
+    return (
+        "GPUPrefetcher: the loader pins its batches (pin_memory=True) and the prefetcher "
+        "copies them into pinned arenas again; pass pin_memory=False to the loader"
+    )
+
+
 class GPUPrefetcher:
     """Iterate ``loader``'s batches with the next ``depth`` already copied to ``device``.
 
@@ -360,11 +395,11 @@ class GPUPrefetcher:
             exist (no silent fallback); or "cpu".
         depth: batches prepared ahead (an int >= 1).
 
-    Iterating starts a pass (``iter(loader)`` anew, in a thread named ``shardio-prefetch``);
-    a second ``iter()`` stops the first. Call :meth:`close` (or use ``with``) when stopping
-    early. Errors raised by the loader reach the consumer as the same exception object,
-    after every batch that came before it. The loader's workers are started from the thread:
-    on Python 3.12+ with the ``fork`` start method that warns; prefer ``forkserver`` there.
+    Iterating starts a pass: ``iter(loader)`` anew and its first batch taken in the calling
+    thread (so the loader's workers are forked there), the rest in a thread named
+    ``shardio-prefetch``; a second ``iter()`` stops the first. Call :meth:`close` (or use
+    ``with``) when stopping early. Errors raised by the loader reach the consumer as the same
+    exception object, after every batch that came before it.
 
     Attributes:
         loader: the wrapped loader.
@@ -383,6 +418,9 @@ class GPUPrefetcher:
         self.loader = loader
         self.device = _resolve_device(device)
         self.depth = depth
+        problem = _double_pinning(loader, self.device)
+        if problem is not None:
+            warnings.warn(problem, stacklevel=2)
         self.stream: Any = None
         self._staging: _HostStaging | None = None
         self._thread: threading.Thread | None = None
@@ -402,9 +440,11 @@ class GPUPrefetcher:
             self._staging = _HostStaging(sets=self.depth + 1, pin=True)
         self._queue = queue.Queue(maxsize=self.depth)
         self._stop = threading.Event()
+        it = iter(self.loader)
+        first = self._first(it)  # here: the loader's workers are forked by this thread
         self._thread = threading.Thread(
             target=self._run,
-            args=(iter(self.loader), self._queue, self._stop),
+            args=(it, self._queue, self._stop, first),
             name="shardio-prefetch",
             daemon=True,  # a forgotten close() must not keep the interpreter from exiting
         )
@@ -458,20 +498,42 @@ class GPUPrefetcher:
             raise item.error
         self._state = item.state
         if item.event is not None and item.data is not None:
+            await_copy(item.event)  # a copy not landed yet is waited for here: a stall
             current = torch.cuda.current_stream(self.device)
             current.wait_event(item.event)
             item.data.record_stream(current)
         return item.batch
 
-    def _run(self, it: Iterator[Any], q: queue.Queue[Any], stop: threading.Event) -> None:
+    def _first(self, it: Iterator[Any]) -> Any:
+        """The pass's first batch, taken in the calling thread: a batch, _END or _Failure."""
+        try:
+            batch = next(it)
+        except StopIteration:
+            return _END
+        except BaseException as exc:  # delivered at the first next(), like any other
+            return _Failure(exc)
+        self._pulled_state = self._loader_state()
+        return batch
+
+    def _run(
+        self, it: Iterator[Any], q: queue.Queue[Any], stop: threading.Event, first: Any = _END
+    ) -> None:
+        pending = [first]
         try:
             while not stop.is_set():
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    _put(q, _END, stop)
-                    return
-                state = self._pulled_state = self._loader_state()
+                if pending:
+                    batch = pending.pop()
+                    if batch is _END or isinstance(batch, _Failure):
+                        _put(q, batch, stop)
+                        return
+                    state = self._pulled_state
+                else:
+                    try:
+                        batch = next(it)
+                    except StopIteration:
+                        _put(q, _END, stop)
+                        return
+                    state = self._pulled_state = self._loader_state()
                 item = self._transfer(batch, state)
                 del batch  # the loader's slot is free once nothing views it
                 if not _put(q, item, stop):

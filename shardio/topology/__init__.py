@@ -28,7 +28,7 @@ from shardio._lazy import lazy_face
 if TYPE_CHECKING:
     from shardio.topology.cpulist import format_cpulist, parse_cpulist
     from shardio.topology.model import Gpu, Placement, SlurmBinding, Topology
-    from shardio.topology.place import placement
+    from shardio.topology.place import local_gpu, placement
     from shardio.topology.sysfs import read_topology
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "SlurmBinding",
     "Topology",
     "format_cpulist",
+    "local_gpu",
     "parse_cpulist",
     "placement",
     "read_topology",
@@ -49,6 +50,7 @@ _LAZY = {
     "Topology": "shardio.topology.model",
     "format_cpulist": "shardio.topology.cpulist",
     "parse_cpulist": "shardio.topology.cpulist",
+    "local_gpu": "shardio.topology.place",
     "placement": "shardio.topology.place",
     "read_topology": "shardio.topology.sysfs",
 }

@@ -196,3 +196,17 @@ def placement(
         threads=max(1, len(mine) // (1 + num_workers)),
         numactl=numactl,
     )
+
+
+def local_gpu(topology: Topology, local_rank: int) -> int | None:
+    """The CUDA ordinal local rank ``local_rank`` uses in this process: ``local_rank``
+    modulo the GPUs it sees (0 when ``bind.sh`` narrowed ``CUDA_VISIBLE_DEVICES`` to the
+    rank's one GPU); None when it sees none.
+
+    Raises:
+        UsageError: a negative rank.
+    """
+    if local_rank < 0:
+        raise UsageError(f"local rank must be >= 0, got {local_rank}")
+    gpus = topology.gpus
+    return gpus[local_rank % len(gpus)].index if gpus else None

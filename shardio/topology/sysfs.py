@@ -15,12 +15,20 @@ from shardio.topology.cpulist import CPU_NUMBER, parse_cpulist
 from shardio.topology.model import Gpu, Topology
 from shardio.topology.slurm import slurm_binding
 
-__all__ = ["BOUND_CPUS_ENV", "GPU_CLASSES", "NVIDIA_VENDOR", "SYSFS_MAX_BYTES", "read_topology"]
+__all__ = [
+    "BOUND_CPUS_ENV",
+    "GPU_CLASSES",
+    "NVIDIA_VENDOR",
+    "SYSFS_ENV",
+    "SYSFS_MAX_BYTES",
+    "read_topology",
+]
 
 log = logging.getLogger(__name__)
 
 NVIDIA_VENDOR = 0x10DE
 BOUND_CPUS_ENV = "SHARDIO_BOUND_CPUS"  # set by scripts/slurm/bind.sh: the CPUs it gave the task
+SYSFS_ENV = "SHARDIO_SYSFS"  # another sysfs root to read (tests, containers)
 SYSFS_MAX_BYTES = 64 * 1024  # a sysfs attribute is at most a page; more is not sysfs
 GPU_CLASSES = (0x030000, 0x030200)  # VGA-compatible and 3D controllers (the data-centre GPUs)
 _INDEX = re.compile(r"-?[0-9]{1,6}")

@@ -187,3 +187,47 @@ def test_host_to_device_throughput_against_plain_to(capsys):
             what = "copy + compute" if compute else "copy only"
             rate = nbytes / seconds / 1e9
             print(f"  {name:14s} {what:15s} {seconds * 1e3:8.1f} ms  {rate:6.2f} GB/s")
+
+
+def test_device_memory_held_is_at_most_depth_plus_two_batches():
+    """What the module doc promises: depth queued, one held by the consumer, one in copy."""
+    depth, numel, n = 2, 8 << 20, 12  # 32 MiB float32 batches
+    batch_bytes = numel * 4
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated(DEVICE)
+    peak = 0
+    batches = (torch.full((numel,), float(i)) for i in range(n))
+    with GPUPrefetcher(batches, device=DEVICE, depth=depth) as pf:
+        for batch in pf:
+            time.sleep(0.02)  # the thread fills the queue meanwhile
+            peak = max(peak, torch.cuda.memory_allocated(DEVICE) - base)
+            del batch
+        pinned = pf.staging_stats["bytes"]
+    print(f"\ndevice memory held: {peak / batch_bytes:.2f} batches; pinned arenas {pinned:,} B")
+    assert peak <= (depth + 2) * batch_bytes
+    assert pinned <= (depth + 1) * 1.25 * batch_bytes + (depth + 1) * (64 << 10)
+
+
+def test_workers_are_forked_by_the_iterating_thread_after_cuda_is_initialised(packed_small):
+    """With CUDA initialised, the loader's workers start (and read) from the main thread."""
+    import os
+
+    path, _ = packed_small("tar")
+    keys = [k for b in ShardDataset(path, seed=3).loader(BATCH, 0) for k in b["__key__"]]
+    torch.zeros(1, device=DEVICE)  # CUDA initialised in this process
+    forked_by: list[str] = []
+    recording = [True]
+
+    def note() -> None:
+        if recording[0]:
+            forked_by.append(threading.current_thread().name)
+
+    os.register_at_fork(before=note)
+    loader = ShardDataset(path, seed=3).loader(BATCH, 2, persistent_workers=False)
+    try:
+        with GPUPrefetcher(loader, device=DEVICE) as pf:
+            got = [k for b in pf for k in b["__key__"]]
+    finally:
+        recording[0] = False
+    assert sorted(got) == sorted(keys)
+    assert forked_by and set(forked_by) == {threading.current_thread().name}

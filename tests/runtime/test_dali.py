@@ -394,3 +394,47 @@ print("LOADED", sorted({m.split(".")[0] for m in sys.modules} & {"nvidia", "torc
         cwd=os.fspath(Path(__file__).resolve().parents[2]),
     ).stdout
     assert "LOADED []" in out
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, 0),  # one process: local rank 0
+        ({"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4", "RANK": "3", "WORLD_SIZE": "4"}, 3),
+        ({"LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "8", "RANK": "5", "WORLD_SIZE": "8"}, 1),
+        # bind.sh narrowed the rank's view to its one GPU: CUDA's index 0 there
+        ({"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4", "RANK": "3", "WORLD_SIZE": "4",
+          "CUDA_VISIBLE_DEVICES": "3"}, 0),
+        ({"CUDA_VISIBLE_DEVICES": ""}, None),  # no GPU visible: a CPU-only pipeline
+    ],
+)  # fmt: skip
+def test_device_id_defaults_to_the_local_ranks_gpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, env: dict[str, str], expected: int | None
+) -> None:
+    """Read from sysfs (a fake node with 4 GPUs here), with no CUDA call."""
+    from fakesysfs import fake_sysfs
+
+    from shardio.dali._pipeline import DALIOptions
+
+    for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    for name in [n for n in os.environ if n.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SHARDIO_SYSFS", fake_sysfs(tmp_path, {0: "0-3", 1: "4-7"}, [0, 0, 1, 1]))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert DALIOptions(batch_size=4).device_id == expected
+    assert DALIOptions(batch_size=4, device_id=None).device_id is None  # asked for the CPU
+    assert DALIOptions(batch_size=4, device_id=2).device_id == 2
+
+
+def test_mixed_decoding_with_no_gpu_found_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from fakesysfs import fake_sysfs
+
+    from shardio.dali._pipeline import DALIOptions
+
+    monkeypatch.setenv("SHARDIO_SYSFS", fake_sysfs(tmp_path, {0: "0-3"}, []))
+    with pytest.raises(UsageError, match="give device_id"):
+        DALIOptions(batch_size=4, decode="mixed")

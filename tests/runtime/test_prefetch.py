@@ -426,3 +426,78 @@ def test_staging_keeps_dtypes_shapes_and_non_tensor_leaves():
     assert arena.buffer.data_ptr() % 64 == 0
     assert all(slots[name].offset % 64 == 0 for name in ("f", "scalar", "empty", "flags"))
     assert out["keys"] is batch["keys"]
+
+
+# -- where the workers are forked, double pinning, the copy's stall -----------------------------
+@pytest.mark.parametrize("mode", MODES)
+def test_the_loaders_workers_are_forked_by_the_thread_that_iterates(packed_tar, mode):
+    """Never from shardio-prefetch: a fork from a second thread of a process that holds CUDA
+    (and its locks) can deadlock the child."""
+    import os
+
+    forked_by: list[str] = []
+    recording = [True]  # a fork hook cannot be removed: it stops recording after the test
+
+    def note() -> None:
+        if recording[0]:
+            forked_by.append(threading.current_thread().name)
+
+    os.register_at_fork(before=note)
+    loader = ShardDataset(packed_tar.path, mode=mode, seed=SEED).loader(
+        BATCH, 2, persistent_workers=False
+    )
+    try:
+        with GPUPrefetcher(loader, device="cpu") as pf:
+            keys = [k for b in pf for k in packed_tar.check_batch(b)]
+    finally:
+        recording[0] = False
+    packed_tar.assert_exactly_once(keys)
+    assert forked_by, "no worker was forked"
+    assert set(forked_by) == {threading.current_thread().name}
+
+
+def test_a_first_batch_that_fails_is_raised_at_the_first_next():
+    def failing():
+        raise OSError(5, "shard-000000.tar: sample 0 damaged")
+        yield  # a generator
+
+    class Loader:
+        def __iter__(self):
+            return failing()
+
+    pf = GPUPrefetcher(Loader(), device="cpu")
+    it = iter(pf)  # the first batch was tried here: its error waits for next()
+    with pytest.raises(OSError, match="sample 0 damaged"):
+        next(it)
+    pf.close()
+
+
+def test_pin_memory_with_a_cuda_prefetcher_is_warned_about(packed_tar):
+    from shardio.runtime.prefetch import _double_pinning
+
+    pinned = ShardDataset(packed_tar.path).loader(8, 0, pin_memory=True)
+    assert pinned.pin_memory
+    assert "pin_memory=False" in _double_pinning(pinned, torch.device("cuda", 0))
+    assert _double_pinning(pinned, torch.device("cpu")) is None  # no arena on the CPU
+    assert _double_pinning(loader_of(packed_tar), torch.device("cuda", 0)) is None
+    assert _double_pinning(DataLoader([1, 2], pin_memory=True), torch.device("cuda")) is not None
+
+
+def test_a_copy_not_landed_is_waited_for_and_counted():
+    """The stall metric sees a copy still in flight (a stream wait alone returns at once)."""
+    from shardio.runtime.prefetch import await_copy
+
+    class Event:  # a CUDA event whose copy lands 50 ms after it is asked about
+        def __init__(self, landed: bool) -> None:
+            self.landed = landed
+
+        def query(self) -> bool:
+            return self.landed
+
+        def synchronize(self) -> None:
+            time.sleep(0.05)
+            self.landed = True
+
+    assert await_copy(Event(landed=True)) == 0
+    waited = await_copy(Event(landed=False))
+    assert waited >= 40_000_000
