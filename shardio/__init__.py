@@ -3,6 +3,7 @@
 Public API (torch-side names load lazily, so packing never imports torch)::
 
     from shardio import pack, PackOptions, verify_dataset, repair_dataset, PackedDataset
+    from shardio import inspect_dataset                  # what `shardio inspect` shows
     from shardio import ShardDataset, ResilientDataset   # import torch on first use
     from shardio import OrderSpec, EpochStager           # the order spec; stage epochs ahead
 """
@@ -56,6 +57,7 @@ __all__ = [
     "UsageError",
     "VerifyReport",
     "__version__",
+    "inspect_dataset",
     "merge_parts",
     "pack",
     "repair_dataset",
@@ -82,6 +84,7 @@ _LAZY = {
     "verify_dataset": "shardio.tools.verify",
     "unpack_dataset": "shardio.tools.unpack",
     "repair_dataset": "shardio.tools.repair",
+    "inspect_dataset": "shardio.tools.inspect",
     "OrderSpec": "shardio.order.spec",
     "EpochStager": "shardio.cache.ahead",
 }

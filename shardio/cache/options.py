@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from shardio.errors import UsageError
+from shardio.order.cursor import EpochCursor
 from shardio.order.spec import OrderSpec
 
 __all__ = ["MAX_AHEAD", "MAX_NODES", "MAX_RANKS_PER_NODE", "MAX_STREAMS", "StageOptions"]
@@ -55,6 +57,35 @@ class StageOptions:
     durable: bool = False
     force: bool = False
     read_timeout_s: float = 0.0
+
+    @classmethod
+    def from_cursor(cls, cursor: EpochCursor, **options: Any) -> StageOptions:
+        """The options that stage what training at ``cursor`` reads on this rank's node:
+        its order spec, its epoch and its node in the rank layout (``ds.cursor`` of a
+        ShardDataset, or a DALI pipeline's), with the other fields from ``options``.
+
+        Raises:
+            UsageError: ``options`` names a field the cursor sets, or an unknown one; the
+                ranks do not split into equal nodes.
+        """
+        if not isinstance(cursor, EpochCursor):
+            raise UsageError(f"from_cursor takes an EpochCursor, got {type(cursor).__name__}")
+        taken = sorted({"spec", "epoch", "node", "num_nodes", "ranks_per_node"} & set(options))
+        if taken:
+            raise UsageError(f"the cursor sets {', '.join(taken)}: do not give them too")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise UsageError(f"unknown stage option(s): {', '.join(unknown)}")
+        ranks = cursor.ranks()
+        return cls(
+            spec=cursor.spec,
+            epoch=cursor.epoch,
+            node=ranks.node,
+            num_nodes=ranks.num_nodes,
+            ranks_per_node=ranks.node_size,
+            **options,
+        )
 
     def __post_init__(self) -> None:
         if (

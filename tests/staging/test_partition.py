@@ -200,3 +200,38 @@ def test_more_nodes_than_shards_is_refused_before_anything_is_written(tiny_src, 
     assert rc == 2 and "at least one shard per node" in err, err
     assert "Traceback" not in err
     assert not dest.exists()
+
+
+def test_the_stager_takes_the_training_cursor(tiny_src, tmp_path):
+    """StageOptions.from_cursor(ds.cursor): the node, the spec and the epoch of the rank that
+    trains; its ranks then read only the copies staged, with no order mismatch."""
+    from shardio.cache.options import StageOptions
+    from shardio.cache.stage import stage_dataset
+    from shardio.errors import UsageError
+
+    nodes = 4
+    world = nodes * RANKS_PER_NODE
+    shares = []
+    for node in range(nodes):
+        dest = tmp_path / f"node{node}"
+        first = _dataset(tiny_src, node * RANKS_PER_NODE, world)
+        first.set_epoch(1)
+        options = StageOptions.from_cursor(first.cursor, streams=2)
+        assert (options.node, options.num_nodes, options.epoch) == (node, nodes, 1)
+        assert options.spec == SPEC and options.ranks_per_node == RANKS_PER_NODE
+        stage_dataset(tiny_src.path, dest, options)
+        shares.append(tiny_src.staged(dest))
+        for local in range(RANKS_PER_NODE):
+            ds = _dataset(tiny_src, node * RANKS_PER_NODE + local, world, cache=dest)
+            ds.set_epoch(1)
+            assert ds.order_mismatch == []
+            loader = ds.loader(batch_size=BATCH)
+            _keys(loader)
+            assert loader.metrics().bytes_source == 0
+    assert set().union(*shares) == set(tiny_src.rels)
+    with pytest.raises(UsageError, match="the cursor sets epoch"):
+        StageOptions.from_cursor(first.cursor, epoch=3)
+    with pytest.raises(UsageError, match="unknown stage option"):
+        StageOptions.from_cursor(first.cursor, stream=3)
+    with pytest.raises(UsageError, match="takes an EpochCursor"):
+        StageOptions.from_cursor(SPEC)  # type: ignore[arg-type]
