@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 import pytest
+from fakebins import fake_path
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GEN_SCRIPT = REPO / "scripts" / "gen_imagenet.py"
@@ -153,19 +154,14 @@ def packed_small(small_tree: pathlib.Path, tmp_path_factory: pytest.TempPathFact
     return get
 
 
-FAKEBIN_LUSTRE = pathlib.Path(__file__).resolve().parent / "integration" / "fakebin_lustre"
-
-
 @pytest.fixture
 def lustre_env(tmp_path: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:
     """Environment with the recording fake lfs first on PATH, and its log path."""
-    fake = FAKEBIN_LUSTRE / "lfs"
-    if not os.access(fake, os.X_OK):
-        fake.chmod(0o755)
     log = tmp_path / "lfs.log"
     env = {
-        "PATH": f"{FAKEBIN_LUSTRE}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PATH": f"{fake_path('lfs')}{os.pathsep}{os.environ.get('PATH', '')}",
         "SHARDIO_FAKE_LOG": str(log),
+        "SHARDIO_FAKE_LFS_TARS": "1",  # each call records the shards there at call time
     }
     return env, log
 

@@ -1,7 +1,7 @@
 """Fixtures for the job scripts under scripts/slurm and scripts/beeond.
 
 The scripts run in subprocesses with fake `srun`, `scontrol`, `beeond`, `numactl` and
-`taskset` first on PATH (tests/fakebin_beeond): no SLURM, BeeOND or NUMA hardware in CI.
+`taskset` first on PATH (their folders in tests/fakebin): no SLURM, BeeOND or NUMA hardware in CI.
 The fakes append their argv to $SHARDIO_FAKE_LOG, one call a line, tab-separated.
 """
 
@@ -15,11 +15,12 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import pytest
+from fakebins import JOB_TOOLS, fake_path, read_calls
 
 from shardio.packing.run import PackOptions, pack
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-FAKEBIN = REPO / "tests" / "fakebin_beeond"
+JOB_FAKES = fake_path(*JOB_TOOLS)
 VENV_BIN = pathlib.Path(sys.executable).parent
 SHARDIO = VENV_BIN / "shardio"
 
@@ -38,13 +39,6 @@ class ScriptResult(NamedTuple):
 
 
 RunScript = Callable[..., ScriptResult]
-
-
-def read_calls(log: pathlib.Path) -> list[list[str]]:
-    """The fakes' calls so far: one list per call, command name first."""
-    if not log.exists():
-        return []
-    return [line.split("\t") for line in log.read_text(encoding="utf-8").splitlines()]
 
 
 @pytest.fixture
@@ -77,7 +71,7 @@ def run_script(tmp_path: pathlib.Path, fake_log: pathlib.Path) -> RunScript:
             for k, v in os.environ.items()
             if not k.startswith(_SCRUBBED_PREFIXES) and k not in _SCRUBBED
         }
-        full["PATH"] = os.pathsep.join([str(FAKEBIN), str(VENV_BIN), full.get("PATH", "")])
+        full["PATH"] = os.pathsep.join([JOB_FAKES, str(VENV_BIN), full.get("PATH", "")])
         full["SHARDIO_FAKE_LOG"] = str(fake_log)
         full["TMPDIR"] = str(tmp_path)
         if env:

@@ -19,10 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from fakebins import JOB_TOOLS, fake_path
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm" / "retry_srun.sh"
 SHARDIO = pathlib.Path(sys.executable).parent / "shardio"
+JOB_FAKES = fake_path(*JOB_TOOLS)
 STAMP = r"\[retry_srun\.sh \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}\]"
 
 
@@ -130,8 +132,7 @@ def test_backoff_doubles(run_script: Callable[..., Any], tmp_path: pathlib.Path)
         bin_dir / "sleep",
         '#!/usr/bin/env bash\nprintf "sleep\\t%s\\n" "$1" >>"$SHARDIO_FAKE_LOG"\n',
     )
-    fakebin = REPO / "tests" / "fakebin_beeond"
-    env = {"PATH": os.pathsep.join([str(bin_dir), str(fakebin), os.environ["PATH"]])}
+    env = {"PATH": os.pathsep.join([str(bin_dir), JOB_FAKES, os.environ["PATH"]])}
     result = run_script([SCRIPT, "-n", "4", "-b", "3", "--", "srun", "false"], env=env)
     assert result.rc == 1
     assert names(result.calls) == ["srun", "sleep 3", "srun", "sleep 6", "srun", "sleep 12", "srun"]
@@ -316,7 +317,7 @@ def test_sigterm_stops_the_step_and_the_retries(tmp_path: pathlib.Path) -> None:
     log = tmp_path / "calls.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SHARDIO_FAKE_"))}
     env |= {
-        "PATH": f"{REPO / 'tests' / 'fakebin_beeond'}{os.pathsep}{env.get('PATH', '')}",
+        "PATH": f"{JOB_FAKES}{os.pathsep}{env.get('PATH', '')}",
         "SHARDIO_FAKE_LOG": str(log),
     }
     with subprocess.Popen(

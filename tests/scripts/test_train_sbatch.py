@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from fakebins import JOB_TOOLS, fake_files, fake_path
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SLURM_DIR = REPO / "scripts" / "slurm"
@@ -32,7 +33,8 @@ SCRIPTS = [
     SLURM_DIR / "retry_srun.sh",
     REPO / "scripts" / "beeond" / "beeond_stage.sh",
 ]
-FAKES = sorted(p for p in (REPO / "tests" / "fakebin_beeond").iterdir() if p.is_file())
+FAKES = fake_files()
+JOB_FAKES = fake_path(*JOB_TOOLS)
 
 
 def sbatch_options(path: pathlib.Path) -> dict[str, str]:
@@ -457,8 +459,7 @@ def test_stage_with_make(
         "SHARDIO_STAGE_WITH": "make",
         "SHARDIO_STAGE_ARGS": "--capacity 1GiB",
         "TRAIN_CMD": "true",
-        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{REPO / 'tests' / 'fakebin_beeond'}"
-        f"{os.pathsep}{os.environ['PATH']}",
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{JOB_FAKES}{os.pathsep}{os.environ['PATH']}",
     }
     result = run_script(["bash", SBATCH], env=env)
     assert result.rc == 0, result.stderr
@@ -501,7 +502,7 @@ def test_usr1_before_the_time_limit_stops_training_and_cleans(
     env |= job_env | {
         "TRAIN_CMD": "sleep 30",
         "SHARDIO_FAKE_LOG": str(fake_log),
-        "PATH": f"{REPO / 'tests' / 'fakebin_beeond'}{os.pathsep}{os.environ['PATH']}",
+        "PATH": f"{JOB_FAKES}{os.pathsep}{os.environ['PATH']}",
     }
     stage_dir = default_area(tmp_path, job_env["SHARDIO_DATA"])
     with subprocess.Popen(

@@ -7,29 +7,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fakebins import fake_path, read_calls
 
-FAKEBIN = Path(__file__).resolve().parents[2] / "fakebin"
+FAKE_PATH = fake_path("lfs", "beegfs-ctl")
 
 
 @dataclass(frozen=True, kw_only=True)
 class FakeCommands:
-    """Handle on the recording fakes in ``tests/fakebin``.
+    """Handle on the recording fakes of ``lfs`` and ``beegfs-ctl`` (tests/fakebin).
 
     Attributes:
         log_path: the file the fakes append one tab-separated argv per invocation to.
-        fakebin: the directory put first on ``PATH``.
     """
 
     log_path: Path
-    fakebin: Path
     monkeypatch: pytest.MonkeyPatch
 
     def calls(self) -> list[list[str]]:
         """Return every recorded invocation, command name first, in order."""
-        if not self.log_path.exists():
-            return []
-        text = self.log_path.read_text(encoding="utf-8")
-        return [line.split("\t") for line in text.splitlines()]
+        return read_calls(self.log_path)
 
     def fail_with(self, returncode: int) -> None:
         """Make every later fake invocation exit with ``returncode``."""
@@ -42,10 +38,10 @@ class FakeCommands:
 
 @pytest.fixture
 def fake_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCommands:
-    """Put ``tests/fakebin`` first on ``PATH`` with a fresh call log."""
+    """Put the fakes of ``lfs`` and ``beegfs-ctl`` first on ``PATH`` with a fresh call log."""
     log_path = tmp_path / "fake-commands.log"
-    monkeypatch.setenv("PATH", f"{FAKEBIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("PATH", f"{FAKE_PATH}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setenv("SHARDIO_FAKE_LOG", str(log_path))
     monkeypatch.delenv("SHARDIO_FAKE_RC", raising=False)
     monkeypatch.delenv("SHARDIO_FAKE_OSTS", raising=False)
-    return FakeCommands(log_path=log_path, fakebin=FAKEBIN, monkeypatch=monkeypatch)
+    return FakeCommands(log_path=log_path, monkeypatch=monkeypatch)

@@ -1,4 +1,5 @@
-"""Tests for stripe planning and layout commands, recorded by the fakes in tests/fakebin."""
+"""Tests for stripe planning and layout commands, recorded by the fakes of lfs and beegfs-ctl
+(tests/fakebin)."""
 
 from __future__ import annotations
 
