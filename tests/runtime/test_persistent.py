@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import pytest
+from resuming import assert_resumed_exactly, resumed, saved
 
 from shardio.errors import UsageError
 from shardio.order.ranks import RankInfo
@@ -99,12 +100,14 @@ def test_an_iteration_left_early_continues_exactly_with_new_workers(
     finally:
         loader.close()
     # A new loader resumes from the state saved mid-epoch, with persistent workers.
-    again = ShardDataset(packed_tar.path, mode=mode, seed=5, ranks=RankInfo()).loader(
-        batch_size=32, num_workers=2
+    again = resumed(
+        lambda: ShardDataset(packed_tar.path, mode=mode, seed=5, ranks=RankInfo()).loader(
+            batch_size=32, num_workers=2
+        ),
+        saved(state),
     )
-    again.load_state_dict(state)
     try:
-        assert _keys(again) == rest
+        assert_resumed_exactly(head, _keys(again), head + rest)
         again.set_epoch(2)
         assert _keys(again) == _order(packed_tar.path, mode, 2)
     finally:

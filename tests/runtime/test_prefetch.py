@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import json
 import multiprocessing
 import threading
 import time
@@ -17,6 +16,7 @@ from collections import namedtuple
 import numpy as np
 import pytest
 import torch
+from resuming import assert_resumed_exactly, resumed, saved
 from torch.utils.data import DataLoader, Dataset
 
 from shardio.errors import ChecksumMismatchError, UsageError
@@ -197,16 +197,16 @@ def test_resume_counts_only_delivered_batches(packed_tar, mode, workers):
                 head += next(it)["__key__"]
             wait_until_queued(pf, 3)
             assert loader.state_dict()["consumed"] >= (k + 3) * BATCH
-            state = json.loads(json.dumps(pf.state_dict()))
+            state = saved(pf.state_dict())
             assert state["consumed"] == k * BATCH
         assert pf.state_dict() == state  # closing drops queued batches, not the position
 
-        resumed = GPUPrefetcher(loader_of(packed_tar, mode, workers), device="cpu")
-        resumed.load_state_dict(state)
-        with resumed:
-            tail = packed_tar.keys_of(resumed)
-        assert head + tail == full, f"k={k}"
-        assert resumed.state_dict()["consumed"] == 600
+        with resumed(
+            lambda: GPUPrefetcher(loader_of(packed_tar, mode, workers), device="cpu"), state
+        ) as again:
+            tail = packed_tar.keys_of(again)
+        assert_resumed_exactly(head, tail, full)
+        assert again.state_dict()["consumed"] == 600
 
 
 def test_a_new_pass_after_stopping_early_continues_at_the_first_undelivered(packed_tar):

@@ -15,6 +15,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from resuming import assert_resumed_exactly, resumed, saved
 
 from shardio import ShardDataset
 from shardio.errors import StorageError
@@ -80,10 +81,11 @@ def test_resume_mid_epoch_is_exact(packed_tar, mode):
         if len(got) == 7:
             state = first.state_dict()
             break
-    resumed = ShardDataset(packed_tar.path, mode=mode, seed=8).loader(BATCH, num_workers=2)
-    resumed.load_state_dict(state)
-    got += [(b["__key__"], payload_by_key([b])) for b in resumed]
-    assert got == expected
+    again = resumed(
+        lambda: ShardDataset(packed_tar.path, mode=mode, seed=8).loader(BATCH, num_workers=2),
+        saved(state),
+    )
+    assert_resumed_exactly(got, [(b["__key__"], payload_by_key([b])) for b in again], expected)
 
 
 def test_a_held_view_is_never_overwritten(packed_tar):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 
 import numpy as np
 import pytest
+from resuming import assert_resumed_exactly, resumed, saved, take
 
 from shardio.errors import UsageError
 from shardio.order import EpochOrder, OrderSpec, RankInfo, rank_stream
@@ -17,20 +17,6 @@ from shardio.runtime.dataset import ShardDataset
 MODES = ("map", "stream")
 BATCH = 32
 SEED = 21
-
-
-def take_batches(loader, k):
-    """Keys of the first k batches of a fresh iteration of ``loader``; the iteration is then
-    abandoned mid-epoch (workers shut down), as a killed job would."""
-    it = iter(loader)
-    keys = [key for batch in itertools.islice(it, k) for key in batch["__key__"]]
-    it.close()
-    return keys
-
-
-def json_roundtrip(state):
-    """States go into checkpoints: they must survive JSON."""
-    return json.loads(json.dumps(state))
 
 
 # ------------------------------------------------------------------ single-rank resume
@@ -44,17 +30,16 @@ def test_loader_resume_mid_epoch_equals_uninterrupted_epoch(packed, mode, worker
 
     ds = ShardDataset(packed.path, mode=mode, seed=SEED)
     loader = ds.loader(batch_size=BATCH, num_workers=workers)
-    head = take_batches(loader, 5)
-    state = json_roundtrip(loader.state_dict())
+    head = take(loader, 5)
+    state = saved(loader.state_dict())
     assert state["consumed"] == 5 * BATCH
     assert state["epoch"] == 0
 
-    fresh = ShardDataset(packed.path, mode=mode, seed=SEED)
-    resumed = fresh.loader(batch_size=BATCH, num_workers=workers)
-    resumed.load_state_dict(state)
-    tail = packed.keys_of(resumed)
-    assert head + tail == full
-    assert resumed.state_dict()["consumed"] == 600
+    again = resumed(
+        lambda: ShardDataset(packed.path, mode=mode, seed=SEED).loader(BATCH, workers), state
+    )
+    assert_resumed_exactly(head, packed.keys_of(again), full)
+    assert again.state_dict()["consumed"] == 600
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -66,8 +51,8 @@ def test_loader_resume_twice_and_at_the_edges(packed_tar, mode):
         loader = ShardDataset(packed_tar.path, mode=mode, seed=SEED).loader(BATCH, 0)
         if state is not None:
             loader.load_state_dict(state)
-        pieces += take_batches(loader, k)
-        state = json_roundtrip(loader.state_dict())
+        pieces += take(loader, k)
+        state = saved(loader.state_dict())
     assert pieces == full
     assert state["consumed"] == 600
     done = ShardDataset(packed_tar.path, mode=mode, seed=SEED).loader(BATCH)
@@ -79,7 +64,7 @@ def test_loader_resume_twice_and_at_the_edges(packed_tar, mode):
 def test_reiterating_a_loader_continues_where_it_stopped(packed_tar, mode):
     full = packed_tar.keys_of(ShardDataset(packed_tar.path, mode=mode, seed=SEED).loader(BATCH))
     loader = ShardDataset(packed_tar.path, mode=mode, seed=SEED).loader(BATCH, 2)
-    head = take_batches(loader, 4)
+    head = take(loader, 4)
     assert head + packed_tar.keys_of(loader) == full
 
 
@@ -93,12 +78,13 @@ def test_resume_in_a_later_epoch(packed_tar, mode):
 
     loader = ShardDataset(packed_tar.path, mode=mode, seed=SEED).loader(BATCH, 2)
     loader.set_epoch(3)
-    head = take_batches(loader, 2)
-    state = json_roundtrip(loader.state_dict())
+    head = take(loader, 2)
+    state = saved(loader.state_dict())
     assert state["epoch"] == 3
-    resumed = ShardDataset(packed_tar.path, mode=mode, seed=SEED).loader(BATCH, 2)
-    resumed.load_state_dict(state)
-    assert head + packed_tar.keys_of(resumed) == epoch3
+    again = resumed(
+        lambda: ShardDataset(packed_tar.path, mode=mode, seed=SEED).loader(BATCH, 2), state
+    )
+    assert_resumed_exactly(head, packed_tar.keys_of(again), epoch3)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -121,7 +107,7 @@ def test_stream_direct_iteration_resumes_from_dataset_state(packed):
     packed.assert_exactly_once(full)
     ds = ShardDataset(packed.path, mode="stream", seed=SEED)
     head = [s["__key__"] for s in itertools.islice(iter(ds), 77)]
-    state = json_roundtrip(ds.state_dict())
+    state = saved(ds.state_dict())
     assert state["consumed"] == 77
     fresh = ShardDataset(packed.path, mode="stream", seed=SEED)
     fresh.load_state_dict(state)
@@ -151,7 +137,7 @@ def test_load_state_refuses_a_different_order(packed_tar, change, value):
     kwargs = {"mode": "stream", "seed": SEED, "order": "shard-local", "window_shards": 4}
     ds = ShardDataset(packed_tar.path, **kwargs)
     loader = ds.loader(batch_size=BATCH)
-    take_batches(loader, 2)
+    take(loader, 2)
     state = loader.state_dict()
     other = ShardDataset(packed_tar.path, **{**kwargs, change: value})
     assert other.epoch_order().tolist() != ds.epoch_order().tolist()
@@ -162,7 +148,7 @@ def test_load_state_refuses_a_different_order(packed_tar, change, value):
 def test_load_state_refuses_another_dataset_and_version(packed_tar):
     ds = ShardDataset(packed_tar.path, mode="stream", seed=SEED)
     loader = ds.loader(batch_size=BATCH)
-    take_batches(loader, 1)
+    take(loader, 1)
     state = loader.state_dict()
     with pytest.raises(UsageError, match="num_samples"):
         ds.load_state_dict({**state, "num_samples": 599})
@@ -208,10 +194,10 @@ def test_elastic_resume_with_another_number_of_ranks(
     states = []
     for rank in range(world_before):
         loader = dataset(rank, world_before).loader(batch_size=bs, num_workers=0)
-        keys = take_batches(loader, k)
+        keys = take(loader, k)
         assert len(keys) == k * bs
         phase1 += keys
-        states.append(json_roundtrip(loader.state_dict()))
+        states.append(saved(loader.state_dict()))
     consumed = k * bs * world_before
     assert all(s == states[0] for s in states), "ranks disagree on the epoch position"
     assert states[0]["consumed"] == consumed
@@ -251,7 +237,7 @@ def test_elastic_resume_with_loader_workers(packed_hdf5, workers):
     phase1 = []
     for rank in range(2):
         ld = loader(rank, 2)
-        phase1 += take_batches(ld, 6)
+        phase1 += take(ld, 6)
         state = ld.state_dict()
     phase2 = []
     for rank in range(3):

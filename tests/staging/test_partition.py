@@ -5,9 +5,9 @@ copies, and resume (also elastic, to another number of nodes) is exact."""
 from __future__ import annotations
 
 import collections
-import itertools
 
 import pytest
+from resuming import assert_resumed_exactly, resumed, saved, take
 
 from shardio.order import OrderSpec
 from shardio.order.ranks import RankInfo
@@ -93,13 +93,12 @@ def test_resume_mid_epoch_is_exact(tiny_src, workers):
     for rank in range(world):
         full = _keys(_dataset(tiny_src, rank, world).loader(batch_size=BATCH, num_workers=workers))
         loader = _dataset(tiny_src, rank, world).loader(batch_size=BATCH, num_workers=workers)
-        it = iter(loader)
-        head = [k for batch in itertools.islice(it, 3) for k in batch["__key__"]]
-        it.close()
-        state = loader.state_dict()
-        fresh = _dataset(tiny_src, rank, world).loader(batch_size=BATCH, num_workers=workers)
-        fresh.load_state_dict(state)
-        assert head + _keys(fresh) == full
+        head = take(loader, 3)
+        fresh = resumed(
+            lambda r=rank: _dataset(tiny_src, r, world).loader(BATCH, num_workers=workers),
+            saved(loader.state_dict()),
+        )
+        assert_resumed_exactly(head, _keys(fresh), full)
 
 
 @pytest.mark.parametrize(("nodes_before", "nodes_after"), [(2, 3), (4, 2), (3, 5)])
@@ -113,10 +112,8 @@ def test_elastic_resume_reads_the_rest_of_the_epoch_once(tiny_src, nodes_before,
     state = None
     for rank in range(world):
         loader = _dataset(tiny_src, rank, world).loader(batch_size=1)
-        it = iter(loader)
-        first += [k for batch in itertools.islice(it, steps) for k in batch["__key__"]]
-        it.close()
-        state = loader.state_dict()
+        first += take(loader, steps)
+        state = saved(loader.state_dict())
     assert state is not None and state["consumed"] == steps * world
 
     second: list[str] = []
@@ -125,10 +122,8 @@ def test_elastic_resume_reads_the_rest_of_the_epoch_once(tiny_src, nodes_before,
     for rank in range(world2):
         loader = _dataset(tiny_src, rank, world2).loader(batch_size=1)
         loader.load_state_dict(state)
-        it = iter(loader)
-        second += [k for batch in itertools.islice(it, 1) for k in batch["__key__"]]
-        it.close()
-        mid_state = loader.state_dict()
+        second += take(loader, 1)
+        mid_state = saved(loader.state_dict())
     assert mid_state is not None and len(mid_state["history"]) == 1
 
     third: list[str] = []
