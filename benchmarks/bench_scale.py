@@ -114,7 +114,7 @@ def _mixing(epochs: int = 8) -> list[list[str]]:
 
 
 # Metadata calls per shard a rank touches in an epoch, as strace counts them
-# (tests/runtime/test_epoch_syscalls.py, 2 workers): each worker opens the shards it reads
+# (tests/unit/runtime/test_epoch_syscalls.py, 2 workers): each worker opens the shards it reads
 # once; a staged copy is also locked (flock) in each worker, and its stamp checked once in
 # the training process (2 lstat; the first epoch also opens and reads the stamp).
 CALLS_SOURCE = 2  # open, by each of 2 workers
@@ -234,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
         "ImageNet-1k on 64 nodes of 8 ranks (rank 37, epoch 0), 2 DataLoader workers: the "
         "shards the rank's epoch touches, times the calls per shard strace counts "
-        f"(tests/runtime/test_epoch_syscalls.py): {CALLS_SOURCE} from the source (one open "
+        f"(tests/unit/runtime/test_epoch_syscalls.py): {CALLS_SOURCE} from the source (one open "
         f"per worker), {CALLS_STAGED} from a staging area (open and flock per worker, the "
         "stamp's 2 lstat once in the training process), against loose files (an open and a "
         "stat per file). Start-up adds a fixed few (manifest, index), whatever the size.",

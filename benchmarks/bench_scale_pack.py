@@ -571,7 +571,7 @@ def _report(
         f"shardio opens a shard once per reading process and epoch at most ({READERS:,} "
         "processes: e.g. 16 nodes x 8 GPUs x 8 loader workers, every one reading from every "
         "shard in a global random order), and the manifest and index once per process; "
-        "it stats nothing per sample (tests/runtime/test_syscalls.py). MDS rates: an "
+        "it stats nothing per sample (tests/unit/runtime/test_syscalls.py). MDS rates: an "
         f"**assumed** range of {lo:,}-{hi:,} small-file metadata operations per second "
         "for one Lustre MDS under load (not measured here; it depends on the hardware, the "
         "Lustre version, DNE and the other jobs).",

@@ -3,7 +3,7 @@
 
 Prints one JSON line: open_s, order_s, rss_bytes (resident memory added, torch imported
 before the clock, as in a training script), steps (the rank's samples in the epoch) and the
-first samples. Used by benchmarks/bench_scale.py and tests/runtime/test_scale.py.
+first samples. Used by benchmarks/bench_scale.py and tests/unit/runtime/test_scale.py.
 
 Usage::
 

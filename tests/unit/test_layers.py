@@ -217,3 +217,13 @@ def test_no_lazy_name_is_also_a_submodule() -> None:
                     if isinstance(key, ast.Constant) and f"{name}.{key.value}" in MODULES:
                         clashes.append(f"{name}.{key.value}")
     assert not clashes, clashes
+
+
+def test_unit_tests_mirror_the_packages() -> None:
+    """tests/unit/<name>/ holds the tests of shardio/<name>/, and nothing else is a folder
+    there (the fault, property, conformance, integration, pfs, scripts and gpu suites live
+    beside tests/unit)."""
+    unit = pathlib.Path(__file__).resolve().parent
+    folders = {p.name for p in unit.iterdir() if p.is_dir() and not p.name.startswith("_")}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert folders <= packages, f"not a package of shardio: {sorted(folders - packages)}"

@@ -24,7 +24,7 @@ from shardio.packing.run import PackOptions, pack
 from shardio.read.packed import PackedDataset
 from shardio.runtime.batch import ByteColumn
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 SCRIPTS = pathlib.Path(__file__).resolve().parent / "scripts"
 
 NUM_FILES = 600
@@ -283,5 +283,5 @@ def child_env() -> Callable[..., dict[str, str]]:
 
 @pytest.fixture(scope="session")
 def scripts_dir() -> pathlib.Path:
-    """tests/runtime/scripts: the programs the process-level tests run."""
+    """tests/unit/runtime/scripts: the programs the process-level tests run."""
     return SCRIPTS

@@ -16,7 +16,7 @@ from shardio.cache import default_stage_dir
 from shardio.cli.main import default_stage_dir as cli_default_stage_dir
 from shardio.errors import UsageError
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 TIMEOUT_S = 300  # the install step is a no-op once the venv's stamp exists, else slow
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")

@@ -24,7 +24,7 @@ from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.placement import WorkerPinning, pin_workers_enabled, worker_pinning
 from shardio.topology import format_cpulist, read_topology
 
-Packed = Any  # tests/runtime/conftest.py's Packed (a conftest is not imported by name)
+Packed = Any  # tests/unit/runtime/conftest.py's Packed (a conftest is not imported by name)
 MACHINE_CPUS = os.sched_getaffinity(0)
 pytestmark = pytest.mark.skipif(
     not {0, 1} <= MACHINE_CPUS, reason="the fake nodes need CPUs 0 and 1 in this process's mask"

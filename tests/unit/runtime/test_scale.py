@@ -16,7 +16,7 @@ import pytest
 
 from shardio.order import EpochOrder, OrderSpec, RankInfo, rank_stream
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
 PROBE = REPO / "scripts" / "probe_startup.py"
 

@@ -31,7 +31,7 @@ from shardio.runtime.dataset import ShardDataset
 
 pytestmark = pytest.mark.dali
 
-Packed = Any  # tests/runtime/conftest.py's Packed (a conftest is not imported by name)
+Packed = Any  # tests/unit/runtime/conftest.py's Packed (a conftest is not imported by name)
 
 BATCH = 64  # 600 samples: 9 full batches and one of 24
 
@@ -391,7 +391,7 @@ print("LOADED", sorted({m.split(".")[0] for m in sys.modules} & {"nvidia", "torc
         text=True,
         check=True,
         env=child_env(),
-        cwd=os.fspath(Path(__file__).resolve().parents[2]),
+        cwd=os.fspath(Path(__file__).resolve().parents[3]),
     ).stdout
     assert "LOADED []" in out
 
