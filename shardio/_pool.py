@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
-from shardio.errors import UsageError
+from shardio._check import require_int
 
 __all__ = ["MAX_WORKERS", "WorkerPool", "check_workers"]
 
@@ -45,11 +45,7 @@ def check_workers(workers: object, *, what: str = "--workers") -> int:
     Raises:
         UsageError: anything else (0, negative, huge, a float, a bool), naming ``what``.
     """
-    if isinstance(workers, bool) or not isinstance(workers, int):
-        raise UsageError(f"{what} must be a whole number, got {workers!r}")
-    if not 1 <= workers <= MAX_WORKERS:
-        raise UsageError(f"{what} must be between 1 and {MAX_WORKERS}, got {workers}")
-    return workers
+    return require_int(workers, what, minimum=1, maximum=MAX_WORKERS)
 
 
 # --------------------------------------------------------------------------- in a worker

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from shardio._check import require_int
 from shardio.errors import UsageError
 from shardio.metrics.histogram import LatencyHistogram
 
@@ -24,11 +25,7 @@ MODES = ("map", "stream")
 
 
 def _whole(value: object, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise UsageError(f"{what} must be an integer, got {value!r}")
-    if value < minimum:
-        raise UsageError(f"{what} must be at least {minimum}, got {value}")
-    return value
+    return require_int(value, what, minimum=minimum)
 
 
 @dataclass(frozen=True, kw_only=True)

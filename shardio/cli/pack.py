@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from shardio.cli.common import EXIT_OK, default_workers, one_line, parse_part
-from shardio.tools.inspect import CLASSES_SHOWN as _CLASSES_SHOWN
+from shardio.format.spec import CLASSES_SHOWN as _CLASSES_SHOWN
 from shardio.units import format_duration, format_size, parse_size
 
 if TYPE_CHECKING:

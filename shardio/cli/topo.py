@@ -15,7 +15,6 @@ from shardio.topology.sysfs import SYSFS_ENV
 __all__ = ["add_topo_parser", "cmd_topo"]
 
 
-
 def add_topo_parser(sub: argparse._SubParsersAction[Any]) -> None:
     """Register ``shardio topo`` on the command's subparsers."""
     t = sub.add_parser(

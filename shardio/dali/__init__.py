@@ -109,7 +109,8 @@ def pipeline(
         device_id: the CUDA device. "auto" (default): this local rank's GPU (``LOCAL_RANK``
             or ``SLURM_LOCALID`` modulo the GPUs this process sees, read from sysfs without
             CUDA and narrowed by ``CUDA_VISIBLE_DEVICES``: index 0 when ``bind.sh`` gave the
-            rank one GPU), or a CPU-only pipeline where it sees none; None: a CPU-only
+            rank one GPU), or a CPU-only pipeline where it sees none (or no NVIDIA driver is
+            loaded: no ``/sys/module/nvidia``); None: a CPU-only
             pipeline. Where batches land: the payload (or the images) on the CPU, or on
             this GPU with ``decode="mixed"``; the labels are always an int64 CPU tensor
             (from the verified source), moved with the batch by the caller.

@@ -51,9 +51,13 @@ def _local_device(detect: bool) -> int | None:
     another tree), None (a CPU-only pipeline) when it sees none. With explicit ranks
     (``shard_id``) and no ``LOCAL_RANK``, local rank 0."""
     env = os.environ
+    sysfs = env.get(SYSFS_ENV) or "/sys"
     try:
         local = detect_ranks().local_rank if detect or "LOCAL_RANK" in env else 0
-        topology = read_topology(env.get(SYSFS_ENV) or "/sys")
+        topology = read_topology(sysfs)
+        if topology.gpus and not os.path.isdir(os.path.join(sysfs, "module", "nvidia")):
+            logger.info("device_id='auto': GPUs but no NVIDIA driver loaded; CPU-only")
+            return None
         return local_gpu(topology, local)
     except UsageError:
         raise  # a malformed rank variable: named, as ShardDataset does

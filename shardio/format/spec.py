@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "CLASSES_SHOWN",
     "MAX_MANIFEST_BYTES",
     "MANIFEST_CHECKSUM_FIELD",
     "LABEL_LAYOUTS",
@@ -57,3 +58,6 @@ INDEX_MAGIC: Final = b"SHRDIDX\x00"
 INDEX_VERSION: Final = 1
 INDEX_HEADER_SIZE: Final = 256
 SECTION_ALIGN: Final = 64
+
+# Classes named (with their index) where a label map is shown: the pack summary, inspect.
+CLASSES_SHOWN: Final = 5

@@ -78,17 +78,9 @@ def default_order(mode: str = "map") -> str:
 
 
 def _whole(value: object, what: str, least: int, limit: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            import operator
-
-            value = operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            raise UsageError(f"order spec: {what} must be an integer, got {value!r}") from None
-    if value < least or (limit is not None and value >= limit):
-        bound = f" and below {limit}" if limit is not None else ""
-        raise UsageError(f"order spec: {what} must be at least {least}{bound}, got {value}")
-    return value
+    """``value`` as an int in [least, limit) (the one checker, naming the spec)."""
+    top = limit - 1 if limit is not None else None
+    return require_int(value, f"order spec: {what}", minimum=least, maximum=top)
 
 
 @dataclass(frozen=True, kw_only=True)

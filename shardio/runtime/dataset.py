@@ -233,6 +233,8 @@ class ShardDataset(Dataset[dict[str, Any]]):
     ) -> None:
         if recovery is None and rebuild is not None:
             raise UsageError("rebuild is a step of a recovery policy: give recovery= too")
+        if rebuild is not None and not callable(rebuild):
+            raise UsageError(f"rebuild must be callable, got {type(rebuild).__name__}")
         self.recovering: SampleRecovery | None = (
             SampleRecovery(make_policy(recovery, {}), rebuild) if recovery is not None else None
         )

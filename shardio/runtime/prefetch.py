@@ -510,6 +510,11 @@ class GPUPrefetcher:
             batch = next(it)
         except StopIteration:
             return _END
+        except (KeyboardInterrupt, SystemExit):
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()  # its workers shut down; Ctrl-C is not held back to the next()
+            raise
         except BaseException as exc:  # delivered at the first next(), like any other
             return _Failure(exc)
         self._pulled_state = self._loader_state()

@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardio.format.manifest import LabelSource, Manifest
+from shardio.format.spec import CLASSES_SHOWN
 from shardio.read.packed import PackedDataset
 from shardio.read.strategy import StrategyChoice, choose_strategy
 from shardio.storage.striping import describe_layout
 
 __all__ = ["CLASSES_SHOWN", "DatasetInfo", "inspect_dataset", "label_map_json"]
-
-CLASSES_SHOWN = 5  # classes named (with their index) in the pack summary and inspect
 
 
 @dataclass(frozen=True)

@@ -420,9 +420,12 @@ def test_device_id_defaults_to_the_local_ranks_gpu(
         monkeypatch.delenv(name, raising=False)
     for name in [n for n in os.environ if n.startswith("SLURM_")]:
         monkeypatch.delenv(name)
-    monkeypatch.setenv("SHARDIO_SYSFS", fake_sysfs(tmp_path, {0: "0-3", 1: "4-7"}, [0, 0, 1, 1]))
+    sysfs = fake_sysfs(tmp_path, {0: "0-3", 1: "4-7"}, [0, 0, 1, 1])
+    monkeypatch.setenv("SHARDIO_SYSFS", sysfs)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    assert DALIOptions(batch_size=4).device_id is None  # GPUs, but no NVIDIA driver loaded
+    (tmp_path / "module" / "nvidia").mkdir(parents=True)
     assert DALIOptions(batch_size=4).device_id == expected
     assert DALIOptions(batch_size=4, device_id=None).device_id is None  # asked for the CPU
     assert DALIOptions(batch_size=4, device_id=2).device_id == 2
