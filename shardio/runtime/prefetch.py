@@ -376,7 +376,7 @@ def await_copy(event: Any) -> int:
 
 def _double_pinning(loader: Any, device: torch.device) -> str | None:
     """Why the loader's batches would be pinned twice, or None."""
-    if device.type != "cuda" or not getattr(loader, "pin_memory", False):
+    if device.type != "cuda" or getattr(loader, "pin_memory", False) is not True:
         return None
     return (
         "GPUPrefetcher: the loader pins its batches (pin_memory=True) and the prefetcher "

@@ -138,33 +138,31 @@ def test_nofollow_refuses_a_symlink_and_plain_open_follows_it(
         opener.close(fd)
 
 
+def _open_and_read(opener: Opener, path: pathlib.Path) -> None:
+    """Open ``path`` and read from it (bounded in time); the OSError of either is raised."""
+
+    def attempt() -> None:
+        fd = opener.open(os.fspath(path))
+        try:
+            opener.pread_into(fd, memoryview(bytearray(10)), 0)
+        finally:
+            opener.close(fd)
+
+    _bounded(attempt)
+
+
 def test_a_fifo_never_blocks(opener: Opener, tmp_path: pathlib.Path) -> None:
     """Nobody writes to the FIFO: an open or read that waited for a writer would hang."""
     fifo = tmp_path / "shard-000001.tar"
     os.mkfifo(fifo)
-
-    def attempt() -> None:
-        fd = opener.open(os.fspath(fifo))
-        try:
-            opener.pread_into(fd, memoryview(bytearray(10)), 0)
-        finally:
-            opener.close(fd)
-
     with pytest.raises(OSError) as info:
-        _bounded(attempt)
+        _open_and_read(opener, fifo)
     assert info.value.errno == errno.ESPIPE
 
 
 def test_a_directory_is_an_oserror(opener: Opener, tmp_path: pathlib.Path) -> None:
-    def attempt() -> None:
-        fd = opener.open(os.fspath(tmp_path))
-        try:
-            opener.pread_into(fd, memoryview(bytearray(10)), 0)
-        finally:
-            opener.close(fd)
-
     with pytest.raises(OSError) as info:
-        _bounded(attempt)
+        _open_and_read(opener, tmp_path)
     assert info.value.errno == errno.EISDIR
 
 
