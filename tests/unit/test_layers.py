@@ -27,7 +27,7 @@ LAYERS = {
     "errors": 0, "units": 0, "_check": 0, "_lazy": 0, "_version": 0, "_env": 0, "_pool": 0,
     "storage": 1, "order": 1, "topology": 1,
     "format": 2, "metrics": 2,
-    "writers": 3, "cache": 3,
+    "writers": 3, "cache": 3, "parity": 3,
     "packing": 4, "read": 4,
     "tools": 5, "runtime": 5, "dali": 5,
     "checkpoint": 5,
