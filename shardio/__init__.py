@@ -57,6 +57,8 @@ __all__ = [
     "UsageError",
     "VerifyReport",
     "__version__",
+    "add_parity",
+    "drop_parity",
     "inspect_dataset",
     "merge_parts",
     "pack",
@@ -85,6 +87,8 @@ _LAZY = {
     "unpack_dataset": "shardio.tools.unpack",
     "repair_dataset": "shardio.tools.repair",
     "inspect_dataset": "shardio.tools.inspect",
+    "add_parity": "shardio.tools.parity",
+    "drop_parity": "shardio.tools.parity",
     "OrderSpec": "shardio.order.spec",
     "EpochStager": "shardio.cache.ahead",
 }

@@ -16,7 +16,9 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "pfs" / "moosefs.sh"
@@ -127,6 +129,15 @@ class Bed:
                 matches = sorted(hdd.glob(f"*/chunk_{chunk}.mfs"))
                 found.extend((cs, m) for m in matches)
         return found
+
+    def copies(self, path: os.PathLike[str] | str) -> list[int]:
+        """The chunkservers (1-based) holding a valid copy of ``path``'s chunk."""
+        out = self.admin("mfsfileinfo", os.fspath(path))
+        return sorted(
+            int(line.split(":")[2].split()[0]) - 9421
+            for line in out.splitlines()
+            if "VALID" in line
+        )
 
     def stats(self) -> dict[str, int]:
         """The client's counters from MOUNT/.stats (``master.packets_sent`` among them)."""
@@ -247,3 +258,12 @@ def pfs_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SHARDIO_"))}
     env.update(extra or {})
     return env
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    """Poll ``check`` every 0.5 s until it holds; fail the test after ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > end:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.5)

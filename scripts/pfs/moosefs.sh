@@ -9,6 +9,7 @@
 #   scripts/pfs/moosefs.sh stop-master DIR | start-master DIR
 #   scripts/pfs/moosefs.sh exec DIR CMD...    # run an mfs* admin tool inside the bed's namespace
 #   scripts/pfs/moosefs.sh down DIR           # stop everything, leave nothing behind
+#   Chunkserver I carries the label of its letter (1: A, 2: B, ...) for storage classes.
 #
 # The servers run in a private network namespace with a 10.x address on its loopback
 # (chunkservers refuse a 127.x master); the client is mounted with nsenter into that network
@@ -84,10 +85,10 @@ empty_metadata() {
 }
 
 write_configs() {
-  local n=$1
+  local n=$1 letters=ABCDEFGH
   mkdir -p "$dir/etc" "$dir/master" "$dir/log"
   cat >"$dir/etc/mfsexports.cfg" <<EOF
-* / rw,alldirs,maproot=0
+* / rw,alldirs,admin,maproot=0
 * . rw
 EOF
   cat >"$dir/etc/mfsmaster.cfg" <<EOF
@@ -121,6 +122,9 @@ MASTER_HOST = $addr
 BIND_HOST = $addr
 CSSERV_LISTEN_HOST = $addr
 CSSERV_LISTEN_PORT = $((9421 + i))
+# Chunkserver i carries label A, B, C, ... (its letter): storage classes (mfsscadmin) can
+# place a file on one of them; the default classes (goals) ignore labels.
+LABELS = ${letters:i-1:1}
 NICE_LEVEL = 0
 LOCK_MEMORY = 0
 EOF

@@ -358,6 +358,7 @@ def stage_one(
     bad_copy: tuple[int, int] | None = None,
     read_timeout_s: float = 0.0,
     opener: Opener | None = None,
+    rebuild: Callable[[ShardEntry], object] | None = None,
 ) -> tuple[str, str, int]:
     """Stage one shard (and its DALI index) under its lock; return (rel, outcome, bytes).
 
@@ -369,6 +370,9 @@ def stage_one(
             still the file staged (a copy another process re-staged meanwhile is kept).
         read_timeout_s: the copy's read deadline (:func:`copy_verified`); 0: none.
         opener: what reads the source (:func:`copy_verified`); default: POSIX calls.
+        rebuild: when the source shard is bad (damaged, missing, stalled), rebuild it at the
+            source (from its parity: :func:`source_rebuild`) and copy it again; None: the
+            source's fault is raised.
     """
     rel, expected = entry.path, entry.xxh3_128
     final = os.path.join(dest, rel)
@@ -390,7 +394,8 @@ def stage_one(
                     logger.warning("staged copy %s is damaged: copying it again", final)
                     drop_staged(dest, rel)
                     outcome = "replaced"
-                copied = copy_verified(
+                copy = partial(
+                    copy_verified,
                     os.path.join(src_root, rel),
                     final,
                     expected,
@@ -400,6 +405,19 @@ def stage_one(
                     read_timeout_s=read_timeout_s,
                     opener=opener,
                 )
+                try:
+                    copied = copy()
+                except StorageError as exc:
+                    if rebuild is None or not _source_fault(exc):
+                        raise
+                    logger.warning("source shard %s is bad (%s): rebuilding it", rel, exc)
+                    try:
+                        rebuild(entry)
+                    except ShardioError as again:
+                        raise IntegrityError(
+                            exc.errno or errno.EIO, f"{exc}; rebuilding it failed: {again}"
+                        ) from again
+                    copied = copy()
                 write_stamp(dest, rel, expected, durable)
         if entry.dali_index is not None:  # DALI wants the .idx beside the staged tar
             _sync_small_file(
@@ -410,6 +428,30 @@ def stage_one(
             )
     counters.add(1, 0)
     return rel, outcome, copied
+
+
+def _source_fault(exc: StorageError) -> bool:
+    """Whether a failed copy says the source shard's bytes are bad or gone (not that writing
+    here failed). A stall is not rebuilt here: the rebuild's own reads have no deadline, and
+    readers fall back to the source, where ResilientDataset rebuilds under its deadline."""
+    return isinstance(exc, IntegrityError) or exc.errno in (errno.ENOENT, errno.EIO)
+
+
+def source_rebuild(src_root: str, manifest: Manifest) -> Callable[[ShardEntry], object] | None:
+    """The rebuild for :func:`stage_one` of a source with parity (None without): the shard
+    is rebuilt at the source from its group, under the group's lock."""
+    section = manifest.parity
+    if section is None:
+        return None
+    numbers = {e.path: i for i, e in enumerate(manifest.shards)}
+
+    def rebuild(entry: ShardEntry) -> object:
+        from shardio.parity.dataset import rebuild_files
+
+        group = section.group_of(numbers[entry.path])
+        return rebuild_files(src_root, manifest, group, [entry.path])
+
+    return rebuild
 
 
 def write_local_metadata(src_root: str, dest: str, manifest: Manifest, durable: bool) -> None:

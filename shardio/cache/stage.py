@@ -16,7 +16,13 @@ import time
 from dataclasses import dataclass, field
 
 from shardio.cache.area import check_paths, open_area, storage_errors
-from shardio.cache.copy import leftover_temps, stage_one, temps_of, write_local_metadata
+from shardio.cache.copy import (
+    leftover_temps,
+    source_rebuild,
+    stage_one,
+    temps_of,
+    write_local_metadata,
+)
 from shardio.cache.evict import evict_for
 from shardio.cache.identity import DatasetIdentity
 from shardio.cache.options import (
@@ -150,6 +156,7 @@ def stage_dataset(
                 options.capacity_bytes,
             )
         counters = Counters(shared=False)
+        rebuild = source_rebuild(src_root, manifest)  # a source with parity heals itself
         tracker = (
             ProgressThread(
                 counters,
@@ -171,6 +178,7 @@ def stage_dataset(
                     durable=options.durable,
                     counters=counters,
                     read_timeout_s=options.read_timeout_s,
+                    rebuild=rebuild,
                 )
                 for e in chosen
             ]

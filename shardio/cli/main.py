@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from shardio._version import __version__
@@ -38,6 +38,7 @@ from shardio.cli.common import (
     whole_number,
 )
 from shardio.cli.pack import cmd_merge, cmd_pack, label_map_text
+from shardio.cli.parity import add_parity_parser, cmd_parity
 from shardio.cli.stage import cmd_stage, default_stage_dir, seconds_arg
 from shardio.cli.topo import add_topo_parser, cmd_topo
 from shardio.errors import ShardioError, UsageError
@@ -103,6 +104,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "--fs-type", default=None, help="force the filesystem type (lustre, beegfs, ...)"
     )
     p.add_argument("--part", default=None, help="pack part I/N of a multi-node pack, or auto")
+    p.add_argument(
+        "--parity",
+        default=None,
+        metavar="K+M",
+        help="also write M parity files per group of K shards (e.g. 10+2): any M lost or "
+        "damaged shards of a group can be rebuilt (needs shardio[parity])",
+    )
     p.add_argument("--strict", action="store_true", help="fail on files that would be skipped")
     p.add_argument("--resume", action="store_true", help="finish an interrupted pack")
     p.add_argument("--force", action="store_true", help="overwrite a dataset in DST")
@@ -110,6 +118,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("merge", help="join the parts of a multi-node pack")
     m.add_argument("dst")
+    m.add_argument(
+        "--workers",
+        type=parse_workers,
+        default=None,
+        help="processes computing parity, 1 to 4096 (default: the CPUs of this job)",
+    )
     m.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     v = sub.add_parser(
@@ -120,7 +134,8 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 intact; 3 damage is left (a dataset's shard or index, or a "
         "staged copy whose source is bad too); 4 --repair fixed everything it found; 5 a "
         "staging area is degraded (copies missing, damaged or stale, but the source they fall "
-        "back to is intact: training works, reading from the source); 1 could not check; "
+        "back to is intact: training works, reading from the source), or only parity files are "
+        "bad; 1 could not check; "
         "2 usage.",
     )
     v.add_argument("dst", help="a dataset, or a staging area (shardio stage)")
@@ -133,15 +148,16 @@ def _build_parser() -> argparse.ArgumentParser:
         "--repair",
         action="store_true",
         help="fix what is found: a staging area's copies are staged again from its source; "
-        "a dataset's damaged or missing shards and index are replaced by verified copies "
-        "from --source",
+        "a dataset's damaged or missing shards are rebuilt from its parity, or replaced "
+        "(with its index) by verified copies from --source",
     )
     v.add_argument(
         "--source",
         default=None,
         metavar="SRC",
         help="with --repair: another copy of the same dataset to copy good shards from "
-        "(needed for a dataset; default for a staging area: the source it was staged from)",
+        "(needed for a dataset without parity; default for a staging area: the source it "
+        "was staged from)",
     )
     v.add_argument(
         "--workers",
@@ -246,6 +262,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     st.add_argument("--no-progress", action="store_true")
 
+    add_parity_parser(sub)
+
     u = sub.add_parser("unpack", help="restore the original tree, byte for byte")
     u.add_argument("dst")
     u.add_argument("out")
@@ -299,6 +317,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             shown = staged
         else:
             shown = report.shards_checked
+            if report.parity_checked:
+                what += f" and {report.parity_checked:,} parity files"
         print(f"OK: {mode} {shown:,} {what} {read}")
         return EXIT_OK
     _print_problems(report)
@@ -306,12 +326,38 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         _print_area_summary(report, args.dst)
         return int(args.exit_code)
     index_bad = sum(1 for p in report.problems if p.path == report.index_path)
-    shards_bad = len(report.problems) - index_bad
+    parity_bad = sum(1 for p in report.problems if p.parity)
+    shards_bad = len(report.problems) - index_bad - parity_bad
+    parity_text = (
+        f"{parity_bad} of {report.parity_checked:,} parity files damaged or missing"
+        if parity_bad
+        else ""
+    )
+    if report.status == "degraded":  # parity alone: every byte of training data is intact
+        print_error(
+            f"DEGRADED: {parity_text}; every data shard is intact, but its group is less "
+            f"protected until shardio verify --repair {args.dst} rebuilds them"
+        )
+        return int(args.exit_code)
     print_error(
         f"FAILED: {shards_bad} of {report.shards_checked:,} shards damaged"
         + (", and the index" if index_bad else "")
+        + (f", and {parity_text}" if parity_bad else "")
         + f", {_samples_affected(report)}"
     )
+    if report.rebuildable:
+        print_error(
+            f"parity can rebuild {len(report.rebuildable)} of the damaged shards: shardio "
+            f"verify --repair {args.dst}"
+        )
+    if report.over_parity:
+        groups = ", ".join(str(g) for g in report.over_parity[:5])
+        more = "" if len(report.over_parity) <= 5 else f" (and {len(report.over_parity) - 5} more)"
+        print_error(
+            f"parity group(s) {groups}{more} lost more files than their parity: --repair "
+            "rebuilds them only if no cell row lost more; otherwise they need --source SRC "
+            "or a re-pack"
+        )
     return EXIT_DAMAGED
 
 
@@ -343,6 +389,8 @@ def _print_problems(report: VerifyReport) -> None:
     for p in report.problems:
         if p.staged:
             print_error(f"{p.state.upper()} {p.path} (staged copy): {p.reason}")
+        elif p.parity:
+            print_error(f"DAMAGED {p.path} (parity): {p.reason}")
         else:
             print_error(f"DAMAGED {p.path}: {p.reason}")
         for b in p.bad_members[:_MEMBERS_SHOWN]:
@@ -399,7 +447,7 @@ def _cmd_repair(args: argparse.Namespace, workers: int, bar: ProgressCallback | 
         print(f"OK: verified {found.shards_checked:,} shards: nothing to repair")
         return EXIT_OK
     summary = (
-        f"repaired {_count(result.repaired, found.index_path)}, "
+        f"repaired {_count(result.repaired, found.index_path, found.parity_paths)}, "
         f"could not repair {len(result.unrepaired)}"
     )
     if result.unrepaired:
@@ -408,6 +456,8 @@ def _cmd_repair(args: argparse.Namespace, workers: int, bar: ProgressCallback | 
         summary += f": {first.path}: {first.why}{more}"
     if result.status == "repaired":
         print(f"REPAIRED: {summary}")
+    elif result.status == "degraded" and found.area is None:
+        print_error(f"DEGRADED: {summary}; every data shard is intact, its parity is not")
     elif result.status == "degraded":
         print_error(f"DEGRADED: {summary}; training reads those shards from {result.source}")
     else:
@@ -415,14 +465,19 @@ def _cmd_repair(args: argparse.Namespace, workers: int, bar: ProgressCallback | 
     return int(args.exit_code)
 
 
-def _count(items: Sequence[Any], index_path: str) -> str:
-    """'3 shards', '3 shards and the index', 'the index'."""
+def _count(items: Sequence[Any], index_path: str, parity: Collection[str] = ()) -> str:
+    """'3 shards', '3 shards and the index', 'the index', '2 shards and 1 parity file'."""
     index = any(i.path == index_path for i in items)
-    shards = len(items) - index
-    text = f"{shards} shard{'s' if shards != 1 else ''}"
+    extra = sum(1 for i in items if i.path in parity)
+    shards = len(items) - index - extra
+    parts = (
+        [f"{shards} shard{'s' if shards != 1 else ''}"] if shards or not (index or extra) else []
+    )
+    if extra:
+        parts.append(f"{extra} parity file{'s' if extra != 1 else ''}")
     if index:
-        return f"{text} and the index" if shards else "the index"
-    return text
+        parts.append("the index")
+    return " and ".join(parts) if len(parts) <= 2 else f"{', '.join(parts[:-1])} and {parts[-1]}"
 
 
 _STRIPING_FS = ("lustre", "beegfs")  # the filesystems whose layout shardio sets and reads
@@ -502,6 +557,16 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(f"classes       {label_map_text(man.classes, man.label_layout, man.label_source)}")
     else:
         print("classes       none")
+    if man.parity is not None:
+        section = man.parity
+        share = section.total_bytes / man.total_bytes if man.total_bytes else 0.0
+        print(
+            f"parity        {section.scheme} in {len(section.groups):,} groups, "
+            f"{format_size(section.total_bytes)} ({share:.1%} of the shards): any "
+            f"{section.m} lost or damaged files of a group rebuild"
+        )
+    else:
+        print("parity        none (shardio parity add DST --parity K+M)")
     now = found.stripe_layout if fs_type in _STRIPING_FS else "no striping"
     now = now.replace("\n", "\n" + " " * 30)  # lfs getstripe may print several lines
     print(f"stripe layout at pack time:   {_pack_striping(dict(man.layout))}")
@@ -557,6 +622,7 @@ _COMMANDS = {
     "stage": cmd_stage,
     "topo": cmd_topo,
     "bench": cmd_bench,
+    "parity": cmd_parity,
 }
 
 

@@ -40,6 +40,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
         force=args.force,
         part=part,
         num_parts=num_parts,
+        parity=args.parity,
     )
     bar = None if args.no_progress else ProgressBar("packing")
     with bar or contextlib.nullcontext():  # an interrupted bar is erased
@@ -82,6 +83,13 @@ def cmd_pack(args: argparse.Namespace) -> int:
             print(f"  ... and {len(result.skipped) - _SKIPPED_SHOWN:,} more")
     if result.oversized:
         print(f"{len(result.oversized)} sample(s) larger than --shard-size got a shard each")
+    parity = result.merged.manifest.parity if result.merged is not None else None
+    if parity is not None:
+        share = parity.total_bytes / max(1, result.total_bytes)
+        print(
+            f"parity: {parity.scheme}, {len(parity.groups):,} groups, "
+            f"{format_size(parity.total_bytes)} ({share:.1%} of the shards)"
+        )
     if num_parts > 1:
         print(f"when all {num_parts} parts are done, run: shardio merge {args.dst}")
     return EXIT_OK
@@ -145,7 +153,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
     bar = None if args.no_progress else ProgressBar("merging", unit="shards")
     with bar or contextlib.nullcontext():  # an interrupted bar is erased
-        result = merge_parts(args.dst, progress=bar)
+        workers = args.workers if args.workers is not None else default_workers()
+        result = merge_parts(args.dst, progress=bar, workers=workers)
     man = result.manifest
     print(
         f"merged {result.num_parts} parts into {args.dst}: {man.num_samples:,} samples, "

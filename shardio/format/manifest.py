@@ -13,6 +13,7 @@ import xxhash
 
 from shardio.errors import FormatError
 from shardio.format.fields import MAX_INT, get_field
+from shardio.format.parity import ParitySection
 from shardio.format.spec import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -178,7 +179,8 @@ class Manifest:
     # The plan fingerprint of each part of the pack: --resume on a finished dataset compares
     # the source tree and options against them.
     pack_fingerprints: tuple[str, ...] = ()
-    label_source: LabelSource | None = None  # format 2 only: optional labels.source
+    label_source: LabelSource | None = None  # format 2 on: optional labels.source
+    parity: ParitySection | None = None  # format 3 on: the parity groups (pack --parity)
 
     def __post_init__(self) -> None:
         if self.shard_format not in SHARD_FORMATS:
@@ -202,6 +204,15 @@ class Manifest:
                 if name in names:
                     raise FormatError(f"path {name!r} is listed twice in the manifest")
                 names.add(name)
+        if self.parity is not None:
+            if self.format_version < 3:
+                raise FormatError(f"parity needs format 3, not {self.format_version}")
+            self.parity.check_shards([s.size_bytes for s in self.shards])
+            for entry in self.parity.files():
+                _check_relative(entry.path)
+                if entry.path in names:
+                    raise FormatError(f"path {entry.path!r} is listed twice in the manifest")
+                names.add(entry.path)
         first = 0
         for shard in self.shards:
             if shard.first_sample != first:
@@ -220,7 +231,8 @@ class Manifest:
     def to_json(self) -> dict[str, Any]:
         """Return the JSON document (keys in a fixed order, so output is deterministic).
 
-        The document of format 2 ends with its own checksum field (see :func:`encode_document`).
+        The document of format 2 on ends with its own checksum field (see
+        :func:`encode_document`); format 3 adds ``parity`` (null without parity).
         """
         if self.format_version == 1:
             return self._to_json_v1()
@@ -231,6 +243,8 @@ class Manifest:
         if self.label_source is not None:
             doc["labels"]["source"] = self.label_source.to_json()
         shards = doc.pop("shards")
+        if self.format_version >= 3:
+            doc["parity"] = self.parity.to_json() if self.parity is not None else None
         for entry, s in zip(shards, self.shards, strict=True):
             entry["index_xxh3_64"] = s.index_xxh3_64
         doc["shards"] = shards
@@ -448,6 +462,12 @@ def _parse(doc: Mapping[str, Any], where: str, version: int) -> Manifest:
             raise FormatError(f"{where}: pack_fingerprints must be a list of 32-hex-digit strings")
         fingerprints = tuple(prints)
         head_digest = get_field(index_doc, "head_xxh3_64", str, f"{where}: index")
+    parity = None
+    if version >= 3:
+        if "parity" not in doc:
+            raise FormatError(f"{where}: missing field 'parity'")
+        if doc["parity"] is not None:
+            parity = ParitySection.from_json(doc["parity"], where)
     shards = _parse_shards(doc, where, version=version)
     num_shards = doc.get("num_shards")
     if num_shards is not None and num_shards != len(shards):
@@ -485,6 +505,7 @@ def _parse(doc: Mapping[str, Any], where: str, version: int) -> Manifest:
         staged_from=staged_from,
         pack_fingerprints=fingerprints,
         label_source=label_source,
+        parity=parity,
     )
     total = doc.get("total_bytes")
     if total is not None and total != manifest.total_bytes:
@@ -492,7 +513,7 @@ def _parse(doc: Mapping[str, Any], where: str, version: int) -> Manifest:
     return manifest
 
 
-_VERSIONS = (1, 2)
+_VERSIONS = (1, 2, 3)
 
 
 def _reject_constant(name: str) -> Any:
@@ -504,7 +525,7 @@ def parse_manifest(data: bytes, *, where: str = "manifest") -> Manifest:
 
     Raises:
         FormatError: the document is not JSON, not a shardio manifest, of an unknown version,
-            fails its own checksum (format 2), or misses or mistypes a field. The message
+            fails its own checksum (format 2 on), or misses or mistypes a field. The message
             names ``where``.
     """
     try:

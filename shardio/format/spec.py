@@ -1,4 +1,4 @@
-"""Constants of shardio's on-disk format, version 1 (specified in docs/format.md)."""
+"""Constants of shardio's on-disk format (specified in docs/format.md)."""
 
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ __all__ = [
 ]
 
 FORMAT_NAME: Final = "shardio"
-FORMAT_VERSION: Final = 2
-# The HDF5 shard attribute ``shardio_format_version``: shard bytes did not change in format 2.
+FORMAT_VERSION: Final = 3
+# The HDF5 shard attribute ``shardio_format_version``: shard bytes did not change in formats 2
+# and 3.
 HDF5_SHARD_VERSION: Final = 1
-# Format 2: the manifest's last field is the xxh3-128 of the document (this value zeroed).
+# Format 2 on: the manifest's last field is the xxh3-128 of the document (this value zeroed).
 MANIFEST_CHECKSUM_FIELD: Final = "manifest_xxh3_128"
 # A manifest lists about 300 bytes per shard: 512 MiB is over a million shards.
 MAX_MANIFEST_BYTES: Final = 512 * 1024 * 1024

@@ -244,6 +244,8 @@ def dataset_files(manifest: Manifest) -> list[str]:
         out.append(shard.path)
         if shard.dali_index is not None:
             out.append(shard.dali_index)
+    if manifest.parity is not None:
+        out += [f.path for f in manifest.parity.files()]
     return [*out, manifest.index.path, REPORT_FILENAME, MANIFEST_FILENAME]
 
 

@@ -13,6 +13,7 @@ also gives each part's metadata calls on the source tree
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from shardio.packing.workfiles import (
     parse_record_name,
     part_record_name,
 )
+from shardio.parity.codec import parse_scheme
 from shardio.storage.atomic import atomic_write
 from shardio.storage.dirlock import lock_directory
 
@@ -161,7 +163,11 @@ def _open_fragment(dst: str, part: PartRecord, rec: ShardRecord) -> Index:
 
 
 def merge_parts(
-    dst: str, *, durable: bool = True, progress: ProgressCallback | None = None
+    dst: str,
+    *,
+    durable: bool = True,
+    progress: ProgressCallback | None = None,
+    workers: int = 1,
 ) -> MergeResult:
     """Merge the finished parts in ``dst`` into one dataset and remove the work files.
 
@@ -173,6 +179,7 @@ def merge_parts(
         progress: called from a helper thread with (shards, bytes) snapshots: a shard
             counts, with its size, once its index fragment is checked; the final
             snapshot comes when the manifest is written (not after a failure).
+        workers: processes computing parity (a pack with ``--parity``).
 
     Raises:
         UsageError: no parts, parts missing, parts packed with different options, or a
@@ -184,11 +191,15 @@ def merge_parts(
     if not os.path.isdir(dst):
         raise UsageError(f"{dst} is not a directory holding packed parts")
     with lock_directory(dst, shared=False):
-        return merge_locked(dst, durable=durable, progress=progress)
+        return merge_locked(dst, durable=durable, progress=progress, workers=workers)
 
 
 def merge_locked(
-    dst: str, *, durable: bool = True, progress: ProgressCallback | None = None
+    dst: str,
+    *,
+    durable: bool = True,
+    progress: ProgressCallback | None = None,
+    workers: int = 1,
 ) -> MergeResult:
     """:func:`merge_parts` for a caller that already holds DST's lock."""
     parts = _load_parts(dst)
@@ -204,10 +215,12 @@ def merge_locked(
         else contextlib.nullcontext()
     )
     with tracker:
-        return _merge(dst, parts, counters, durable=durable)
+        return _merge(dst, parts, counters, durable=durable, workers=workers)
 
 
-def _merge(dst: str, parts: list[PartRecord], counters: Counters, *, durable: bool) -> MergeResult:
+def _merge(
+    dst: str, parts: list[PartRecord], counters: Counters, *, durable: bool, workers: int
+) -> MergeResult:
     """Join ``parts`` into DST's index, pack report and manifest; count shards as joined."""
     remove_temps(dst)  # left by a merge killed mid-write
     shards: list[ShardEntry] = []
@@ -269,6 +282,13 @@ def _merge(dst: str, parts: list[PartRecord], counters: Counters, *, durable: bo
         label_source=first.label_source,
     )
     manifest = seal_manifest(manifest, index_path)  # per-shard index checksums, checked
+    scheme = first.options.get("parity")
+    if scheme:  # pack --parity: every shard is published and checked; the journal resumes it
+        from shardio.parity.dataset import encode_parity  # the parity extra, only then
+
+        k, m = parse_scheme(scheme)
+        section = encode_parity(dst, manifest.shards, k=k, m=m, workers=workers, durable=durable)
+        manifest = dataclasses.replace(manifest, parity=section)
     with atomic_write(os.path.join(dst, MANIFEST_FILENAME), durable=durable) as fh:
         fh.write(manifest.dumps())
     remove_work_dir(dst)

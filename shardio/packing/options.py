@@ -13,6 +13,7 @@ from shardio.packing.calls import SourceCalls
 from shardio.packing.merge import MergeResult
 from shardio.packing.scan import LABEL_MODES, Listing, Skipped
 from shardio.packing.write import STREAM_THRESHOLD_BYTES
+from shardio.parity.codec import parse_scheme
 from shardio.storage.striping import LayoutResult, parse_stripe
 
 __all__ = ["PackOptions", "PackResult"]
@@ -41,6 +42,7 @@ class PackOptions:
         num_parts: parts of a multi-node pack; 1 packs and merges in one go.
         durable: fsync every file before publishing it.
         stream_threshold_bytes: files above this size are copied in chunks, not read whole.
+        parity: "K+M" to write M parity files per group of K shards (``shardio[parity]``).
     """
 
     shard_format: str = "tar"
@@ -58,6 +60,7 @@ class PackOptions:
     num_parts: int = 1
     durable: bool = True
     stream_threshold_bytes: int = STREAM_THRESHOLD_BYTES
+    parity: str | None = None
 
     def __post_init__(self) -> None:
         if self.shard_format not in SHARD_FORMATS:
@@ -95,6 +98,9 @@ class PackOptions:
         if self.stream_threshold_bytes < 1:
             raise UsageError("stream_threshold_bytes must be positive")
         parse_stripe(self.stripe)
+        if self.parity is not None:
+            k, m = parse_scheme(self.parity)
+            object.__setattr__(self, "parity", f"{k}+{m}")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from shardio._pool import WorkerPool
 from shardio.errors import PackError, SourceError
+from shardio.format.parity import PARITY_DIR
 from shardio.format.spec import SHARD_DIR, WORK_DIR
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
 from shardio.packing.calls import SourceCalls
@@ -150,6 +151,7 @@ def fingerprint_of(plan: Plan, options: PackOptions, alignment: int) -> str:
             "labels": plan.listing.label_layout,
             "part": f"{options.part}/{options.num_parts}",
             "alignment": alignment,
+            **({"parity": options.parity} if options.parity else {}),
         },
     )
 
@@ -163,6 +165,7 @@ def plan_fingerprint_of(plan: Plan, options: PackOptions) -> str:
             "shard_size": options.shard_size_bytes,
             "labels": options.labels,
             "num_parts": options.num_parts,
+            **({"parity": options.parity} if options.parity else {}),
         },
     )
 
@@ -179,6 +182,14 @@ def pack_part(src: str, dst: str, options: PackOptions, ctx: RunContext) -> Pack
         shard_size_bytes=options.shard_size_bytes,
         runner=ctx.runner,
     )
+    if options.parity:  # parity files are striped like the shards they protect
+        apply_layout(
+            make_dirs_inside(dst, PARITY_DIR),
+            fs_type=resolve_fs_type(dst, options.fs_type),
+            stripe=parse_stripe(options.stripe),
+            shard_size_bytes=options.shard_size_bytes,
+            runner=ctx.runner,
+        )
     alignment = alignment_for(layout, options)
     fingerprint = fingerprint_of(plan, options, alignment)
     _check_state(src, dst, options, fingerprint, plan)
@@ -249,6 +260,7 @@ def pack_part(src: str, dst: str, options: PackOptions, ctx: RunContext) -> Pack
             "stripe": options.stripe,
             "strict": options.strict,
             "num_parts": options.num_parts,
+            "parity": options.parity,
         },
         layout=layout,
         shards=tuple(ordered),
@@ -268,7 +280,11 @@ def pack_part(src: str, dst: str, options: PackOptions, ctx: RunContext) -> Pack
         len(ordered),
         format_size(sum(r.size_bytes for r in ordered)),
     )
-    merged = merge_locked(dst, durable=options.durable) if options.num_parts == 1 else None
+    merged = (
+        merge_locked(dst, durable=options.durable, workers=options.workers)
+        if options.num_parts == 1
+        else None
+    )
     result = PackResult(
         dst=dst,
         num_samples=sum(r.num_samples for r in ordered),

@@ -88,6 +88,11 @@ def pack(
     """
     ctx = RunContext(progress, runner, time.monotonic())
     _check_paths(src, dst)
+    if options.parity:  # the extra and the scheme, before anything is written
+        from shardio.parity.codec import parse_scheme
+        from shardio.parity.dataset import codec_for
+
+        codec_for(*parse_scheme(options.parity), 4096)
     created = make_dst(dst)
     with lock_directory(dst, shared=options.num_parts > 1):
         try:

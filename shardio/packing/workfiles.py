@@ -60,7 +60,8 @@ _PART_RE = re.compile(r"^part-(\d{4})-of-(\d{4})\.json$")
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 # Files shardio writes into a dataset: nothing else is ever listed for removal.
 _DATASET_PATH = re.compile(
-    r"^(manifest\.json|index\.bin|pack-report\.json|shards/shard-(p\d{4}-)?\d{6,}\.(tar|h5|idx))$"
+    r"^(manifest\.json|index\.bin|pack-report\.json|shards/shard-(p\d{4}-)?\d{6,}\.(tar|h5|idx)"
+    r"|parity/group-\d{6,}\.(p\d{1,2}|cells))$"
 )
 _SHARD_NAME = re.compile(r"^shards/shard-(p\d{4}-)?(?P<seq>\d{6,})\.(?P<ext>tar|h5|idx)$")
 _MAX_RECORD_BYTES = 1 << 30  # a part record lists every skipped file of the part

@@ -36,6 +36,7 @@ hop (one per shard, not per sample).
 
 from __future__ import annotations
 
+import copy
 import errno
 import logging
 import math
@@ -189,6 +190,7 @@ class DeadlineOpener:
         self._threads: IoThreads | None = None
         self._pid = os.getpid()
         self._watch: _Watch | None = None
+        self._try_held = False
 
     # -- pickling and fork ------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -228,10 +230,23 @@ class DeadlineOpener:
         """Seconds ``path`` stays unavailable after a stall, or None when it is not held."""
         return self.registry.held(path)
 
+    def release(self, path: str) -> None:
+        """End the hold of ``path`` (its file was rebuilt), here and on the node."""
+        self.registry.release(path)
+
+    def trying_held(self) -> DeadlineOpener:
+        """This opener (its threads, deadline and registry), but trying held paths too: what
+        a rebuild reads the survivors of a group through. A path may be held only because
+        the whole mount stalled for a while (a dead server's requests hold the client's
+        threads); each call is still abandoned after ``timeout_s``."""
+        view = copy.copy(self)
+        view._try_held = True
+        return view
+
     # -- the calls --------------------------------------------------------------------------
     def _refuse_held(self, path: str, what: str) -> None:
         """A ReadStalledError ("not attempted") when ``path`` is held unavailable."""
-        left = self.registry.held(path) if path else None
+        left = self.registry.held(path) if path and not self._try_held else None
         if left is not None:
             self.held_fails += 1
             raise ReadStalledError(

@@ -9,7 +9,8 @@ straight to step 4: re-reading or rebuilding gives the same bytes):
    from the source, verified, once per node, by the reader (``PackedDataset(restage=True)``);
 2. the sample is read again with bounded exponential backoff (transient EIO), each time
    through freshly opened files;
-3. the shard is rebuilt by the ``rebuild`` hook when one is given (parity, later);
+3. the shard is rebuilt by the ``rebuild`` hook: the caller's, or for a dataset with parity
+   :class:`~shardio.read.rebuild.ParityRebuild` (from the other files of its group);
 4. the policy: ``raise`` a :class:`~shardio.errors.SampleUnavailableError` naming the shard,
    the sample and everything tried (the SampleDecodeError itself for an undecodable one), or
    ``skip``: substitute a sample drawn deterministically from the same rank's share (so
@@ -20,7 +21,9 @@ A read that stalled past its deadline (``read_timeout_s``, a
 :class:`~shardio.errors.ReadStalledError`) is a failed read like any other, but its shard is
 then held unavailable on the node for a while (:mod:`shardio.read.unavailable`): its other
 samples are not retried (they would stall again) and substitutes are drawn from other shards,
-so a dead data server costs one deadline per shard, not per sample.
+so a dead data server costs one deadline per shard, not per sample; with a rebuild hook the
+shard is rebuilt at once instead (its group's other files are read, not it), its hold ended,
+and the sample read from the new file.
 
 Nothing retries forever: retries are counted, waits are capped, and an optional wall-clock
 budget (``budget_s``, from the policy's creation, shared by every worker of the job) stops
@@ -39,7 +42,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from shardio._check import require_int
-from shardio.errors import SampleDecodeError, SampleUnavailableError, StorageError, UsageError
+from shardio.errors import (
+    SampleDecodeError,
+    SampleUnavailableError,
+    ShardioError,
+    StorageError,
+    UsageError,
+)
 from shardio.read.journal import RepairJournal
 from shardio.read.packed import Event, PackedDataset
 
@@ -253,7 +262,11 @@ class Recovery:
         if held is not None:
             # Its read stalled (here or in another process of the node): a retry would stall
             # again or be refused; the dead server costs one deadline per shard, not per sample.
+            # A rebuild reads the other files of its group instead, and writes the shard anew.
             tried.append(f"shard held unavailable for {held:.0f} s more after a stall")
+            if shard not in self.bad_shards and self._try_rebuild(sample, shard, base, error,
+                                                                  tried):  # fmt: skip
+                return sample
             self.bad_shards.add(shard)
             return self._give_up(sample, base, error, tried)
         if shard not in self.bad_shards:
@@ -273,29 +286,43 @@ class Recovery:
                 self.metrics.add("recovered")
                 self.emit({**base, "event": "retry", "attempt": attempt, "error": str(error)})
                 return sample
-            if self.rebuild is None:
-                tried.append("rebuild: no repair source for this shard")
-            elif self._within_budget():
-                try:
-                    rebuilt = self.rebuild(shard)
-                except _Recoverable as exc:
-                    rebuilt = False
-                    tried.append(f"rebuild: {exc}")
-                if rebuilt:
-                    try:
-                        self._probe(sample)
-                    except _Recoverable as exc:
-                        tried.append(f"read after rebuild: {exc}")
-                    else:
-                        self.metrics.add("rebuilds")
-                        self.emit({**base, "event": "rebuild", "error": str(error)})
-                        return sample
-                elif not tried[-1].startswith("rebuild"):
-                    tried.append("rebuild: the repair source could not rebuild this shard")
+            if self._try_rebuild(sample, shard, base, error, tried):
+                return sample
         else:
             tried.append("shard already failed in this process: no more retries")
         self.bad_shards.add(shard)
         return self._give_up(sample, base, error, tried)
+
+    def _try_rebuild(
+        self, sample: int, shard: int, base: Event, error: BaseException, tried: list[str]
+    ) -> bool:
+        """Rebuild ``shard`` with the hook (parity), end its hold, and read ``sample`` again;
+        whether that worked (what failed is added to ``tried``)."""
+        if self.rebuild is None:
+            tried.append("rebuild: no repair source for this shard")
+            return False
+        if not self._within_budget():
+            tried.append("rebuild: the repair budget is spent")
+            return False
+        try:
+            rebuilt = self.rebuild(shard)
+        except (*_Recoverable, ShardioError) as exc:  # a group beyond repair, a lock timeout
+            tried.append(f"rebuild: {exc}")
+            return False
+        if not rebuilt:
+            tried.append("rebuild: the repair source could not rebuild this shard")
+            return False
+        release = getattr(self.ds.opener, "release", None)
+        if release is not None:  # a new file: the stall of the old one says nothing of it
+            release(self.ds.shard_path(shard))
+        try:
+            self._probe(sample)
+        except _Recoverable as exc:
+            tried.append(f"read after rebuild: {exc}")
+            return False
+        self.metrics.add("rebuilds")
+        self.emit({**base, "event": "rebuild", "error": str(error)})
+        return True
 
     def _held(self, shard: int) -> float | None:
         """Seconds the file shard ``shard`` is read from stays held unavailable after a stall

@@ -31,7 +31,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HOLDING_ERRNOS", "MAX_ENTRIES", "UnavailableShards", "holds_path"]
+from shardio.storage.stall import HOLDING_ERRNOS
+
+__all__ = ["MAX_ENTRIES", "UnavailableShards", "holds_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,18 +41,6 @@ DEFAULT_ROOT = "/dev/shm"
 MAX_ENTRIES = 1024
 _MAX_FILE_BYTES = 8192
 _REFRESH_S = 0.5
-
-# Errors that say the path's server is gone (after the client's own retries): its other
-# reads would wait as long. EIO, ESTALE, EAGAIN are not here: a reopen or a retry may cure
-# them at once.
-HOLDING_ERRNOS = frozenset(
-    getattr(errno, name)
-    for name in (
-        "ETIMEDOUT", "ENXIO", "EHOSTDOWN", "EHOSTUNREACH", "ENOLINK", "EREMOTEIO",
-        "ECONNREFUSED", "ENETUNREACH", "ENETDOWN",
-    )
-    if hasattr(errno, name)
-)  # fmt: skip
 
 
 def holds_path(code: int | None) -> bool:
@@ -81,6 +71,7 @@ class UnavailableShards:
         self.root = root
         self.clock = clock
         self._held: dict[str, float] = {}
+        self._local: dict[str, float] = {}  # marks the node registry could not take
         self._dir: str | None = None
         self._checked = False
         self._seen_mtime = -1
@@ -137,13 +128,16 @@ class UnavailableShards:
         if mtime == self._seen_mtime:
             return
         self._seen_mtime = mtime
-        for name, entry in self._entries(directory):
+        # The registry is the node's truth: a hold released there (its shard rebuilt) is
+        # dropped here too; marks it could not take stay this process's.
+        held = {p: u for p, u in self._local.items() if u > now}
+        for _name, entry in self._entries(directory):
             path, until = entry.get("path"), entry.get("until")
             if not isinstance(path, str) or not isinstance(until, int | float):
                 continue
-            if until > now and until > self._held.get(path, 0.0):
-                self._held[path] = min(float(until), now + self.hold_s)
-            del name
+            if until > now and until > held.get(path, 0.0):
+                held[path] = min(float(until), now + self.hold_s)
+        self._held = held
 
     def _entries(self, directory: str) -> list[tuple[str, dict[str, Any]]]:
         out: list[tuple[str, dict[str, Any]]] = []
@@ -179,8 +173,9 @@ class UnavailableShards:
         self._held[path] = until
         directory = self._directory()
         if directory is None:
+            self._local[path] = until
             return
-        name = hashlib.sha256(path.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        name = _entry_name(path)
         try:
             self._prune(directory, now, keep=name)
             payload = json.dumps({"path": path, "until": until}).encode()
@@ -192,7 +187,18 @@ class UnavailableShards:
                 os.close(fd)
             os.replace(tmp, os.path.join(directory, name))
         except OSError as exc:
+            self._local[path] = until
             logger.info("cannot share the hold of %s on the node: %s", path, exc)
+
+    def release(self, path: str) -> None:
+        """End the hold of ``path`` here and on the node (its file was replaced: a rebuilt
+        shard on a live server); the node's other processes drop it at their next look."""
+        self._held.pop(path, None)
+        self._local.pop(path, None)
+        directory = self._directory()
+        if directory is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, _entry_name(path)))
 
     def _prune(self, directory: str, now: float, *, keep: str) -> None:
         entries = self._entries(directory)
@@ -209,9 +215,14 @@ class UnavailableShards:
     def clear(self) -> None:
         """Forget every hold of this process (the node's entries expire by themselves)."""
         self._held.clear()
+        self._local.clear()
 
     def __repr__(self) -> str:
         return f"UnavailableShards(scope={self.scope!r}, hold_s={self.hold_s:g})"
+
+
+def _entry_name(path: str) -> str:
+    return hashlib.sha256(path.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _read_small(path: str) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ from shardio.errors import UsageError
 from shardio.order import RankStream
 from shardio.order.ranks import RankInfo
 from shardio.read.packed import Event, PackedDataset
+from shardio.read.rebuild import parity_rebuild_for
 from shardio.read.recovery import Recovery, RecoveryPolicy
 
 __all__ = ["RECOVERY_COUNTERS", "Recoverable", "SampleRecovery", "make_policy"]
@@ -120,12 +121,14 @@ class SampleRecovery:
         reopened, gets a new one)."""
         packed = ds.packed
         if self._recovery is None or self._pid != os.getpid() or self._for is not packed:
+            # A dataset with parity rebuilds from it unless the caller gave a hook.
+            rebuild = self.rebuild if self.rebuild is not None else parity_rebuild_for(packed)
             self._recovery = Recovery(
                 packed,
                 self.policy,
                 candidates=lambda sample: _candidates(ds, self.policy, sample),
                 context=lambda: {"rank": ds.ranks().rank, "epoch": ds.epoch},
-                rebuild=self.rebuild,
+                rebuild=rebuild,
                 probe=ds.probe_sample,
             )
             self._pid, self._for = os.getpid(), packed

@@ -56,7 +56,8 @@ class ResilientDataset(metaclass=_Recovering):
         dataset: the ShardDataset to read (map or stream mode).
         policy: "raise" or "skip", or a full :class:`RecoveryPolicy`.
         rebuild: rebuilds a damaged source shard in place (``rebuild(shard_index) -> bool``),
-            tried after the retries; None until a repair source (parity) exists.
+            tried after the retries (at once for a shard whose read stalled); None: from the
+            dataset's parity when it has some (``pack --parity``), else no rebuild.
         **options: fields of :class:`RecoveryPolicy` (retries, backoff_s, max_backoff_s,
             restage, budget_s, max_substitutes, journal) when ``policy`` is a string.
 

@@ -23,7 +23,19 @@ from typing import Any
 
 from shardio.errors import ReadStalledError
 
-__all__ = ["IoThreads", "Job", "call_with_deadline", "submit"]
+__all__ = ["HOLDING_ERRNOS", "IoThreads", "Job", "call_with_deadline", "submit"]
+
+# Errors that say the path's server is gone (after the client's own retries): its other
+# reads would wait as long. EIO, ESTALE, EAGAIN are not here: a reopen or a retry may cure
+# them at once.
+HOLDING_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ETIMEDOUT", "ENXIO", "EHOSTDOWN", "EHOSTUNREACH", "ENOLINK", "EREMOTEIO",
+        "ECONNREFUSED", "ENETUNREACH", "ENETDOWN",
+    )
+    if hasattr(errno, name)
+)  # fmt: skip
 
 logger = logging.getLogger(__name__)
 

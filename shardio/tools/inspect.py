@@ -18,7 +18,7 @@ from shardio.read.packed import PackedDataset
 from shardio.read.strategy import StrategyChoice, choose_strategy
 from shardio.storage.striping import describe_layout
 
-__all__ = ["CLASSES_SHOWN", "DatasetInfo", "inspect_dataset", "label_map_json"]
+__all__ = ["CLASSES_SHOWN", "DatasetInfo", "inspect_dataset", "label_map_json", "parity_json"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,7 @@ class DatasetInfo:
             # What pack recorded (fs_type, action, stripe, commands, message); null if nothing.
             "pack_layout": dict(man.layout) or None,
             "created_by": man.created_by,
+            "parity": parity_json(man),
         }
 
 
@@ -94,6 +95,21 @@ def inspect_dataset(path: str | os.PathLike[str]) -> DatasetInfo:
             read_choice=choice,
             stripe_layout=describe_layout(os.path.join(root, "shards"), fs_type=choice.fs.name),
         )
+
+
+def parity_json(man: Manifest) -> dict[str, object] | None:
+    """The parity for ``--json`` output (scheme, groups, bytes, overhead); None: no parity."""
+    section = man.parity
+    if section is None:
+        return None
+    return {
+        "scheme": section.scheme,
+        "groups": len(section.groups),
+        "cell_bytes": section.cell_bytes,
+        "backend": section.backend,
+        "parity_bytes": section.total_bytes,
+        "overhead": round(section.total_bytes / man.total_bytes, 4) if man.total_bytes else 0.0,
+    }
 
 
 def label_map_json(

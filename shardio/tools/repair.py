@@ -15,8 +15,16 @@ Two kinds of destination:
   symlink, and the dataset's lock (the one ``pack`` holds) is held throughout, so no pack
   runs meanwhile.
 
-When no copy in a source is good, the ``rebuild`` hook (parity, one day) is tried. What could
-not be repaired is reported with why; the shards touched are verified again at the end.
+- **A packed dataset with parity** (``--parity K+M``), with or without ``source``: its damaged
+  or missing data shards, parity files and cell tables are rebuilt from their group
+  (:func:`shardio.parity.dataset.rebuild_files`: only the surviving files it needs are read,
+  every cell checked against the group's cell table, a rebuilt file published only when its
+  xxh3-128 matches), under the dataset's lock. A group with more damage than its parity can
+  rebuild is reported with its files, never guessed at. With ``source`` too, a data shard is
+  copied from the source first and rebuilt only when that copy is bad.
+
+When no copy in a source is good, the ``rebuild`` hook is tried. What could not be repaired
+is reported with why; the files touched are verified again at the end.
 """
 
 from __future__ import annotations
@@ -46,7 +54,9 @@ from shardio.storage.files import describe_kind, make_dirs_inside, read_regular
 from shardio.storage.opener import Opener, PosixOpener
 from shardio.tools.verify import ShardProblem, VerifyReport, verify_dataset
 
-__all__ = ["Rebuild", "RepairReport", "Repaired", "Unrepaired", "repair_dataset"]
+__all__ = ["PARITY_SOURCE", "Rebuild", "RepairReport", "Repaired", "Unrepaired", "repair_dataset"]
+
+PARITY_SOURCE = "parity"  # RepairReport.source of a repair from the dataset's own parity
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +169,8 @@ def repair_dataset(
     Args:
         root: a staging area, or a packed dataset.
         source: another copy of the same dataset to copy good shards from; required for a
-            packed dataset, default for a staging area: the source it was staged from.
+            packed dataset without parity, default for a staging area: the source it was
+            staged from.
         workers: processes verifying shards (1 to 4096).
         progress: called with snapshots while the first verify runs.
         rebuild: tried for a shard when no source copy of it is good (see :data:`Rebuild`).
@@ -195,21 +206,26 @@ def repair_dataset(
         job = _Repair(root_path, manifest, src, rebuild, durable=bool(durable), opener=opener)
         found = job.run(workers, progress, staged=True)
     else:
-        if source is None:
+        if source is None and manifest.parity is None:
             raise UsageError(
                 f"{root_path} is a packed dataset, not a staging area: --repair needs "
                 "--source SRC, another copy of the same dataset to copy good shards from "
                 "(or re-pack it: shardio pack TREE DST --force)"
             )
-        src = os.fspath(source)
-        _check_same_dataset(root_path, manifest, src)
+        src = os.fspath(source) if source is not None else ""
+        if src:
+            _check_same_dataset(root_path, manifest, src)
         job = _Repair(
             root_path, manifest, src, rebuild, durable=durable is not False, opener=opener
         )
         with _dataset_lock(root_path):
             job.manifest = load_manifest(os.path.join(root_path, MANIFEST_FILENAME))
-            _check_same_dataset(root_path, job.manifest, src)  # it may have changed
+            if src:
+                _check_same_dataset(root_path, job.manifest, src)  # it may have changed
+            elif job.manifest.parity is None:
+                raise UsageError(f"{root_path} lost its parity meanwhile: give --source SRC")
             found = job.run(workers, progress, staged=False)
+        src = src or PARITY_SOURCE
     return RepairReport(
         root=root_path,
         source=src,
@@ -280,6 +296,8 @@ class _Repair:
         self.manifest = manifest
         self.source = source
         self.rebuild = rebuild
+        if rebuild is None and manifest.parity is not None:
+            self.rebuild = self._parity_rebuild
         self.durable = durable
         self.after: VerifyReport | None = None
         self.repaired: list[Repaired] = []
@@ -301,7 +319,16 @@ class _Repair:
         numbers = {e.path: k for k, e in enumerate(self.manifest.shards)}
         source_bad = {p.path for p in found.area.source_problems} if found.area else set()
         touched: set[int] = set()
+        parity_touched: set[str] = set()
+        if not staged and self.manifest.parity is not None:
+            by_group = self._parity_problems(found, numbers)
+            for g, problems in sorted(by_group.items()):
+                touched |= {numbers[p.path] for p in problems if p.path in numbers}
+                parity_touched |= {p.path for p in problems if p.path not in numbers}
+                self._rebuild_group(g, problems)
         for problem in found.problems:
+            if problem.parity or (not staged and self._parity_handled(problem.path)):
+                continue
             shard = numbers.get(problem.path)
             if shard is None:  # the index: repaired first, or reported there
                 if not index_touched:
@@ -316,8 +343,14 @@ class _Repair:
                 )
             else:
                 self._replace_shard(shard, problem)
-        if touched or index_touched:
-            after = verify_dataset(self.root, workers=workers, shards=touched, opener=self.opener)
+        if touched or index_touched or parity_touched:
+            after = verify_dataset(
+                self.root,
+                workers=workers,
+                shards=touched,
+                opener=self.opener,
+                parity_files=parity_touched if self.manifest.parity is not None else None,
+            )
             self.after = after
             self._settle(after)
         return found
@@ -339,6 +372,74 @@ class _Repair:
                 )
             )
         self.repaired = kept
+
+    # -- parity ----------------------------------------------------------------------------
+
+    def _parity_problems(
+        self, found: VerifyReport, numbers: dict[str, int]
+    ) -> dict[int, list[ShardProblem]]:
+        """The problems parity repairs, by group: bad parity files and cell tables, and bad
+        data shards (without a source, or when the source's copy will not do)."""
+        section = self.manifest.parity
+        assert section is not None
+        owner: dict[str, int] = {}
+        for g, group in enumerate(section.groups):
+            for f in group.files():
+                owner[f.path] = g
+        self._by_parity: set[str] = set()
+        out: dict[int, list[ShardProblem]] = {}
+        for problem in found.problems:
+            if problem.parity:
+                out.setdefault(owner[problem.path], []).append(problem)
+            elif problem.path in numbers and not self.source and _bytes_problem(problem):
+                out.setdefault(section.group_of(numbers[problem.path]), []).append(problem)
+                self._by_parity.add(problem.path)
+        return out
+
+    def _parity_rebuild(self, shard: int) -> bool:
+        """The default rebuild hook of a dataset with parity: rebuild the shard from its
+        group, at the dataset that holds the parity (a staging area's source)."""
+        from shardio.parity.dataset import rebuild_files
+
+        section = self.manifest.parity
+        assert section is not None
+        home = self.source if self.manifest.staged_from is not None else self.root
+        entry = self.manifest.shards[shard]
+        rebuild_files(home, self.manifest, section.group_of(shard), [entry.path],
+                      opener=self.opener, durable=self.durable)  # fmt: skip
+        return True
+
+    def _parity_handled(self, path: str) -> bool:
+        return path in getattr(self, "_by_parity", set())
+
+    def _rebuild_group(self, group: int, problems: list[ShardProblem]) -> None:
+        """Rebuild the bad files of one group from the rest of it."""
+        from shardio.parity.dataset import rebuild_files
+
+        paths = [p.path for p in problems]
+        for p in problems:
+            try:
+                _refuse_non_regular(os.path.join(self.root, p.path))
+            except ShardioError as exc:
+                for q in problems:
+                    self.unrepaired.append(Unrepaired(q.path, str(exc), damage=not q.parity))
+                return
+        try:
+            done = rebuild_files(
+                self.root, self.manifest, group, paths, opener=self.opener, durable=self.durable
+            )
+        except ShardioError as exc:
+            for p in problems:
+                why = f"{p.reason}; parity group {group} could not rebuild it: {exc}"
+                self.unrepaired.append(Unrepaired(p.path, why, damage=not p.parity))
+            return
+        for p in problems:
+            if p.path in done.rebuilt:
+                how = f"rebuilt from parity group {group}"
+                self.repaired.append(Repaired(p.path, p.state, how))
+            else:
+                why = f"{p.reason} (found again; its bytes match: nothing to rebuild)"
+                self.unrepaired.append(Unrepaired(p.path, why, damage=not p.parity))
 
     # -- the index -------------------------------------------------------------------------
 
@@ -496,6 +597,12 @@ class _Repair:
 
 
 # --------------------------------------------------------------------------- files
+
+
+def _bytes_problem(problem: ShardProblem) -> bool:
+    """Whether the problem is the shard file's bytes (what parity rebuilds), not its index
+    records (the index's) or a DALI index alone."""
+    return not problem.reason.startswith(("its index records", "DALI index"))
 
 
 def _refuse_non_regular(path: str) -> None:

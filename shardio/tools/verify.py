@@ -8,6 +8,11 @@ where a copy belongs). For each copy that is not ok, the source shard that reade
 to is checked quickly (it exists with its size): the area is "degraded" when training still
 gets every byte from the source, "damaged" when it does not.
 
+A dataset with parity (``--parity K+M``) has its parity files and cell tables checked too
+(there, regular, their size and xxh3-128): a bad one makes the dataset "degraded" (every
+byte of training data is intact, its protection is not), and ``verify --repair`` rebuilds it.
+A damaged data shard whose group can rebuild it is said so.
+
 Shards are read with ``pread`` into one reused buffer, never mapped: a file truncated while
 it is read ends short instead of raising SIGBUS.
 """
@@ -26,7 +31,7 @@ from shardio._pool import WorkerPool, check_workers
 from shardio.cache.identity import source_mismatch
 from shardio.cache.protocol import read_plan, stamp_matches, stamp_path
 from shardio.errors import FormatError, ShardioError, StorageError, UsageError
-from shardio.format.checksum import hex64, new_file_hasher
+from shardio.format.checksum import file_xxh3_128, hex64, new_file_hasher
 from shardio.format.manifest import ShardEntry
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
 from shardio.read.check import member_digest_problem
@@ -87,6 +92,7 @@ class ShardProblem:
     staged: bool = False
     identity: tuple[int, int] | None = field(default=None, compare=False, repr=False)
     samples_lost: int = 0
+    parity: bool = False  # a parity file or cell table (no training data in it)
 
     def to_json(self) -> dict[str, Any]:
         """The problem as the JSON of ``shardio verify --json``."""
@@ -100,6 +106,7 @@ class ShardProblem:
             "state": self.state,
             "staged": self.staged,
             "samples_lost": self.samples_lost,
+            "parity": self.parity,
         }
 
 
@@ -140,8 +147,9 @@ class VerifyReport:
 
     ``status`` sums it up: "intact"; "degraded" (a staging area whose copies are missing,
     damaged or stale while the source shards readers fall back to are intact: training gets
-    every byte, from the parallel filesystem); "damaged" (bytes are lost: a shard or the
-    index of a dataset, or a staged copy whose source is bad too).
+    every byte, from the parallel filesystem; or a dataset whose parity files alone are bad);
+    "damaged" (bytes are lost: a shard or the index of a dataset, or a staged copy whose
+    source is bad too). ``rebuildable`` lists the damaged shards parity can rebuild.
     """
 
     root: str
@@ -152,6 +160,9 @@ class VerifyReport:
     problems: tuple[ShardProblem, ...] = field(default_factory=tuple)
     index_path: str = "index.bin"  # the index's path in the manifest (a problem may name it)
     area: AreaReport | None = None  # set when ``root`` is a staging area
+    parity_checked: int = 0  # parity files and cell tables checked
+    rebuildable: tuple[str, ...] = ()  # bad shards whose parity group can rebuild them
+    over_parity: tuple[int, ...] = ()  # parity groups with more bad files than parity files
 
     @property
     def ok(self) -> bool:
@@ -161,7 +172,7 @@ class VerifyReport:
     @property
     def damaged(self) -> bool:
         """Whether bytes are lost: damage outside staged copies, or a bad source for one."""
-        return any(not p.staged for p in self.problems) or bool(
+        return any(not p.staged and not p.parity for p in self.problems) or bool(
             self.area is not None and self.area.source_problems
         )
 
@@ -171,6 +182,11 @@ class VerifyReport:
         if self.ok:
             return "intact"
         return "damaged" if self.damaged else "degraded"
+
+    @property
+    def parity_paths(self) -> frozenset[str]:
+        """The paths of the parity files and cell tables among the problems."""
+        return frozenset(p.path for p in self.problems if p.parity)
 
     @property
     def damaged_samples(self) -> tuple[str, ...]:
@@ -201,6 +217,9 @@ class VerifyReport:
             "samples_affected": self.samples_affected,
             "status": self.status,
             "staging_area": self.area.to_json() if self.area is not None else None,
+            "parity_checked": self.parity_checked,
+            "rebuildable": list(self.rebuildable),
+            "parity_groups_over_parity": list(self.over_parity),
         }
 
 
@@ -494,6 +513,63 @@ def _init(counters: Counters) -> None:
     _COUNTERS["c"] = counters
 
 
+def _verify_parity_task(
+    root: str, item: tuple[str, int, str], quick: bool, opener: Opener | None = None
+) -> tuple[ShardProblem | None, int]:
+    """Check one parity file or cell table (``item``: its path, size and xxh3-128): there,
+    regular, its size and (unless quick) its digest. Never through a symlink; a FIFO is
+    never opened."""
+    rel, size, digest = item
+    path = os.path.join(root, rel)
+    result: tuple[ShardProblem | None, int] = (None, 0)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        result = ShardProblem(rel, "missing", state=MISSING, parity=True), 0
+    except OSError as exc:
+        result = ShardProblem(rel, f"cannot stat: {exc.strerror}", parity=True), 0
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            why = f"{path} is a {describe_kind(st.st_mode)}, not a regular file"
+            result = ShardProblem(rel, why, state=FOREIGN, parity=True), 0
+        elif st.st_size != size:
+            why = f"size {st.st_size} bytes, expected {size}"
+            result = ShardProblem(rel, why, parity=True), 0
+        elif not quick:
+            try:
+                actual = file_xxh3_128(path, what="parity file", opener=opener, nofollow=True)
+            except ShardioError as exc:
+                result = ShardProblem(rel, str(exc), parity=True), 0
+            else:
+                bad = actual != digest
+                why = f"checksum mismatch (expected {digest}, got {actual})"
+                result = (ShardProblem(rel, why, parity=True) if bad else None), size
+    counters = _COUNTERS.get("c")
+    if counters is not None:
+        counters.add(1, result[1])
+    return result
+
+
+def _parity_summary(
+    manifest: Any, problems: Collection[ShardProblem]
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The damaged shards parity can rebuild, and the groups with more bad files than M."""
+    section = manifest.parity
+    if section is None:
+        return (), ()
+    bad = {p.path for p in problems if not p.staged}
+    rebuildable: list[str] = []
+    over: list[int] = []
+    for g, group in enumerate(section.groups):
+        data = [manifest.shards[i].path for i in group.shards if manifest.shards[i].path in bad]
+        lost = len(data) + sum(1 for f in group.parity if f.path in bad)
+        if lost > section.m:
+            over.append(g)
+        else:
+            rebuildable += data
+    return tuple(rebuildable), tuple(over)
+
+
 # --------------------------------------------------------------------------- the source
 
 
@@ -541,6 +617,7 @@ def verify_dataset(
     progress: ProgressCallback | None = None,
     shards: Collection[int] | None = None,
     opener: Opener | None = None,
+    parity_files: Collection[str] | None = None,
 ) -> VerifyReport:
     """Check a dataset, or a staging area's copies, against its manifest and index.
 
@@ -555,6 +632,9 @@ def verify_dataset(
         shards: check only these shards (numbers in the manifest); default all.
         opener: what every byte is read through (the manifest and index under its
             deadline); default: POSIX calls. Worker processes get a copy.
+        parity_files: the parity files and cell tables to check (paths as the manifest
+            lists them); default: all of them when ``shards`` is None, else none. A staging
+            area holds none (they stay with the source).
 
     Raises:
         FormatError: the manifest or index cannot be read at all.
@@ -574,6 +654,11 @@ def verify_dataset(
         if _digest(ds, index_path, "index") != ds.manifest.index.xxh3_128:
             problems.append(ShardProblem(ds.manifest.index.path, "index checksum mismatch"))
         chosen = _chosen(root, len(ds.manifest.shards), shards)
+        section = ds.manifest.parity if source is None else None
+        extra = []
+        if section is not None and (parity_files is not None or shards is None):
+            wanted = set(parity_files) if parity_files is not None else None
+            extra = [f for f in section.files() if wanted is None or f.path in wanted]
         counters = Counters()
         _init(counters)
         results: list[tuple[ShardProblem | None, int]] = []
@@ -581,8 +666,11 @@ def verify_dataset(
             ProgressThread(
                 counters,
                 progress,
-                files_total=len(chosen),
-                bytes_total=0 if quick else sum(ds.manifest.shards[s].size_bytes for s in chosen),
+                files_total=len(chosen) + len(extra),
+                bytes_total=0
+                if quick
+                else sum(ds.manifest.shards[s].size_bytes for s in chosen)
+                + sum(f.size_bytes for f in extra),
             )
             if progress is not None
             else None
@@ -594,13 +682,24 @@ def verify_dataset(
             if workers <= 1 or len(chosen) <= 1:
                 _DATASETS[root] = ds
                 results = [_verify_task(root, s, quick, opener) for s in chosen]
+                results += [
+                    _verify_parity_task(root, (f.path, f.size_bytes, f.xxh3_128), quick, opener)
+                    for f in extra
+                ]
             else:
                 size = min(workers, len(chosen))  # never a process with nothing to do
                 with WorkerPool(size, initializer=_init, initargs=(counters,)) as pool:
-                    n = len(chosen)
+                    n, x = len(chosen), len(extra)
                     try:
                         results = pool.map(
                             _verify_task, [root] * n, chosen, [quick] * n, [opener] * n
+                        )
+                        results += pool.map(
+                            _verify_parity_task,
+                            [root] * x,
+                            [(f.path, f.size_bytes, f.xxh3_128) for f in extra],
+                            [quick] * x,
+                            [opener] * x,
                         )
                     except BrokenProcessPool as exc:
                         raise ShardioError(
@@ -636,6 +735,7 @@ def verify_dataset(
                 source_problems=tuple(p for p in found if p is not None),
                 not_staged=len(unstaged),
             )
+        rebuildable, over = _parity_summary(ds.manifest, problems)
     finally:
         ds.close()
     return VerifyReport(
@@ -647,4 +747,7 @@ def verify_dataset(
         tuple(problems),
         index_path=index_entry_path,
         area=area,
+        parity_checked=len(extra),
+        rebuildable=rebuildable if source is None else (),
+        over_parity=over if source is None else (),
     )

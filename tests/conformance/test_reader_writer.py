@@ -256,7 +256,7 @@ class ReaderWriterSuite:
         data = (root / MANIFEST_FILENAME).read_bytes()
         manifest = parse_manifest(data)
         assert manifest.dumps() == data
-        assert manifest.format_version == FORMAT_VERSION == 2
+        assert manifest.format_version == FORMAT_VERSION == 3
         assert manifest.shard_format == self.shard_format
         assert manifest.options["shard_size_bytes"] == SHARD_SIZE_BYTES
         index_path = root / manifest.index.path

@@ -635,3 +635,25 @@ def test_reserved_webdataset_extensions_do_not_replace_the_key(
     rc, _, err = run_cli("unpack", dst, restored)
     assert rc == 0, err
     assert tree_files(restored) == files
+
+
+def test_enospc_during_parity_add_is_one_line_and_resumes(
+    small_tree: pathlib.Path, small_tmpfs: pathlib.Path, run_cli, assert_cli_error
+) -> None:
+    """Room for the shards but not for their parity (1+1 doubles them): one line naming a
+    parity file, the manifest as it was, no temp file; with room again the add resumes."""
+    pytest.importorskip("pyeclib")
+    subprocess.run(["mount", "-o", "remount,size=9M", str(small_tmpfs)], check=True)
+    dst = small_tmpfs / "ds"
+    assert run_cli("pack", small_tree, dst, "--shard-size", "512KiB", "--workers", "1",
+                   "--no-progress").rc == 0  # fmt: skip
+    before = (dst / "manifest.json").read_bytes()
+    result = run_cli("parity", "add", dst, "--parity", "1+1", "--workers", "2")
+    line = assert_cli_error(result, "no space left on device while writing", str(dst / "parity"))
+    assert result.rc == 1, line
+    assert (dst / "manifest.json").read_bytes() == before
+    assert temp_files(small_tmpfs) == []
+    subprocess.run(["mount", "-o", "remount,size=32M", str(small_tmpfs)], check=True)
+    result = run_cli("parity", "add", dst, "--parity", "1+1", "--workers", "2")
+    assert result.rc == 0, result.stderr
+    assert run_cli("verify", dst, "--workers", "1", "--no-progress").rc == 0

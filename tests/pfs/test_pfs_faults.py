@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import xxhash
-from mfsbed import Bed
+from mfsbed import Bed, wait_for
 
 from shardio.read.packed import PackedDataset
 
@@ -91,29 +91,13 @@ def _pack(bed: Bed, small_tree: pathlib.Path, name: str) -> pathlib.Path:
     return root
 
 
-def _copies(bed: Bed, path: pathlib.Path) -> list[int]:
-    """The chunkservers holding a valid copy of ``path``'s chunk."""
-    out = bed.admin("mfsfileinfo", str(path))
-    return sorted(
-        int(line.split(":")[2].split()[0]) - 9421 for line in out.splitlines() if "VALID" in line
-    )
-
-
-def _wait(check: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
-    end = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > end:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.5)
-
-
 def _one_copy(bed: Bed, root: pathlib.Path, shards: list[int]) -> dict[int, int]:
     """Leave one copy of each of ``shards``; return shard -> the chunkserver that holds it."""
     paths = {s: root / "shards" / f"shard-{s:06d}.tar" for s in shards}
     for path in paths.values():
         bed.admin("mfssetgoal", "1", str(path))
-    _wait(lambda: all(len(_copies(bed, p)) == 1 for p in paths.values()), "one copy each")
-    return {s: _copies(bed, p)[0] for s, p in paths.items()}
+    wait_for(lambda: all(len(bed.copies(p)) == 1 for p in paths.values()), "one copy each")
+    return {s: bed.copies(p)[0] for s, p in paths.items()}
 
 
 def _truth(root: pathlib.Path, out: pathlib.Path) -> tuple[list[str], list[int]]:
@@ -236,7 +220,7 @@ def test_with_two_copies_a_stopped_chunkserver_costs_no_sample(
     root = _pack(fault_bed, small_tree, "goal2")
     keys, _ = _truth(root, tmp_path / "truth.json")
     shards = list((root / "shards").glob("*.tar"))
-    _wait(lambda: all(len(_copies(fault_bed, p)) == 2 for p in shards), "two copies each")
+    wait_for(lambda: all(len(fault_bed.copies(p)) == 2 for p in shards), "two copies each")
     fault_bed.stop_chunkserver(1)
     _drop_caches()
     result = _epoch(tmp_path, root=root, truth=tmp_path / "truth.json")
@@ -356,7 +340,7 @@ def test_sigkill_during_a_stall_then_resume_exactly(
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        _wait(
+        wait_for(
             lambda: save.exists() and len(json.loads(save.read_text())["keys"]) >= 24,
             "three batches",
             timeout_s=120,
@@ -404,10 +388,10 @@ def test_an_index_on_a_dead_chunkserver_is_an_error_at_open_not_sigbus(
     # What the open reads before the index (the manifest, ...) on both servers: the goal-2
     # copies are made in the background after the write.
     others = [p for p in root.iterdir() if p.is_file() and p != index]
-    _wait(lambda: all(len(_copies(fault_bed, p)) == 2 for p in others), "two copies")
+    wait_for(lambda: all(len(fault_bed.copies(p)) == 2 for p in others), "two copies")
     fault_bed.admin("mfssetgoal", "1", str(index))
-    _wait(lambda: len(_copies(fault_bed, index)) == 1, "one copy of the index")
-    (holder,) = _copies(fault_bed, index)
+    wait_for(lambda: len(fault_bed.copies(index)) == 1, "one copy of the index")
+    (holder,) = fault_bed.copies(index)
     fault_bed.stop_chunkserver(holder)
     _drop_caches()
     # A mapped index would fault its pages in from the dead server: SIGBUS, the process gone.

@@ -1,4 +1,4 @@
-"""Golden datasets (tests/data/format_v1, format_v2): every later shardio must read them.
+"""Golden datasets (tests/data/format_v1, _v2, _v3): every later shardio must read them.
 
 The expectations below are literal on purpose: they describe files on disk that must stay
 readable forever, not whatever today's generator happens to write. If a test here fails after
@@ -23,8 +23,8 @@ from shardio.tools.unpack import unpack_dataset
 from shardio.tools.verify import verify_dataset
 
 DATA = Path(__file__).resolve().parents[2] / "data"
-GOLDEN = DATA / "format_v2"  # what today's shardio writes
-VERSIONS = {"format_v1": 1, "format_v2": 2}
+GOLDEN = DATA / "format_v3"  # what today's shardio writes (with parity 2+1)
+VERSIONS = {"format_v1": 1, "format_v2": 2, "format_v3": 3}
 
 
 @pytest.fixture(params=sorted(VERSIONS))
@@ -177,6 +177,7 @@ def test_generator_reproduces_the_golden_files(tmp_path: Path) -> None:
         manifests = [json.loads(d["manifest.json"]) for d in (golden, fresh)]
         for doc in manifests:
             doc.pop("created_by")
+            doc.pop("manifest_xxh3_128", None)  # covers created_by
         assert manifests[0] == manifests[1], f"{shard_format}: manifest.json changed"
         fresh["manifest.json"] = fresh["manifest.json"].replace(
             json.dumps(json.loads(fresh["manifest.json"])["created_by"]).encode(),
@@ -193,5 +194,30 @@ def test_generator_reproduces_the_golden_files(tmp_path: Path) -> None:
             assert fresh[name] == data, (
                 f"{shard_format}/{name}: regenerating the golden dataset gave different bytes. "
                 "The on-disk format changed: bump FORMAT_VERSION and add a new format_vN set "
-                "instead of regenerating format_v2."
+                "instead of regenerating format_v3."
             )
+
+
+@pytest.mark.parametrize("shard_format", FORMATS)
+def test_format_3_parity_is_read_and_rebuilds_a_lost_shard(
+    shard_format: str, tmp_path: Path
+) -> None:
+    """The golden parity (2+1, one group) is what every later shardio must rebuild from."""
+    pytest.importorskip("pyeclib")
+    import shutil
+
+    from shardio.tools.repair import repair_dataset
+
+    manifest = load_manifest(GOLDEN / shard_format / "manifest.json")
+    assert manifest.parity is not None
+    assert manifest.parity.scheme == "2+1"
+    assert manifest.parity.cell_bytes == {"tar": 8192, "hdf5": 20480}[shard_format]
+    assert [g.num_shards for g in manifest.parity.groups] == [2]
+    assert verify_dataset(GOLDEN / shard_format).parity_checked == 2
+    copy = tmp_path / "ds"
+    shutil.copytree(GOLDEN / shard_format, copy)
+    suffix = ".tar" if shard_format == "tar" else ".h5"
+    (copy / "shards" / f"shard-000001{suffix}").unlink()
+    report = repair_dataset(copy)
+    assert report.status == "repaired"
+    assert _files(copy) == _files(GOLDEN / shard_format) | {"parity/.locks/group-000000.lock": b""}

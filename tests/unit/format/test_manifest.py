@@ -9,77 +9,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from manifests import HASH, sample_manifest, seal_document
 
 from shardio.errors import FormatError, StorageError
 from shardio.format.manifest import (
     IndexEntry,
-    Manifest,
     ShardEntry,
-    encode_document,
     load_manifest,
     parse_manifest,
 )
 from shardio.format.spec import MAX_MANIFEST_BYTES
 
 WHERE = "/data/set one/manifest.json"
-HASH = "0123456789abcdef0123456789abcdef"
-
-
-def _manifest(**overrides: Any) -> Manifest:
-    fields: dict[str, Any] = {
-        "shard_format": "tar",
-        "num_samples": 5,
-        "num_members": 10,
-        "data_bytes": 12345,
-        "index": IndexEntry(
-            path="index.bin", size_bytes=1024, xxh3_128=HASH, head_xxh3_64=HASH[:16]
-        ),
-        "shards": (
-            ShardEntry(
-                path="shards/shard-000000.tar",
-                size_bytes=10240,
-                num_samples=3,
-                first_sample=0,
-                xxh3_128=HASH,
-                dali_index="shards/shard-000000.idx",
-                index_xxh3_64=HASH[:16],
-            ),
-            ShardEntry(
-                path="shards/shard-000001.tar",
-                size_bytes=4096,
-                num_samples=2,
-                first_sample=3,
-                xxh3_128=HASH[::-1],
-                dali_index="shards/shard-000001.idx",
-                index_xxh3_64=HASH[16:],
-            ),
-        ),
-        "classes": ("cat", "dog \u00f1", "raw\udcff"),
-        "label_layout": "class-dirs",
-        "options": {"shard_size_bytes": 8192, "labels": "auto"},
-        "layout": {"fs_type": "ext4", "action": "skipped"},
-        "created_by": "shardio 0.1.0",
-        "pack_fingerprints": (HASH,),
-    }
-    fields.update(overrides)
-    return Manifest(**fields)
-
-
-def _seal(doc: Any) -> bytes:
-    if isinstance(doc, dict) and "manifest_xxh3_128" in doc:
-        doc = {k: v for k, v in doc.items() if k != "manifest_xxh3_128"}
-        doc["manifest_xxh3_128"] = "0" * 32
-        return encode_document(doc)
-    return json.dumps(doc).encode()
 
 
 def _doc() -> dict[str, Any]:
-    return copy.deepcopy(_manifest().to_json())
+    return copy.deepcopy(sample_manifest().to_json())
 
 
 def _parse_fails(doc: Any) -> str:
     # A dict is sealed with a valid checksum, so the field checks (not the checksum) refuse it.
-    data = doc if isinstance(doc, bytes) else _seal(doc)
+    data = doc if isinstance(doc, bytes) else seal_document(doc)
     with pytest.raises(FormatError) as info:
         parse_manifest(data, where=WHERE)
     message = str(info.value)
@@ -89,7 +39,7 @@ def _parse_fails(doc: Any) -> str:
 
 
 def test_round_trip() -> None:
-    manifest = _manifest()
+    manifest = sample_manifest()
     data = manifest.dumps()
     assert data.isascii()
     assert data.endswith(b"\n")
@@ -110,7 +60,9 @@ def test_round_trip_hdf5_unlabelled() -> None:
             index_xxh3_64=HASH[:16],
         ),
     )
-    manifest = _manifest(shard_format="hdf5", shards=shards, classes=None, label_layout="none")
+    manifest = sample_manifest(
+        shard_format="hdf5", shards=shards, classes=None, label_layout="none"
+    )
     parsed = parse_manifest(manifest.dumps())
     assert parsed == manifest
     assert parsed.classes is None
@@ -118,11 +70,12 @@ def test_round_trip_hdf5_unlabelled() -> None:
 
 
 def test_json_form_fields() -> None:
-    doc = _manifest().to_json()
+    doc = sample_manifest().to_json()
     assert list(doc)[:2] == ["format", "format_version"]
     assert doc["format"] == "shardio"
-    assert doc["format_version"] == 2
-    assert list(doc)[-2:] == ["shards", "manifest_xxh3_128"]
+    assert doc["format_version"] == 3
+    assert list(doc)[-3:] == ["parity", "shards", "manifest_xxh3_128"]
+    assert doc["parity"] is None  # format 3: no parity (pack --parity fills it)
     assert doc["pack_fingerprints"] == [HASH]
     assert doc["index"]["head_xxh3_64"] == HASH[:16]
     assert doc["num_shards"] == 2
@@ -141,8 +94,8 @@ def test_json_form_fields() -> None:
 
 def test_load_manifest_from_file(tmp_path: Path) -> None:
     path = tmp_path / "manifest.json"
-    path.write_bytes(_manifest().dumps())
-    assert load_manifest(path) == _manifest()
+    path.write_bytes(sample_manifest().dumps())
+    assert load_manifest(path) == sample_manifest()
 
 
 def test_load_missing_manifest_names_the_path(tmp_path: Path) -> None:
@@ -160,7 +113,7 @@ def test_load_invalid_manifest_names_the_path(tmp_path: Path) -> None:
     assert str(info.value).startswith(f"{path}: ")
 
 
-@pytest.mark.parametrize("version", [3, 0, -1, 99])
+@pytest.mark.parametrize("version", [4, 0, -1, 99])
 def test_unsupported_integer_version(version: int) -> None:
     doc = _doc()
     doc["format_version"] = version
@@ -322,15 +275,15 @@ def test_shard_checksum_must_be_32_hex_digits(digest: str) -> None:
 
 def test_model_rejects_bad_values_directly() -> None:
     with pytest.raises(FormatError, match="unknown shard_format"):
-        _manifest(shard_format="zip")
+        sample_manifest(shard_format="zip")
     with pytest.raises(FormatError, match="do not add up"):
-        _manifest(num_samples=4)
+        sample_manifest(num_samples=4)
     with pytest.raises(FormatError, match="inside the dataset"):
         IndexEntry(path="/index.bin", size_bytes=1, xxh3_128=HASH)
 
 
 def test_an_edited_manifest_fails_its_checksum() -> None:
-    data = _manifest().dumps()
+    data = sample_manifest().dumps()
     edited = data.replace(b'"cat"', b'"cow"')
     message = _parse_fails(edited)
     assert "checksum mismatch" in message
@@ -338,7 +291,7 @@ def test_an_edited_manifest_fails_its_checksum() -> None:
 
 @pytest.mark.parametrize("cut", [1, 40, 120])
 def test_a_truncated_manifest_is_refused(cut: int) -> None:
-    _parse_fails(_manifest().dumps()[:-cut])
+    _parse_fails(sample_manifest().dumps()[:-cut])
 
 
 def test_a_format_2_manifest_without_its_checksum_is_refused() -> None:
@@ -355,7 +308,7 @@ def test_deeply_nested_json_is_one_format_error() -> None:
 def test_non_finite_numbers_are_refused(text: bytes) -> None:
     doc = _doc()
     doc["data_bytes"] = "PLACEHOLDER"
-    data = _seal(doc).replace(b'"PLACEHOLDER"', text)
+    data = seal_document(doc).replace(b'"PLACEHOLDER"', text)
     _parse_fails(data)
 
 
@@ -409,7 +362,7 @@ def test_load_refuses_a_huge_manifest_before_reading_it(tmp_path: Path) -> None:
 
 
 def test_format_1_manifests_still_parse_without_checksums() -> None:
-    manifest = _manifest(
+    manifest = sample_manifest(
         format_version=1,
         index=IndexEntry(path="index.bin", size_bytes=1024, xxh3_128=HASH),
         pack_fingerprints=(),

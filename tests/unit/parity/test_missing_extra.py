@@ -24,3 +24,30 @@ def test_without_pyeclib_the_codec_names_the_extra() -> None:
     ).stdout
     assert "ERR shardio parity needs pyeclib: pip install 'shardio[parity]'" in out
     assert "LOADED ['shardio.parity.codec']" in out  # the reader and packer load none of it
+
+
+def test_pack_parity_without_pyeclib_says_so_in_one_line_and_writes_nothing(
+    tmp_path: object,
+) -> None:
+    import pathlib
+
+    root = pathlib.Path(str(tmp_path))
+    (root / "src" / "a").mkdir(parents=True)
+    (root / "src" / "a" / "x.bin").write_bytes(b"x" * 100)
+    code = (
+        "import sys\n"
+        "sys.modules['pyeclib'] = None  # as if not installed\n"
+        "from shardio.cli.main import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    run = [sys.executable, "-c", code]
+    out = subprocess.run(
+        [*run, "pack", str(root / "src"), str(root / "ds"), "--parity", "2+1", "--no-progress"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2, out  # a missing extra is the user's to install
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "shardio: error: shardio parity needs pyeclib: pip install 'shardio[parity]'"
+    ), out.stderr
+    assert not (root / "ds").exists()

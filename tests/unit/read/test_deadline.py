@@ -245,6 +245,45 @@ def test_the_registry_is_shared_by_the_processes_of_the_node(tmp_path: pathlib.P
     assert top.stat().st_mode & 0o777 == 0o700
 
 
+def test_a_release_ends_the_hold_on_the_whole_node(tmp_path: pathlib.Path) -> None:
+    """A shard rebuilt on a live server is released: the process that rebuilt it and, at
+    their next look, the others of the node read it again."""
+    here, there = _registry(tmp_path), _registry(tmp_path)
+    here.mark("/pfs/ds/shard-000003.tar")
+    here.mark("/pfs/ds/shard-000004.tar")
+    time.sleep(0.6)
+    assert there.held("/pfs/ds/shard-000003.tar") is not None
+    here.release("/pfs/ds/shard-000003.tar")
+    assert here.held("/pfs/ds/shard-000003.tar") is None
+    time.sleep(0.6)
+    assert there.held("/pfs/ds/shard-000003.tar") is None
+    assert there.held("/pfs/ds/shard-000004.tar") is not None  # the other stays held
+    alone = _registry(tmp_path, scope=None)  # no node registry: this process only
+    alone.mark("/x")
+    time.sleep(0.6)
+    assert alone.held("/x") is not None
+    alone.release("/x")
+    assert alone.held("/x") is None
+
+
+def test_trying_held_reads_a_held_path_under_the_same_deadline(
+    tmp_path: pathlib.Path, shard: pathlib.Path
+) -> None:
+    opener = DeadlineOpener(timeout_s=5, registry=_registry(tmp_path))
+    opener.registry.mark(str(shard))
+    with pytest.raises(ReadStalledError, match="not attempted"):
+        opener.open(str(shard))
+    trying = opener.trying_held()
+    fd = trying.open(str(shard))
+    try:
+        assert trying.pread_into(fd, memoryview(bytearray(16)), 0) == 16
+    finally:
+        trying.close(fd)
+    assert trying.timeout_s == opener.timeout_s and trying.registry is opener.registry
+    with pytest.raises(ReadStalledError):
+        opener.open(str(shard))  # the opener itself still refuses it
+
+
 def test_the_registry_expires(tmp_path: pathlib.Path) -> None:
     now = [1000.0]
     registry = UnavailableShards("ds", hold_s=10, root=str(tmp_path), clock=lambda: now[0])

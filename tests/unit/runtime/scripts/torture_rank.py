@@ -4,7 +4,8 @@ Usage: python torture_rank.py SRC STAGE OUT_DIR RANK WORLD_SIZE PORT SEED BATCH
            [--resume CHECKPOINT] [--sleep-s S]
 
 Reads ``ResilientDataset(ShardDataset(SRC, cache=STAGE, seed=SEED), policy="skip",
-retries=1, backoff_s=0)`` with ``ds.loader(BATCH, num_workers=2)``. The ranks stay in
+retries=1, backoff_s=0)`` with ``ds.loader(BATCH, num_workers=2)`` (STAGE ``-``: no staging
+area, SRC read in place). The ranks stay in
 lockstep (an all-reduce per step, as training does). After every batch it writes
 OUT_DIR/rank-R/step-%06d.json (atomically): the batch's keys, the xxh3-128 of each delivered
 payload, the labels, and ``loader.state_dict()``. At the end: OUT_DIR/rank-R/done.json with
@@ -101,7 +102,7 @@ def main() -> None:
         timeout=timedelta(seconds=60),
     )
     ds = ResilientDataset(
-        ShardDataset(args.src, cache=args.stage, seed=args.seed),
+        ShardDataset(args.src, cache=None if args.stage == "-" else args.stage, seed=args.seed),
         policy="skip",
         retries=1,
         backoff_s=0.0,
