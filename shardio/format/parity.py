@@ -147,6 +147,11 @@ class ParitySection:
                 raise FormatError(
                     f"parity group {g} has {len(group.parity)} parity files, not {self.m}"
                 )
+            # The names are fixed: a manifest cannot point a rebuild at any other file.
+            names = [parity_path(g, j) for j in range(self.m)] + [cells_path(g)]
+            for f, name in zip(group.files(), names, strict=True):
+                if f.path != name:
+                    raise FormatError(f"parity group {g}: file {f.path!r} should be {name!r}")
 
     @property
     def scheme(self) -> str:

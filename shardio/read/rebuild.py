@@ -29,6 +29,9 @@ class ParityRebuild:
     def __init__(self, ds: PackedDataset, *, lock_timeout_s: float = LOCK_TIMEOUT_S) -> None:
         self.ds = ds
         self.lock_timeout_s = lock_timeout_s
+        # Whether the last call wrote the shard (False: it was intact when the group's lock
+        # was had: rebuilt by another process meanwhile, or held only for a mount-wide stall).
+        self.wrote = False
 
     def __call__(self, shard: int) -> bool:
         from shardio.parity.dataset import rebuild_files
@@ -41,7 +44,7 @@ class ParityRebuild:
         # Survivors held after a stall are tried too, under the deadline: a dead server's
         # stall may have held healthy shards of the same mount for a while.
         trying = getattr(self.ds.opener, "trying_held", None)
-        rebuild_files(
+        done = rebuild_files(
             self.ds.root,
             manifest,
             section.group_of(shard),
@@ -50,6 +53,7 @@ class ParityRebuild:
             durable=True,
             lock_timeout_s=self.lock_timeout_s,
         )
+        self.wrote = bool(done.rebuilt)
         return True
 
     def __repr__(self) -> str:

@@ -321,7 +321,9 @@ class Recovery:
             tried.append(f"read after rebuild: {exc}")
             return False
         self.metrics.add("rebuilds")
-        self.emit({**base, "event": "rebuild", "error": str(error)})
+        # "wrote": whether this process wrote the shard (a hook may say it found it intact).
+        wrote = bool(getattr(self.rebuild, "wrote", True))
+        self.emit({**base, "event": "rebuild", "wrote": wrote, "error": str(error)})
         return True
 
     def _held(self, shard: int) -> float | None:
