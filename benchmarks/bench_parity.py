@@ -218,8 +218,8 @@ def main() -> int:
     )
     body = "\n".join(
         [
-            f"`python benchmarks/bench_parity.py --repeat {args.repeat}`. "
-            + common.code_line(before, after, "pack"),
+            f"`python benchmarks/bench_parity.py --repeat {args.repeat} --rebuilds "
+            f"{args.rebuilds}`. " + common.code_line(before, after, "pack"),
             "",
             pack_text,
             "",
@@ -228,6 +228,11 @@ def main() -> int:
             storage_text,
             "",
             rebuild_text,
+            "",
+            f"- `pack --parity {SCHEME}` wall <= 1.15x plain, 2 workers: {ratio:.3f}x → "
+            f"**{'PASS' if ratio <= 1.15 else 'FAIL'}**",
+            f"- rebuild of one lost 1 GiB shard < one cold read of its group: "
+            f"{rebuild_s / read_s:.2f}x → **{'PASS' if rebuild_s < read_s else 'FAIL'}**",
         ]
     )
     print(body)
