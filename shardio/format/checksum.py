@@ -11,7 +11,14 @@ from shardio.errors import ShardioError, StorageError
 from shardio.storage.files import refuse_irregular
 from shardio.storage.opener import Opener, PosixOpener, open_named
 
-__all__ = ["fd_xxh3_128", "file_xxh3_128", "hex64", "member_xxh3_64", "new_file_hasher"]
+__all__ = [
+    "digest_or_none",
+    "fd_xxh3_128",
+    "file_xxh3_128",
+    "hex64",
+    "member_xxh3_64",
+    "new_file_hasher",
+]
 
 _CHUNK = 8 * 1024 * 1024
 _POSIX = PosixOpener()
@@ -75,3 +82,23 @@ def file_xxh3_128(
         ) from exc
     finally:
         reader.close(fd)
+
+
+def digest_or_none(
+    path: str | os.PathLike[str], *, opener: Opener | None = None, size: int | None = None
+) -> str | None:
+    """The xxh3-128 of a regular file (read through ``opener``, never through a symlink), or
+    None when it is absent, unreadable, not a regular file, or (with ``size``) of another
+    size: then it cannot be the file wanted, and nothing of it is read."""
+    name = os.fspath(path)
+    if size is not None:
+        try:
+            st = os.lstat(name)
+        except OSError:
+            return None
+        if st.st_size != size:
+            return None
+    try:
+        return file_xxh3_128(name, what="file", opener=opener, nofollow=True)
+    except ShardioError:
+        return None

@@ -30,8 +30,8 @@ from typing import Any
 
 import xxhash
 
-from shardio.errors import FormatError, IntegrityError, ShardioError, StorageError, UsageError
-from shardio.format.checksum import file_xxh3_128
+from shardio.errors import FormatError, IntegrityError, StorageError, UsageError
+from shardio.format.checksum import digest_or_none
 from shardio.format.manifest import Manifest, ShardEntry
 from shardio.format.parity import (
     MAX_ROW_BYTES,
@@ -265,12 +265,7 @@ def _reusable(root: str, record: Mapping[str, Any], paths: Sequence[str]) -> Par
     if [f.path for f in files] != list(paths):
         return None
     for f in files:
-        try:
-            if file_xxh3_128(os.path.join(root, f.path), what="parity file", nofollow=True) != (
-                f.xxh3_128
-            ):
-                return None
-        except ShardioError:
+        if digest_or_none(os.path.join(root, f.path), size=f.size_bytes) != f.xxh3_128:
             return None
     return ParityGroup(first_shard=0, num_shards=0, parity=tuple(files[:-1]), cells=files[-1])
 
@@ -486,11 +481,14 @@ def rebuild_files(
     entry = section.groups[group]
     codec = codec_for(section.k, section.m, section.cell_bytes)
     reader = opener if opener is not None else PosixOpener()
+    files_size: dict[int, int] = {}
     index_of: dict[str, tuple[int, str]] = {}
     for n, i in enumerate(entry.shards):
         index_of[manifest.shards[i].path] = (n, manifest.shards[i].xxh3_128)
+        files_size[n] = manifest.shards[i].size_bytes
     for j, p in enumerate(entry.parity):
         index_of[p.path] = (section.k + j, p.xxh3_128)
+        files_size[section.k + j] = p.size_bytes
     unknown = [p for p in bad if p not in index_of and p != entry.cells.path]
     if unknown:
         raise UsageError(f"{unknown[0]} is no file of parity group {group}")
@@ -511,7 +509,8 @@ def rebuild_files(
             dest = os.path.join(make_dirs_inside(root, os.path.dirname(rel)),
                                 os.path.basename(rel))  # fmt: skip
             check_replaceable(dest, what="rebuilt file")
-            if _digest_or_none(dest, reader) == digest:
+            size = files_size[idx]
+            if digest_or_none(dest, opener=reader, size=size) == digest:
                 continue  # rebuilt by another process meanwhile
             lost[idx] = digest
             out[idx] = dest
@@ -525,7 +524,8 @@ def rebuild_files(
         if table_bad or table is None:
             cells_dest = os.path.join(root, entry.cells.path)
             check_replaceable(cells_dest, what="cell table")
-            if _digest_or_none(cells_dest, reader) != entry.cells.xxh3_128:
+            size = entry.cells.size_bytes
+            if digest_or_none(cells_dest, opener=reader, size=size) != entry.cells.xxh3_128:
                 written += _rewrite_table(root, manifest, group, opener=reader, durable=durable)
         return GroupRebuild(group, tuple(written))
 
@@ -563,10 +563,3 @@ def _rewrite_table(
             f"parity group {group}: the cell table written again does not match the manifest",
         )
     return [entry.cells.path]
-
-
-def _digest_or_none(path: str, opener: Opener) -> str | None:
-    try:
-        return file_xxh3_128(path, what="file", opener=opener, nofollow=True)
-    except ShardioError:
-        return None

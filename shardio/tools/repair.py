@@ -44,7 +44,7 @@ from shardio.cache.copy import copy_verified, leftover_temps, stage_one, temps_o
 from shardio.cache.identity import check_area_holds, source_identity
 from shardio.cache.protocol import STAGE_DIR, drop_if_same, read_area_marker, shard_lock
 from shardio.errors import FormatError, IntegrityError, ShardioError, StorageError, UsageError
-from shardio.format.checksum import file_xxh3_128
+from shardio.format.checksum import digest_or_none, file_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.metrics.progress import Counters, ProgressCallback
@@ -296,6 +296,7 @@ class _Repair:
         self.manifest = manifest
         self.source = source
         self.rebuild = rebuild
+        self._by_parity: set[str] = set()  # bad data shards handed to their parity group
         if rebuild is None and manifest.parity is not None:
             self.rebuild = self._parity_rebuild
         self.durable = durable
@@ -386,7 +387,6 @@ class _Repair:
         for g, group in enumerate(section.groups):
             for f in group.files():
                 owner[f.path] = g
-        self._by_parity: set[str] = set()
         out: dict[int, list[ShardProblem]] = {}
         for problem in found.problems:
             if problem.parity:
@@ -410,7 +410,7 @@ class _Repair:
         return True
 
     def _parity_handled(self, path: str) -> bool:
-        return path in getattr(self, "_by_parity", set())
+        return path in self._by_parity
 
     def _rebuild_group(self, group: int, problems: list[ShardProblem]) -> None:
         """Rebuild the bad files of one group from the rest of it."""
@@ -550,7 +550,7 @@ class _Repair:
         try:
             _refuse_non_regular(final)
             how = ""
-            if _digest_or_none(final, self.opener) != entry.xxh3_128:
+            if digest_or_none(final, opener=self.opener) != entry.xxh3_128:
                 how = self._copy_from_source(shard, entry)
             if entry.dali_index is not None and not os.path.lexists(
                 os.path.join(self.root, entry.dali_index)
@@ -588,7 +588,7 @@ class _Repair:
             if note:
                 raise IntegrityError(exc.errno or errno.EIO, f"{exc}; {note}") from exc
             _refuse_non_regular(final)
-            if _digest_or_none(final, self.opener) != entry.xxh3_128:
+            if digest_or_none(final, opener=self.opener) != entry.xxh3_128:
                 raise IntegrityError(
                     errno.EIO, f"{exc}; and the rebuilt {entry.path} does not verify"
                 ) from exc
@@ -622,15 +622,6 @@ def _refuse_non_regular(path: str) -> None:
             f"{path} is a {describe_kind(mode)}, not a shard shardio wrote: refusing to write "
             "through or replace it; remove it yourself and repair again"
         )
-
-
-def _digest_or_none(path: str, opener: Opener) -> str | None:
-    """xxh3-128 of a regular file (read through ``opener``, never through a symlink), None if
-    absent or unreadable."""
-    try:
-        return file_xxh3_128(path, what="shard", opener=opener, nofollow=True)
-    except StorageError:
-        return None
 
 
 def _replace_verified(
