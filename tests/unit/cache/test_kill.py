@@ -59,7 +59,12 @@ def _holding(src, dest, helpers) -> bool:
         return False
     temps = helpers.temp_files(dest / "shards")
     sizes = {s.size_bytes for s in src.manifest.shards}
-    return len(temps) == 1 and os.path.getsize(dest / "shards" / temps[0]) in sizes
+    if len(temps) != 1:
+        return False
+    try:  # a DALI index's temp can be published between the listing and this look
+        return os.path.getsize(dest / "shards" / temps[0]) in sizes
+    except FileNotFoundError:
+        return False
 
 
 def _stamps(dest) -> int:
