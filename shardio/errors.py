@@ -29,11 +29,13 @@ import errno
 from typing import Any
 
 __all__ = [
+    "CheckpointError",
     "ChecksumMismatchError",
     "CommandNotFoundError",
     "FormatError",
     "IntegrityError",
     "MissingExtraError",
+    "NoCheckpointError",
     "PackError",
     "ReadStalledError",
     "SampleDecodeError",
@@ -211,6 +213,27 @@ def _rebuild_checksum_error(  # noqa: PLR0917 - pickle passes positionally
     return ChecksumMismatchError(
         path=path, shard=shard, key=key, expected=expected, actual=actual, member=member
     )
+
+
+class CheckpointError(StorageError):
+    """A checkpoint could not be saved, or one found is damaged, incomplete or not this job's
+    to load (another layout of ranks). A background save's failure is raised by the
+    :class:`~shardio.checkpoint.Checkpointer`'s next call, with the original as ``__cause__``."""
+
+
+class NoCheckpointError(CheckpointError):
+    """No intact checkpoint to load: the message says what was found and why each was skipped.
+
+    Attributes:
+        skipped: ``[(path, reason), ...]`` for every checkpoint found and not loaded.
+    """
+
+    def __init__(self, message: str, skipped: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(errno.ENOENT, message)
+        self.skipped = list(skipped or [])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.skipped))
 
 
 class SampleUnavailableError(StorageError):

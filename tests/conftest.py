@@ -155,6 +155,23 @@ def packed_small(small_tree: pathlib.Path, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.fixture
+def small_tmpfs(tmp_path: pathlib.Path):
+    """A 3 MiB tmpfs mounted at tmp_path/mnt (needs root; skipped when mount fails)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mnt)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
+
+
+@pytest.fixture
 def lustre_env(tmp_path: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:
     """Environment with the recording fake lfs first on PATH, and its log path."""
     log = tmp_path / "lfs.log"

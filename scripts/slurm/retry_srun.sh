@@ -2,7 +2,7 @@
 # Run a job step; when it fails, check and repair the data, then try again (up to N tries).
 #
 #   retry_srun.sh [-n MAX_TRIES] [-d DATASET]... [-s SOURCE] [-q] [-b BACKOFF_S] [-r HOOK]
-#                 -- srun ARGS...
+#                 [-c CKPT_DIR] -- srun ARGS...
 #
 #   -n MAX_TRIES  tries in all, the first included (default 3, or $RETRY_SRUN_MAX_TRIES)
 #   -d DATASET    a shardio dataset, or a staging area (`shardio stage`), to check with
@@ -18,6 +18,10 @@
 #                 $RETRY_SRUN_BACKOFF_S); gives a flapping node or link time to settle
 #   -r HOOK       a shell command run before each retry, e.g. re-staging node-local copies
 #                 (`shardio stage` replaces what is missing or damaged and keeps the rest)
+#   -c CKPT_DIR   the job's checkpoint directory (shardio.checkpoint): before each try, say
+#                 which checkpoint it resumes from (`shardio checkpoint latest`, the newest
+#                 whose every byte checks: what load_latest loads) and export its path to the
+#                 step as SHARDIO_RESUME_FROM (empty when the try starts from scratch)
 #
 # The article's third level of fault tolerance: a job wrapper that retries srun with a
 # storage repair in between (checkpoints and ResilientDataset are the first two). Each try
@@ -42,7 +46,7 @@ prog="retry_srun.sh"
 log() { printf '[%s %s] %s\n' "$prog" "$(date '+%Y-%m-%dT%H:%M:%S%z')" "$*" >&2; }
 usage() {
     echo "usage: $prog [-n MAX_TRIES] [-d DATASET]... [-s SOURCE] [-q] [-b BACKOFF_S]" \
-        "[-r HOOK] -- srun ARGS..." >&2
+        "[-r HOOK] [-c CKPT_DIR] -- srun ARGS..." >&2
     exit 2
 }
 is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
@@ -50,10 +54,11 @@ is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
 max_tries="${RETRY_SRUN_MAX_TRIES:-3}"
 backoff_s="${RETRY_SRUN_BACKOFF_S:-10}"
 hook=""
+ckpt_dir=""
 source=""
 datasets=()
 verify_opts=(--no-progress)
-while getopts ":n:d:s:qb:r:h" opt; do
+while getopts ":n:d:s:qb:r:c:h" opt; do
     case "$opt" in
     n) max_tries="$OPTARG" ;;
     d) datasets+=("$OPTARG") ;;
@@ -61,6 +66,7 @@ while getopts ":n:d:s:qb:r:h" opt; do
     q) verify_opts+=(--quick) ;;
     b) backoff_s="$OPTARG" ;;
     r) hook="$OPTARG" ;;
+    c) ckpt_dir="$OPTARG" ;;
     h) usage ;;
     :) log "error: -$OPTARG needs a value" && usage ;;
     *) log "error: unknown option -$OPTARG" && usage ;;
@@ -142,6 +148,31 @@ check_datasets() {
     done
 }
 
+# Which checkpoint a try resumes from: the newest intact one, found by shardio the way
+# load_latest finds it. Exported to the step; the damaged ones skipped are logged.
+find_resume_point() {
+    local try="$1" rc=0 found
+    found="$("${shardio[@]}" checkpoint latest "$ckpt_dir" 2>"$resume_log")" || rc=$?
+    while IFS= read -r line; do
+        [[ -n "$line" ]] && log "$line"
+    done <"$resume_log"
+    case "$rc" in
+    0) log "try $try resumes from checkpoint $found" ;;
+    1) found="" && log "try $try starts from scratch: no checkpoint in $ckpt_dir yet" ;;
+    3)
+        found=""
+        log "try $try starts from scratch: no checkpoint in $ckpt_dir is intact (see above)"
+        ;;
+    *) found="" && log "could not look for checkpoints in $ckpt_dir (exit $rc)" ;;
+    esac
+    export SHARDIO_RESUME_FROM="$found"
+}
+resume_log=""
+if [[ -n "$ckpt_dir" ]]; then
+    resume_log="$(mktemp "${TMPDIR:-/tmp}/retry_srun.XXXXXX")"
+    trap 'rm -f "$resume_log"' EXIT
+fi
+
 rc=0
 delay="$backoff_s"
 for ((try = 1; try <= max_tries; try++)); do
@@ -162,6 +193,7 @@ for ((try = 1; try <= max_tries; try++)); do
         fi
         [[ -z "$stopping" ]] || break
     fi
+    [[ -z "$ckpt_dir" ]] || find_resume_point "$try"
     log "try $try/$max_tries: $*"
     # In the background, so a signal reaches on_signal now, not when the step ends.
     "$@" &

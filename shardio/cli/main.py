@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from shardio._version import __version__
 from shardio.cli.bench import add_bench_parser, cmd_bench
+from shardio.cli.checkpoint import add_checkpoint_parser, cmd_checkpoint
 from shardio.cli.common import (
     EXIT_DAMAGED,
     EXIT_DEGRADED,
@@ -263,6 +264,7 @@ def _build_parser() -> argparse.ArgumentParser:
     st.add_argument("--no-progress", action="store_true")
 
     add_parity_parser(sub)
+    add_checkpoint_parser(sub)
 
     u = sub.add_parser("unpack", help="restore the original tree, byte for byte")
     u.add_argument("dst")
@@ -623,6 +625,7 @@ _COMMANDS = {
     "topo": cmd_topo,
     "bench": cmd_bench,
     "parity": cmd_parity,
+    "checkpoint": cmd_checkpoint,
 }
 
 

@@ -481,6 +481,13 @@ class ShardLoader:
             self.dataset.absorb_events(events)
         return batch  # type: ignore[no-any-return]
 
+    @property
+    def dataset_id(self) -> str | None:
+        """The id of the dataset this loader reads (the xxh3-128 of its manifest's bytes):
+        what a checkpoint of its position records, so that it resumes no other dataset."""
+        found = self.dataset.packed.resolver.dataset_id
+        return found if isinstance(found, str) else None
+
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch stands: global positions delivered to the training loop."""
         return self.dataset.cursor.state()

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import IO
+from typing import IO, Any
 
 from shardio.errors import StorageError
 
 __all__ = [
     "TEMP_MARK",
     "atomic_write",
+    "rename_noreplace",
     "create_temp",
     "fsync_dir",
     "is_temp_name",
@@ -80,6 +82,40 @@ def publish(tmp: str, final: str, *, durable: bool = True) -> None:
     os.replace(tmp, final)
     if durable:
         fsync_dir(os.path.dirname(final) or ".")
+
+
+_RENAME_NOREPLACE = 1  # linux/fs.h
+
+
+def _renameat2() -> Any:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None:
+        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        fn.restype = ctypes.c_int
+    return fn
+
+
+def rename_noreplace(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst`` unless ``dst`` exists (``renameat2(RENAME_NOREPLACE)``; where
+    the filesystem lacks it, a check then ``rename``, which for a directory still fails on a
+    non-empty target).
+
+    Raises:
+        FileExistsError: something is at ``dst``.
+        OSError: the rename failed.
+    """
+    fn = _renameat2()
+    if fn is not None:
+        at_fdcwd = -100
+        if fn(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), dst)
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
+    os.rename(src, dst)
 
 
 def storage_error(exc: OSError, path: str, action: str) -> StorageError:

@@ -471,23 +471,6 @@ def test_verify_of_a_missing_dataset(tmp_path: pathlib.Path, run_cli, assert_cli
 # --------------------------------------------------------------------------- ENOSPC
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: pathlib.Path):
-    """A 3 MiB tmpfs mounted at tmp_path/mnt (needs root; skipped when mount fails)."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mnt)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {proc.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
-
-
 @pytest.mark.parametrize(("fmt", "workers"), [("tar", "1"), ("tar", "2"), ("hdf5", "1")])
 def test_enospc_on_a_full_tmpfs(
     fmt: str,

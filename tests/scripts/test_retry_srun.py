@@ -357,3 +357,56 @@ def test_usage_errors(run_script: Callable[..., Any], argv: list[str], message: 
     assert message in result.stderr
     assert "usage: retry_srun.sh" in result.stderr
     assert result.calls == []
+
+
+TRAIN = """
+import os, pathlib, sys
+from shardio.checkpoint import load_latest, save
+from shardio.errors import NoCheckpointError
+ckdir, log = sys.argv[1], pathlib.Path(sys.argv[2])
+resume = os.environ["SHARDIO_RESUME_FROM"]
+try:
+    ck = load_latest(ckdir)
+    step = ck.step
+    assert ck.path == resume, (ck.path, resume)
+except NoCheckpointError:
+    step = 0
+    assert resume == "", resume
+tries = len(log.read_text().split()) if log.exists() else 0
+with log.open("a") as fh:
+    fh.write(f"{step}\\n")
+path = save({"step": step + 10}, ckdir, step=step + 10, environ={"SLURM_JOB_ID": "9"})
+if tries == 1:  # the second try's checkpoint rots after it is written
+    f = next(pathlib.Path(path).glob("*.pt.zst"))
+    data = bytearray(f.read_bytes()); data[len(data) // 2] ^= 1; f.write_bytes(bytes(data))
+sys.exit(0 if tries == 2 else 1)
+"""
+
+
+def test_each_try_says_which_checkpoint_it_resumes_from(
+    run_script: Callable[..., Any], tmp_path: pathlib.Path
+) -> None:
+    ckdir, log = tmp_path / "ckpt", tmp_path / "tries"
+    train = tmp_path / "train.py"
+    train.write_text(TRAIN)
+    result = run_script(
+        [SCRIPT, "-b", "0", "-c", ckdir, "--", "srun", sys.executable, train, ckdir, log],
+        env={"SHARDIO_BIN": str(SHARDIO)},
+    )
+    assert result.rc == 0, result.stderr
+    assert log.read_text().split() == ["0", "10", "10"]  # the third skips the damaged 20
+    err = result.stderr
+    assert f"try 1 starts from scratch: no checkpoint in {ckdir} yet" in err
+    first = ckdir / "checkpoint_vm_9_full_step000000000000010"
+    second = ckdir / "checkpoint_vm_9_full_step000000000000020"
+    if not first.exists():  # another host name
+        first = next(ckdir.glob("checkpoint_*_step000000000000010"))
+        second = next(ckdir.glob("checkpoint_*_step000000000000020"))
+    assert f"try 2 resumes from checkpoint {first}" in err
+    assert f"skipped {second}: " in err and "does not match its xxh3-128" in err
+    assert f"try 3 resumes from checkpoint {first}" in err
+
+
+def test_checkpoint_option_needs_a_value(run_script: Callable[..., Any]) -> None:
+    result = run_script([SCRIPT, "-c"])
+    assert result.rc == 2 and "-c needs a value" in result.stderr

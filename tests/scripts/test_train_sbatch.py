@@ -326,6 +326,28 @@ def test_failed_training_is_retried_and_still_cleaned(
     assert not private_dir(tmp_path).exists()
 
 
+def test_each_try_resumes_from_the_newest_intact_checkpoint(
+    run_script: Callable[..., Any],
+    job_env: dict[str, str],
+    tmp_path: pathlib.Path,
+) -> None:
+    ckdir = tmp_path / "ckpt"
+    seen = tmp_path / "resumed.txt"
+    save = (
+        f"{sys.executable} -c 'from shardio.checkpoint import save; "
+        f'save({{"w": 1}}, "{ckdir}", step=7)\''
+    )
+    train = f'echo "[$SHARDIO_RESUME_FROM]" >> {seen}; {save}; exit 4'
+    env = job_env | {"TRAIN_CMD": train, "SHARDIO_TRIES": "2", "SHARDIO_VERIFY_QUICK": "1",
+                     "SHARDIO_CKPT_DIR": str(ckdir)}  # fmt: skip
+    result = run_script(["bash", SBATCH], env=env)
+    assert result.rc == 4, result.stderr
+    (saved,) = ckdir.glob(f"checkpoint_*_{JOB_ID}_full_step000000000000007")
+    assert seen.read_text().split() == ["[]", f"[{saved}]"]
+    assert f"try 1 starts from scratch: no checkpoint in {ckdir} yet" in result.stderr
+    assert f"try 2 resumes from checkpoint {saved}" in result.stderr
+
+
 def test_failed_staging_stops_before_training_and_cleans(
     run_script: Callable[..., Any], job_env: dict[str, str], tmp_path: pathlib.Path
 ) -> None:

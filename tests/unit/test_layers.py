@@ -5,7 +5,7 @@ deferred import is an arrow all the same). The rules:
 
 - no import circle between shardio's modules;
 - no upward import (L0 errors ... L7 cli); runtime goes through read/, not cache/ or storage/;
-- torch and DALI only in runtime/, dali/ and bench/;
+- torch and DALI only in runtime/, dali/, checkpoint/ and bench/;
 - no module imports the package face ``shardio`` itself;
 - a package face imports none of its submodules at import time (names load on first use);
 - ``import shardio.read.packed`` loads no stager, exporter, HTTP server or torch.
@@ -34,7 +34,7 @@ LAYERS = {
     "bench": 6,
     "cli": 7, "__main__": 7,
 }  # fmt: skip
-TORCH_HOMES = {"runtime", "dali", "bench"}
+TORCH_HOMES = {"runtime", "dali", "bench", "checkpoint"}
 # DALI's face is the use (``import shardio.dali`` checks for DALI, then loads its pipeline
 # module, which imports no DALI until a pipeline is built).
 EAGER_FACES = {"shardio.dali"}

@@ -1,0 +1,293 @@
+"""``Checkpointer``: asynchronous checkpoints on a cadence (full hourly, light every 10 min).
+
+The training step pays for copying the state to host memory and nothing more: compressing,
+writing, reading back, committing and pruning run on one background thread
+(``shardio-checkpoint``). One save is in flight at a time: ``save`` waits for the one before
+(bounded by ``stall_timeout_s``), ``maybe_save`` never waits and takes a due checkpoint at
+the first step after the one in flight is done (due checkpoints coalesce into one). A
+background failure is raised by the next call, with the original as ``__cause__``; the
+checkpoint before it stays the latest.
+
+Under torch.distributed every rank makes its Checkpointer and calls ``maybe_save`` at every
+step: rank 0's clock decides when a checkpoint is due, and a save starts only when no rank
+is still writing the one before (one small gather per call, on a gloo group of its own).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shardio._check import require_int
+from shardio.checkpoint import ranks
+from shardio.checkpoint.naming import check_kind, check_step
+from shardio.checkpoint.snapshot import copied_tensors, snapshot_bytes, to_host
+from shardio.checkpoint.store import Plan
+from shardio.checkpoint.writing import (
+    SaveOptions,
+    check_seconds,
+    dataset_id_of,
+    loader_state_of,
+    make_directory,
+    make_payload,
+    run_save_bounded,
+)
+from shardio.errors import CheckpointError, UsageError
+from shardio.storage.stall import IoThreads
+
+__all__ = ["Checkpointer"]
+
+logger = logging.getLogger(__name__)
+
+
+class Checkpointer:
+    """Saves checkpoints in the background, on a cadence or when asked.
+
+    Args:
+        directory: the checkpoint directory (created if missing).
+        full_every_s: seconds between full checkpoints (``maybe_save``).
+        light_every_s: seconds between light ones (a full one counts as one).
+        keep_full: full checkpoints kept (older ones removed once a new one is checked).
+        keep_light: light ones kept.
+        loader: a loader whose ``state_dict()`` rides in every checkpoint.
+        per_rank: every rank saves its own state (else rank 0's stands for all).
+        reuse_buffers: copy each save's state into the host memory of the one before (the
+            copy of a state of the same shapes then costs no new pages; the memory stays
+            held between saves: twice the state in all).
+        stall_timeout_s: how long a call waits for a save in flight before it raises.
+        environ: where ``SLURM_JOB_ID`` is read (default: the process environment).
+        clock: the cadence's clock (monotonic seconds).
+        options: how to write (:class:`~shardio.checkpoint.writing.SaveOptions`), or its
+            fields as keywords.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        full_every_s: float = 3600.0,
+        light_every_s: float = 600.0,
+        keep_full: int = 3,
+        keep_light: int = 2,
+        loader: Any = None,
+        per_rank: bool = False,
+        reuse_buffers: bool = True,
+        stall_timeout_s: float = 1800.0,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        options: SaveOptions | None = None,
+        **option_values: Any,
+    ) -> None:
+        self.directory = os.fspath(directory)
+        self.full_every_s = check_seconds("full_every_s", full_every_s)
+        self.light_every_s = check_seconds("light_every_s", light_every_s)
+        self.keep = {
+            "full": require_int(keep_full, "keep_full", minimum=1, maximum=1_000_000),
+            "light": require_int(keep_light, "keep_light", minimum=1, maximum=1_000_000),
+        }
+        self.stall_timeout_s = check_seconds("stall_timeout_s", stall_timeout_s)
+        self.loader = loader
+        self.per_rank = bool(per_rank)
+        self.reuse_buffers = bool(reuse_buffers)
+        self._buffers: list[Any] = []
+        self.clock = clock
+        self.options = options if options is not None else SaveOptions(**option_values)
+        make_directory(self.directory)
+        self.group = ranks.side_group()
+        self.identity = ranks.resolve_identity(
+            os.environ if environ is None else environ, self.group
+        )
+        self._lock = threading.Condition()
+        self._job: tuple[Plan, dict[str, Any], int] | None = None
+        self._busy = False
+        self._error: tuple[int, BaseException] | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._pool = IoThreads(max_abandoned=2)
+        self._last: dict[str, float] | None = None
+        self.last_path: str | None = None
+        self.last_stall_s = 0.0
+        self.last_write_s = 0.0
+        self.saves = 0
+
+    # -- the training thread -------------------------------------------------------------
+
+    def save(self, state: Any, *, kind: str = "full", step: int) -> None:
+        """Save ``state`` now, in the background: returns once it is copied to host memory.
+
+        Raises:
+            CheckpointError: an earlier background save failed, or the one in flight did not
+                finish within ``stall_timeout_s``.
+        """
+        kind = check_kind(kind)
+        step = check_step(step)
+        began = time.perf_counter()
+        self._raise_failure()
+        self._wait_idle()
+        rank = self.identity.rank
+        own = state if self.per_rank or rank == 0 else None
+        state_copy = to_host(own, self._buffers if self.reuse_buffers else None)
+        payload = make_payload(
+            state_copy, to_host(loader_state_of(self.loader)), dataset_id_of(self.loader)
+        )
+        self._buffers = copied_tensors(state_copy) if self.reuse_buffers else []
+        plan = Plan(
+            directory=self.directory, identity=self.identity, kind=kind, step=step,
+            token=ranks.new_shared_token(self.group),
+        )  # fmt: skip
+        with self._lock:
+            if self._closed:
+                raise UsageError("this Checkpointer is closed")
+            self._start()
+            self._job = (plan, payload, snapshot_bytes(payload["state"]))
+            self._busy = True
+            self._lock.notify_all()
+        now = self.clock()
+        if self._last is not None:
+            self._last["light"] = now
+            if kind == "full":
+                self._last["full"] = now
+        self.last_stall_s = time.perf_counter() - began
+
+    def maybe_save(
+        self,
+        step: int,
+        *,
+        full: Callable[[], Any] | None = None,
+        light: Callable[[], Any] | None = None,
+    ) -> str | None:
+        """Save when a checkpoint is due: ``full()`` every ``full_every_s``, ``light()``
+        every ``light_every_s`` (the state made only when due). Never waits for a save in
+        flight: a due one is taken at the first call after it. Returns the kind started, or
+        None. The first call starts the clock.
+
+        Raises:
+            CheckpointError: an earlier background save failed.
+        """
+        step = check_step(step)
+        self._raise_failure()
+        now = self.clock()
+        if self._last is None:
+            self._last = {"full": now, "light": now}
+        due = None
+        if full is not None and now - self._last["full"] >= self.full_every_s:
+            due = "full"
+        elif light is not None and now - self._last["light"] >= self.light_every_s:
+            due = "light"
+        with self._lock:
+            busy = self._busy
+        votes = ranks.gather((due, busy), self.group)
+        due = votes[0][0]
+        if due is None or any(b for _, b in votes):
+            return None
+        make = full if due == "full" else light
+        if make is None:  # rank 0 has the callable, this rank has not: a caller's mistake
+            raise UsageError(f"rank 0 saves a {due} checkpoint: pass {due}= on every rank")
+        self.save(make(), kind=due, step=step)
+        return str(due)
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Wait for the save in flight (up to ``timeout_s``, default ``stall_timeout_s``).
+
+        Raises:
+            CheckpointError: it failed, or is still running after the wait.
+        """
+        self._wait_idle(timeout_s)
+        self._raise_failure()
+
+    def close(self) -> None:
+        """Wait for the save in flight, then stop the background thread.
+
+        Raises:
+            CheckpointError: the last save failed or did not finish in time.
+        """
+        try:
+            self.wait()
+        finally:
+            with self._lock:
+                self._closed = True
+                self._lock.notify_all()
+            thread = self._thread
+            if thread is not None and not self._busy:
+                thread.join(timeout=5.0)
+            self._pool.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        else:  # the training failed: stop, but let its exception through
+            try:
+                self.close()
+            except CheckpointError as err:
+                logger.warning("while stopping after a failure: %s", err)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a save is in flight."""
+        with self._lock:
+            return self._busy
+
+    # -- inside ---------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._serve, name="shardio-checkpoint", daemon=True
+            )
+            self._thread.start()
+
+    def _wait_idle(self, timeout_s: float | None = None) -> None:
+        limit = self.stall_timeout_s if timeout_s is None else check_seconds("timeout_s", timeout_s)
+        with self._lock:
+            if not self._lock.wait_for(lambda: not self._busy, timeout=limit):
+                raise CheckpointError(
+                    f"the checkpoint save in flight has not finished after {limit:g} s "
+                    f"(stalled storage under {self.directory}?)"
+                )
+
+    def _raise_failure(self) -> None:
+        with self._lock:
+            failure, self._error = self._error, None
+        if failure is not None:
+            step, exc = failure
+            raise CheckpointError(
+                f"the background save of step {step} failed: {exc}; the checkpoint before "
+                "it is still the latest"
+            ) from exc
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._job is not None or self._closed)
+                if self._job is None:
+                    return
+                plan, payload, size_hint = self._job
+                self._job = None
+            began = time.perf_counter()
+            try:
+                path = run_save_bounded(
+                    plan, payload, self.options, pool=self._pool, per_rank=self.per_rank,
+                    size_hint=size_hint, keep=self.keep[plan.kind],
+                )  # fmt: skip
+            except BaseException as exc:  # surfaced by the next call
+                logger.warning("checkpoint of step %d failed: %s", plan.step, exc)
+                with self._lock:
+                    self._error = (plan.step, exc)
+                    self._buffers = []  # an abandoned write may still read them
+            else:
+                self.saves += 1
+                if path is not None:
+                    self.last_path = path
+            finally:
+                del payload
+                self.last_write_s = time.perf_counter() - began
+                with self._lock:
+                    self._busy = False
+                    self._lock.notify_all()

@@ -1,0 +1,122 @@
+"""``shardio checkpoint ls|verify|latest``: see and check checkpoints without loading them."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+from typing import TYPE_CHECKING
+
+from shardio.cli.common import EXIT_DAMAGED, EXIT_FAIL, EXIT_OK, one_line, print_error
+from shardio.units import format_size
+
+if TYPE_CHECKING:
+    from shardio.checkpoint.check import CheckedCheckpoint
+
+__all__ = ["add_checkpoint_parser", "cmd_checkpoint"]
+
+
+def add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``shardio checkpoint``."""
+    ck = sub.add_parser(
+        "checkpoint",
+        help="list, check or find the newest intact checkpoint",
+        description="Checkpoints written by shardio.checkpoint (save, Checkpointer): list "
+        "them, check every byte against their manifests, or print the newest intact one "
+        "(what load_latest loads, and what a retried job resumes from). Nothing is loaded "
+        "or changed.",
+    )
+    actions = ck.add_subparsers(dest="checkpoint_action", required=True, metavar="ACTION")
+    ls = actions.add_parser("ls", help="list checkpoints, newest first (manifests only)")
+    ls.add_argument("dir", help="a checkpoint directory")
+    ls.add_argument("--json", action="store_true", help="JSON on stdout")
+    ver = actions.add_parser(
+        "verify", help="read every file and check it (exit 0 intact, 3 damaged)"
+    )
+    ver.add_argument("dir", help="a checkpoint directory, or one checkpoint in it")
+    ver.add_argument("--json", action="store_true", help="JSON on stdout")
+    lat = actions.add_parser(
+        "latest",
+        help="print the newest intact checkpoint's path (exit 1: none; 3: none intact)",
+    )
+    lat.add_argument("dir", help="a checkpoint directory")
+    lat.add_argument("--kind", choices=("full", "light"), help="only this kind")
+    lat.add_argument("--json", action="store_true", help="JSON on stdout")
+
+
+def _when(ns: int | None) -> str:
+    if ns is None:
+        return "?"
+    moment = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _line(item: CheckedCheckpoint) -> str:
+    m = item.manifest
+    name = os.path.basename(item.path)
+    if m is None:
+        return one_line(f"{name}  BROKEN: {item.problems[0] if item.problems else '?'}")
+    ratio = m.raw_bytes / m.size_bytes if m.size_bytes else 1.0
+    loader = ""
+    if m.loader:
+        loader = f"  loader epoch {m.loader.get('epoch', '?')} at {m.loader.get('consumed', '?')}"
+    return one_line(
+        f"{name}  {m.kind} step {m.step:,}  {m.world_size} rank(s)  "
+        f"{format_size(m.size_bytes)} ({ratio:.2f}x)  job {m.job_id}  {_when(m.saved_at_ns)}"
+        f"{loader}"
+    )
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    """Run ``shardio checkpoint ls|verify|latest``."""
+    from shardio.checkpoint.check import latest_intact, list_dir, verify_checkpoints
+    from shardio.errors import NoCheckpointError
+
+    if args.checkpoint_action == "ls":
+        items, temps = list_dir(args.dir)
+        if args.json:
+            doc = {"checkpoints": [i.to_json() for i in items], "incomplete": temps}
+            print(json.dumps(doc, indent=1))
+            return EXIT_OK
+        for item in items:
+            print(_line(item))
+        for tmp in temps:
+            print(one_line(f"{os.path.basename(tmp)}  incomplete (a save in flight or killed)"))
+        if not items and not temps:
+            print(one_line(f"no checkpoints in {args.dir}"))
+        return EXIT_OK
+    if args.checkpoint_action == "verify":
+        items = verify_checkpoints(args.dir)
+        damaged = [i for i in items if not i.intact]
+        args.exit_code = EXIT_DAMAGED if damaged else EXIT_OK
+        if args.json:
+            print(json.dumps({"checkpoints": [i.to_json() for i in items]}, indent=1))
+            return int(args.exit_code)
+        for item in items:
+            status = "OK" if item.intact else "DAMAGED"
+            print(f"{status:7s} {_line(item)}")
+            for problem in item.problems:
+                print_error(one_line(f"DAMAGED {item.path}: {problem}"))
+        print(
+            f"{len(items) - len(damaged)} of {len(items)} checkpoint(s) intact"
+            if items
+            else one_line(f"no checkpoints in {args.dir}")
+        )
+        return int(args.exit_code)
+    try:
+        found, skipped = latest_intact(args.dir, kind=args.kind)
+    except NoCheckpointError as exc:
+        for path, reason in exc.skipped:
+            print_error(one_line(f"skipped {path}: {reason}"))
+        print_error(one_line(f"shardio: {exc}"))
+        if args.json:
+            print(json.dumps({"path": None, "skipped": exc.skipped}))
+        return EXIT_DAMAGED if exc.skipped else EXIT_FAIL
+    for path, reason in skipped:
+        print_error(one_line(f"skipped {path}: {reason}"))
+    if args.json:
+        print(json.dumps({**found.to_json(), "skipped": skipped}, indent=1))
+    else:
+        print(found.path)
+    return EXIT_OK
