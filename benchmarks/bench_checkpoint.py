@@ -252,6 +252,19 @@ def _report(figures: dict[str, Any], sizes_run: dict[str, Any], args: Any, befor
     sizes_table = common.markdown_table(
         ["data", "zstd level", "threads", "raw / compressed", "MB/s"], size_rows
     )
+    summary = []
+    for key, f in figures.items():
+        place, gb, method = key.split("|")
+        if method != "shardio Checkpointer, 2nd save":
+            continue
+        plain = figures[f"{place}|{gb}|torch.save"]
+        dcp_async = figures[f"{place}|{gb}|dcp.async_save"]
+        summary.append(
+            f"{place}, {float(gb):g} GB: the training waits {f['stall']:.2f} s per checkpoint "
+            f"(torch.save {plain['stall']:.2f} s: {f['stall'] / plain['stall']:.3f}x; "
+            f"dcp.async_save {dcp_async['stall']:.2f} s: "
+            f"{f['stall'] / dcp_async['stall']:.3f}x)"
+        )
     repeats = {k: f["all_stalls"] for k, f in figures.items() if f["runs"] > 1}
     spread = "; ".join(f"{k.split('|')[2]} ({k.split('|')[0]}) "
                        f"{', '.join(f'{v:.2f}' for v in vals)}"
@@ -268,6 +281,17 @@ def _report(figures: dict[str, Any], sizes_run: dict[str, Any], args: Any, befor
             "10 minutes between light checkpoints (CheckFreq's bound: 3.5%).",
             table,
             f"Stalls of the repeated runs (s): {spread}.",
+            "**Reading.** " + "; ".join(summary) + ". The first save of a process pays for "
+            "new host memory (on this VM a first touch of every page costs as much as the copy); "
+            "every later one copies into the buffers of the one before. *durable* of the "
+            "Checkpointer includes reading the checkpoint back from the storage (page cache "
+            "dropped) before older ones are pruned (`verify=False` skips it); a `save()` without "
+            "`keep` prunes nothing and reads nothing back. **Engine**: shardio writes one "
+            "`torch.save` stream per rank rather than through `torch.distributed.checkpoint`: "
+            "DCP's synchronous save is no faster here, its async save blocks the step for its "
+            "staging copy each time, and it has no checksum, no atomic commit (a killed save "
+            "leaves a partial directory under its final name) and no fallback; what it adds, "
+            "loading a sharded state on another number of ranks, shardio leaves to it.",
             "**Compression by data and level** (the choice of level 1 and of compressing the "
             "whole stream): 128 MiB of fp32 and its bf16 copy, a loader state:",
             sizes_table,

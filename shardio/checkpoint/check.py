@@ -67,7 +67,11 @@ class CheckedCheckpoint:
 def list_dir(directory: str) -> tuple[list[CheckedCheckpoint], list[str]]:
     """The checkpoints of ``directory`` (newest first) from their manifests, nothing read
     but those; and the temp directories of saves in flight or interrupted."""
-    listed, temps = list_checkpoints(directory)
+    pool = IoThreads(max_abandoned=4)
+    try:
+        listed, temps = list_checkpoints(directory, pool=pool)
+    finally:
+        pool.close()
     return [_unchecked(x) for x in listed], temps
 
 
@@ -96,9 +100,9 @@ def verify_checkpoints(path: str, *, read_timeout_s: float = 120.0) -> list[Chec
     if not os.path.isdir(path):
         raise UsageError(f"{path} is not a directory")
     single = os.path.lexists(os.path.join(path, MANIFEST_NAME))
-    listed = [_one(path)] if single else list_checkpoints(path)[0]
     pool = IoThreads(max_abandoned=4)
     try:
+        listed = [_one(path)] if single else list_checkpoints(path, pool=pool)[0]
         return [
             CheckedCheckpoint(
                 x.path,
@@ -124,10 +128,10 @@ def latest_intact(
     if kind is not None:
         check_kind(kind)
     timeout_s = check_seconds("read_timeout_s", read_timeout_s)
-    listed, _ = list_checkpoints(directory)
     skipped: list[tuple[str, str]] = []
     pool = IoThreads(max_abandoned=4)
     try:
+        listed, _ = list_checkpoints(directory, pool=pool, timeout_s=timeout_s)
         for x in listed:
             if x.manifest is not None and kind is not None and x.manifest.kind != kind:
                 continue

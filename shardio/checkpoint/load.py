@@ -25,7 +25,6 @@ from shardio.checkpoint.writing import (
     check_seconds,
     dataset_id_of,
     loader_state_of,
-    make_directory,
     make_payload,
     run_save_bounded,
 )
@@ -105,7 +104,6 @@ def save(
         keep = require_int(keep, "keep", minimum=1, maximum=1_000_000)
     opts = options if options is not None else SaveOptions(**option_values)
     folder = os.fspath(directory)
-    make_directory(folder)
     identity = ranks.resolve_identity(os.environ if environ is None else environ)
     plan = Plan(
         directory=folder, identity=identity, kind=kind, step=step,
@@ -198,10 +196,10 @@ def load_latest(
     timeout_s = check_seconds("read_timeout_s", read_timeout_s)
     folder = os.fspath(directory)
     rank, world = ranks.rank_and_world()
-    listed, _ = list_checkpoints(folder)
     skipped: list[tuple[str, str]] = []
     pool = IoThreads(max_abandoned=4)
     try:
+        listed, _ = list_checkpoints(folder, pool=pool, timeout_s=timeout_s)
         for candidate in listed:
             manifest = candidate.manifest
             if manifest is not None and kind is not None and manifest.kind != kind:

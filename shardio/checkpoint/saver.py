@@ -32,7 +32,6 @@ from shardio.checkpoint.writing import (
     check_seconds,
     dataset_id_of,
     loader_state_of,
-    make_directory,
     make_payload,
     run_save_bounded,
 )
@@ -96,7 +95,6 @@ class Checkpointer:
         self._buffers: list[Any] = []
         self.clock = clock
         self.options = options if options is not None else SaveOptions(**option_values)
-        make_directory(self.directory)
         self.group = ranks.side_group()
         self.identity = ranks.resolve_identity(
             os.environ if environ is None else environ, self.group
@@ -126,6 +124,8 @@ class Checkpointer:
         kind = check_kind(kind)
         step = check_step(step)
         began = time.perf_counter()
+        if self._closed:
+            raise UsageError("this Checkpointer is closed")
         self._raise_failure()
         self._wait_idle()
         rank = self.identity.rank

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import logging
 import os
@@ -54,7 +55,7 @@ from shardio.storage.atomic import (
     temp_path_for,
 )
 from shardio.storage.files import read_regular, rmdir_inside, unlink_inside
-from shardio.storage.stall import IoThreads
+from shardio.storage.stall import IoThreads, call_with_deadline
 
 __all__ = [
     "Listed",
@@ -62,6 +63,7 @@ __all__ = [
     "commit",
     "discard_temp",
     "list_checkpoints",
+    "make_directory",
     "make_temp_dir",
     "prune",
     "verify_files",
@@ -102,6 +104,22 @@ def _real_dir(path: str) -> bool:
         return False
 
 
+def make_directory(folder: str) -> None:
+    """Create the checkpoint directory if missing; refuse a path that is not one.
+
+    Raises:
+        CheckpointError: it cannot be created, or something else is there.
+    """
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(
+            exc.errno or errno.EIO, f"cannot create checkpoint directory {folder}: {exc.strerror}"
+        ) from exc
+    if not os.path.isdir(folder):
+        raise CheckpointError(errno.ENOTDIR, f"{folder} is not a directory")
+
+
 def make_temp_dir(plan: Plan, *, layout: Callable[[str], None] | None) -> None:
     """Rank 0 creates the save's temp directory (and sets its layout); the others wait for it.
 
@@ -111,6 +129,7 @@ def make_temp_dir(plan: Plan, *, layout: Callable[[str], None] | None) -> None:
     """
     tmp = plan.temp_dir
     if plan.identity.rank == 0:
+        make_directory(plan.directory)
         try:
             os.mkdir(tmp, 0o755)
         except FileExistsError:
@@ -341,11 +360,15 @@ def read_manifest(path: str) -> CheckpointManifest:
     return parse_manifest(doc, where)
 
 
-def list_checkpoints(directory: str) -> tuple[list[Listed], list[str]]:
-    """The checkpoints in ``directory``, newest first (those without a readable manifest
-    last), and the temp directories of saves in flight or interrupted.
+def list_checkpoints(
+    directory: str, *, pool: IoThreads | None = None, timeout_s: float = 120.0
+) -> tuple[list[Listed], list[str]]:
+    """The checkpoints in ``directory``, newest first, and the temp directories of saves in
+    flight or interrupted.
 
-    Only real directories with a checkpoint's name count: a symlink is never followed.
+    Only real directories with a checkpoint's name count: a symlink is never followed. With
+    ``pool``, each manifest is read under a ``timeout_s`` deadline (one on a dead server is
+    listed as unreadable, not waited for).
 
     Raises:
         StorageError: ``directory`` cannot be listed.
@@ -371,7 +394,14 @@ def list_checkpoints(directory: str) -> tuple[list[Listed], list[str]]:
             temps.append(entry.path)
         elif is_checkpoint_name(entry.name):
             try:
-                found.append(Listed(entry.path, read_manifest(entry.path), None))
+                if pool is None:
+                    manifest = read_manifest(entry.path)
+                else:
+                    manifest = call_with_deadline(
+                        pool, functools.partial(read_manifest, entry.path), timeout_s,
+                        f"reading the manifest of {entry.path}",
+                    )  # fmt: skip
+                found.append(Listed(entry.path, manifest, None))
             except ShardioError as exc:
                 found.append(Listed(entry.path, None, str(exc)))
     return sorted(found, key=_order_key, reverse=True), temps

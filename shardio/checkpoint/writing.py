@@ -40,7 +40,6 @@ __all__ = [
     "dataset_id_of",
     "loader_state_of",
     "loader_summary",
-    "make_directory",
     "make_payload",
     "run_save",
     "run_save_bounded",
@@ -84,7 +83,9 @@ class SaveOptions:
         threads: compression threads (0: in the writing thread; default: up to 4 cores).
         stripe: the stripe layout on Lustre/BeeGFS, as ``shardio pack --stripe`` takes it.
         fs_type: the filesystem type to plan the layout for (None: detected).
-        verify: read every file back after writing it, its cached pages dropped.
+        verify: before old checkpoints are removed (``keep``), read the new one's files back
+            from the storage (cached pages dropped) and check them: nothing is removed on
+            the word of a write alone. Without ``keep`` nothing is removed, nor read back.
         commit_timeout_s: how long rank 0 waits for the other ranks' files.
         write_timeout_s: how long one rank's whole save may take before it is abandoned as
             stalled (a dead data server holds a write or a close for many minutes): a
@@ -192,18 +193,6 @@ def loader_state_of(loader: Any) -> Any:
     return state_dict()
 
 
-def make_directory(folder: str) -> None:
-    """Create the checkpoint directory if missing; refuse a path that is not one."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as exc:
-        raise CheckpointError(
-            exc.errno or 5, f"cannot create checkpoint directory {folder}: {exc.strerror}"
-        ) from exc
-    if not os.path.isdir(folder):
-        raise UsageError(f"{folder} is not a directory")
-
-
 def _layout(options: SaveOptions, size_hint: int) -> Callable[[str], None]:
     def apply(path: str) -> None:
         from shardio.storage.fsdetect import resolve_fs_type
@@ -300,7 +289,8 @@ def run_save(
     try:
         entry = write_rank(
             plan, payload, has_state=has_state, has_loader=payload["loader"] is not None,
-            level=options.zstd_level_for(payload), threads=options.threads, verify=options.verify,
+            level=options.zstd_level_for(payload), threads=options.threads,
+            verify=options.verify and keep is not None,
             timeout_s=options.read_timeout_s,
         )  # fmt: skip
     except BaseException as exc:
