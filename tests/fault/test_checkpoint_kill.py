@@ -25,7 +25,7 @@ def _committed(log: pathlib.Path) -> int:
     return int(lines[-1]) if lines else -1
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1])
 def test_sigkill_during_saves_leaves_the_previous_checkpoint(tmp_path: pathlib.Path, seed: int):
     rng = random.Random(seed)
     ckdir, log = tmp_path / "ckpt", tmp_path / "log"

@@ -283,3 +283,14 @@ def test_without_the_checkpoint_extra(ckdir: pathlib.Path, monkeypatch: pytest.M
     shutil.rmtree(raw)
     with pytest.raises(NoCheckpointError, match=r"shardio\[checkpoint\]"):
         load_latest(ckdir)  # the compressed one cannot be read without the extra: said so
+
+
+def test_auto_weighs_each_dtype_by_its_bytes() -> None:
+    from shardio.checkpoint.snapshot import estimate_ratio
+
+    # Many fp32 tensors larger than the bf16 ones: the bf16 are sampled too, at their share.
+    state = {f"t{i}": torch.randn(1 << 20) if i % 4 else torch.randn(1 << 20).bfloat16()
+             for i in range(80)}  # fmt: skip
+    fp32, bf16 = 60 * 4, 20 * 2  # MiB
+    expected = (fp32 + bf16) / (fp32 / 1.08 + bf16 / 1.29)
+    assert estimate_ratio(state, level=1) == pytest.approx(expected, rel=0.03)
