@@ -77,6 +77,8 @@ def resolve_identity(environ: Mapping[str, str], group: Any = None) -> Identity:
         UsageError: ``SLURM_JOB_ID`` is malformed.
     """
     rank, world = rank_and_world(group)
+    if world == 1:
+        _refuse_ranks_without_a_group(environ)
     try:
         mine: tuple[str, str | None, str | None] = (this_host(), job_id_from(environ), None)
     except ValueError as exc:  # every rank must reach the gather, then all raise
@@ -99,6 +101,20 @@ def side_group() -> Any:
     if dist is None or dist.get_world_size() == 1:
         return None
     return dist.new_group(backend="gloo")
+
+
+def _refuse_ranks_without_a_group(environ: Mapping[str, str]) -> None:
+    """Refuse to save as a lone process when the environment says this is one rank of many:
+    each would commit a checkpoint of its own, and a restart could load another rank's."""
+    from shardio.order.ranks import detect_ranks
+
+    found = detect_ranks(environ)
+    if found.world_size > 1:
+        raise UsageError(
+            f"{found.source} says this is rank {found.rank} of {found.world_size}, but "
+            "torch.distributed is not initialized: initialize it before saving "
+            "checkpoints, so the ranks save one checkpoint together"
+        )
 
 
 def new_shared_token(group: Any = None) -> str:

@@ -294,3 +294,12 @@ def test_auto_weighs_each_dtype_by_its_bytes() -> None:
     fp32, bf16 = 60 * 4, 20 * 2  # MiB
     expected = (fp32 + bf16) / (fp32 / 1.08 + bf16 / 1.29)
     assert estimate_ratio(state, level=1) == pytest.approx(expected, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    "env", [{"RANK": "1", "WORLD_SIZE": "4"}, {"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}]
+)
+def test_one_rank_of_many_without_a_process_group_is_refused(ckdir: pathlib.Path, env) -> None:
+    with pytest.raises(UsageError, match=r"torch\.distributed is not initialized"):
+        save({"w": 1}, ckdir, step=1, environ={**JOB, **env})
+    assert not ckdir.exists()
