@@ -26,6 +26,7 @@ from shardio.checkpoint.writing import (
     dataset_id_of,
     loader_state_of,
     make_payload,
+    resolve_options,
     run_save_bounded,
 )
 from shardio.errors import CheckpointError, NoCheckpointError, ShardioError, UsageError
@@ -102,7 +103,7 @@ def save(
         from shardio._check import require_int
 
         keep = require_int(keep, "keep", minimum=1, maximum=1_000_000)
-    opts = options if options is not None else SaveOptions(**option_values)
+    opts = resolve_options(options, option_values)
     folder = os.fspath(directory)
     identity = ranks.resolve_identity(os.environ if environ is None else environ)
     plan = Plan(

@@ -33,6 +33,7 @@ from shardio.checkpoint.writing import (
     dataset_id_of,
     loader_state_of,
     make_payload,
+    resolve_options,
     run_save_bounded,
 )
 from shardio.errors import CheckpointError, UsageError
@@ -94,7 +95,7 @@ class Checkpointer:
         self.reuse_buffers = bool(reuse_buffers)
         self._buffers: list[Any] = []
         self.clock = clock
-        self.options = options if options is not None else SaveOptions(**option_values)
+        self.options = resolve_options(options, option_values)
         self.group = ranks.side_group()
         self.identity = ranks.resolve_identity(
             os.environ if environ is None else environ, self.group

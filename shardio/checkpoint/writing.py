@@ -42,6 +42,7 @@ __all__ = [
     "loader_summary",
     "make_payload",
     "run_save",
+    "resolve_options",
     "run_save_bounded",
     "zstandard_installed",
 ]
@@ -145,6 +146,18 @@ class SaveOptions:
             if estimate_ratio(state, level=self.level) < AUTO_MIN_RATIO:
                 return None
         return self.level
+
+
+def resolve_options(options: SaveOptions | None, values: Mapping[str, Any]) -> SaveOptions:
+    """``options``, or a :class:`SaveOptions` of ``values``; a UsageError for both (the
+    keywords would be silently ignored)."""
+    if options is None:
+        return SaveOptions(**values)
+    if values:
+        raise UsageError(
+            f"pass options= or its fields ({', '.join(sorted(values))}) as keywords, not both"
+        )
+    return options
 
 
 def zstandard_installed() -> bool:

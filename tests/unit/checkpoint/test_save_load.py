@@ -303,3 +303,10 @@ def test_one_rank_of_many_without_a_process_group_is_refused(ckdir: pathlib.Path
     with pytest.raises(UsageError, match=r"torch\.distributed is not initialized"):
         save({"w": 1}, ckdir, step=1, environ={**JOB, **env})
     assert not ckdir.exists()
+
+
+def test_options_and_their_fields_together_are_refused(ckdir: pathlib.Path) -> None:
+    from shardio.checkpoint import SaveOptions
+
+    with pytest.raises(UsageError, match="not both"):
+        save({"w": 1}, ckdir, step=1, environ=JOB, options=SaveOptions(), level=3)
