@@ -183,36 +183,46 @@ def lustre_env(tmp_path: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:
     return env, log
 
 
-# --------------------------------------------------------------------------- pfs proof
-# Under SHARDIO_PFS=required (CI) a run that collected tests marked ``pfs`` (tests/pfs, the
-# MooseFS bed) fails unless every one of them ran: a skip, or a session that ran none of them,
-# would let CI pass without ever touching the parallel filesystem. A selection (-k, -m, a file)
-# that collects no pfs test is not held to this.
-_PFS_REQUIRED = os.environ.get("SHARDIO_PFS", "") == "required"
-_pfs_collected = pytest.StashKey[int]()
-_pfs_ran = pytest.StashKey[set[str]]()
-_pfs_skipped = pytest.StashKey[list[str]]()
-_pfs_problem = pytest.StashKey[str]()
+# --------------------------------------------------------------------------- real-tool proof
+# Each group of tests on a real component has a marker and a variable: under
+# SHARDIO_PFS=required (the MooseFS bed, tests/pfs), SHARDIO_SLURM=required (the one-host SLURM
+# cluster, tests/slurm) or SHARDIO_PROMETHEUS=required (a Prometheus server and promtool), as in
+# CI, a run that collected tests of that group fails unless every one of them ran: a skip, or a
+# session that ran none of them, would let CI pass without ever touching the real component. A
+# selection (-k, -m, a file) that collects no test of a group is not held to it.
+_GROUPS = {
+    "pfs": ("SHARDIO_PFS", "the MooseFS bed must run in CI"),
+    "slurm": ("SHARDIO_SLURM", "the SLURM cluster must run in CI"),
+    "prometheus": ("SHARDIO_PROMETHEUS", "Prometheus and promtool must run in CI"),
+}
+_REQUIRED = tuple(m for m, (var, _) in _GROUPS.items() if os.environ.get(var, "") == "required")
+_collected = pytest.StashKey[dict[str, int]]()
+_ran = pytest.StashKey[dict[str, set[str]]]()
+_skipped = pytest.StashKey[dict[str, list[str]]]()
+_problems = pytest.StashKey[list[str]]()
 _CONFIG: dict[str, pytest.Config] = {}  # the session's config, for the report hook
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config
-    config.stash[_pfs_collected] = sum(1 for item in session.items if "pfs" in item.keywords)
-    config.stash[_pfs_ran] = set()
-    config.stash[_pfs_skipped] = []
+    config.stash[_collected] = {
+        m: sum(1 for item in session.items if m in item.keywords) for m in _GROUPS
+    }
+    config.stash[_ran] = {m: set() for m in _GROUPS}
+    config.stash[_skipped] = {m: [] for m in _GROUPS}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if not _PFS_REQUIRED or "pfs" not in report.keywords:
-        return
     config = _CONFIG.get("config")
-    if config is None or _pfs_ran not in config.stash:
+    if config is None or _ran not in config.stash:
         return
-    if report.skipped and not hasattr(report, "wasxfail"):  # an xfail did run
-        config.stash[_pfs_skipped].append(report.nodeid)
-    elif report.when == "call":
-        config.stash[_pfs_ran].add(report.nodeid)
+    for marker in _REQUIRED:
+        if marker not in report.keywords:
+            continue
+        if report.skipped and not hasattr(report, "wasxfail"):  # an xfail did run
+            config.stash[_skipped][marker].append(report.nodeid)
+        elif report.when == "call":
+            config.stash[_ran][marker].add(report.nodeid)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -221,28 +231,31 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    if not _PFS_REQUIRED or config.option.collectonly or _pfs_collected not in config.stash:
+    if not _REQUIRED or config.option.collectonly or _collected not in config.stash:
         return
-    collected = config.stash[_pfs_collected]
-    if not collected:
+    problems = []
+    for marker in _REQUIRED:
+        var, why = _GROUPS[marker]
+        collected = config.stash[_collected][marker]
+        if not collected:
+            continue
+        skipped = config.stash[_skipped][marker]
+        ran = len(config.stash[_ran][marker])
+        if skipped:
+            shown = ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else "")
+            problem = f"{len(skipped)} {marker} test(s) skipped: {shown}"
+        elif ran == 0:
+            problem = f"{collected} {marker} test(s) collected but none ran"
+        else:
+            continue
+        problems.append(f"{var}=required: {problem} ({why})")
+    if not problems:
         return
-    skipped = config.stash[_pfs_skipped]
-    ran = len(config.stash[_pfs_ran])
-    if skipped:
-        shown = ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else "")
-        problem = f"{len(skipped)} pfs test(s) skipped: {shown}"
-    elif ran == 0:
-        problem = f"{collected} pfs test(s) collected but none ran"
-    else:
-        return
-    config.stash[_pfs_problem] = problem
+    config.stash[_problems] = problems
     if session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    problem = config.stash.get(_pfs_problem, "")
-    if problem:
-        terminalreporter.write_line(
-            f"SHARDIO_PFS=required: {problem} (the MooseFS bed must run in CI)", red=True
-        )
+    for problem in config.stash.get(_problems, []):
+        terminalreporter.write_line(problem, red=True)
