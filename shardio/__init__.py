@@ -3,6 +3,7 @@
 Public API (torch-side names load lazily, so packing never imports torch)::
 
     from shardio import pack, PackOptions, verify_dataset, repair_dataset, PackedDataset
+    from shardio import ShardWriter                      # write shards from code
     from shardio import inspect_dataset                  # what `shardio inspect` shows
     from shardio import ShardDataset, ResilientDataset   # import torch on first use
     from shardio import OrderSpec, EpochStager           # the order spec; stage epochs ahead
@@ -50,12 +51,14 @@ __all__ = [
     "SampleUnavailableError",
     "ShardDataset",
     "ShardLoader",
+    "ShardWriter",
     "ShardioError",
     "SourceError",
     "StorageError",
     "StorageUnavailableError",
     "UsageError",
     "VerifyReport",
+    "WriteResult",
     "__version__",
     "add_parity",
     "drop_parity",
@@ -75,6 +78,8 @@ _LAZY = {
     "PackResult": "shardio.packing.run",
     "pack": "shardio.packing.run",
     "merge_parts": "shardio.packing.merge",
+    "ShardWriter": "shardio.packing.writer",
+    "WriteResult": "shardio.packing.writer",
     "PackedDataset": "shardio.read.packed",
     "ShardDataset": "shardio.runtime.dataset",
     "ShardLoader": "shardio.runtime.loader",

@@ -109,7 +109,9 @@ def _labels_text(result: PackResult) -> str:
     return f"none ({result.labels_note})" if result.labels_note else "none"
 
 
-def _origin_text(source: LabelSource | None) -> str:
+def _origin_text(source: LabelSource | None, layout: str) -> str:
+    if layout == "writer":
+        return "given to ShardWriter"
     if source is None:
         return "from the class directories"
     if source.kind == "dataset":
@@ -122,7 +124,7 @@ def label_map_text(classes: tuple[str, ...], layout: str, source: LabelSource | 
     shown = ", ".join(f"{i} {_show_name(n)}" for i, n in enumerate(classes[:_CLASSES_SHOWN]))
     more = ", ..." if len(classes) > _CLASSES_SHOWN else ""
     count = f"{len(classes):,} class{'es' if len(classes) != 1 else ''}"
-    return f"{count} ({layout}) {_origin_text(source)}: {shown}{more}"
+    return f"{count} ({layout}) {_origin_text(source, layout)}: {shown}{more}"
 
 
 def _show_name(name: str) -> str:
@@ -160,5 +162,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         f"merged {result.num_parts} parts into {args.dst}: {man.num_samples:,} samples, "
         f"{len(man.shards):,} shards, {format_size(man.total_bytes)}"
     )
-    print(f"source calls of the {result.num_parts} part(s): {_calls_text(result.source_calls)}")
+    if not man.options.get("writer"):  # ShardWriter parts read no source tree
+        calls = _calls_text(result.source_calls)
+        print(f"source calls of the {result.num_parts} part(s): {calls}")
     return EXIT_OK

@@ -155,7 +155,8 @@ class Manifest:
         index: the binary index.
         shards: the shards, in dataset order.
         classes: the label map (class index -> name) or None when unlabelled.
-        label_layout: how labels were derived ("class-dirs", "split-class-dirs" or "none").
+        label_layout: how labels were derived ("class-dirs", "split-class-dirs", "writer":
+            given to a ShardWriter, or "none").
         label_source: where a pinned label map came from; None: the class directories.
         options: the packing options, as given.
         layout: what was done about filesystem striping.

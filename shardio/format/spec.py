@@ -37,7 +37,8 @@ HDF5_SHARD_VERSION: Final = 1
 MANIFEST_CHECKSUM_FIELD: Final = "manifest_xxh3_128"
 # A manifest lists about 300 bytes per shard: 512 MiB is over a million shards.
 MAX_MANIFEST_BYTES: Final = 512 * 1024 * 1024
-LABEL_LAYOUTS: Final = ("none", "class-dirs", "split-class-dirs")
+# "writer": the labels a ShardWriter was given (its ``cls`` members), not derived from a tree.
+LABEL_LAYOUTS: Final = ("none", "class-dirs", "split-class-dirs", "writer")
 
 MANIFEST_FILENAME: Final = "manifest.json"
 INDEX_FILENAME: Final = "index.bin"

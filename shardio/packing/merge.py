@@ -162,6 +162,20 @@ def _open_fragment(dst: str, part: PartRecord, rec: ShardRecord) -> Index:
     return frag
 
 
+def _check_unique_keys(dst: str, fragments: list[tuple[Index, int]]) -> None:
+    """Parts written by ShardWriters each checked their own keys; across parts, here."""
+    seen: dict[str, int] = {}
+    for number, (frag, _) in enumerate(fragments):
+        for sample in range(len(frag)):
+            key = frag.key(sample)
+            if seen.setdefault(key, number) != number:
+                raise UsageError(
+                    f"{dst}: key {key!r} was written by two parts (shards {seen[key]} and "
+                    f"{number} of the merge): give every sample of a dataset its own key, then "
+                    "write the parts again (overwrite=True)"
+                )
+
+
 def merge_parts(
     dst: str,
     *,
@@ -244,6 +258,8 @@ def _merge(
                 num_members += rec.num_members
                 data_bytes += rec.data_bytes
                 counters.add(1, rec.size_bytes)
+        if len(parts) > 1 and parts[0].options.get("writer"):
+            _check_unique_keys(dst, fragments)
         index_path = os.path.join(dst, INDEX_FILENAME)
         with atomic_write(index_path, durable=durable) as fh:
             num_samples = merge_indexes(fh, fragments, n_shards=len(shards))

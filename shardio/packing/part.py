@@ -49,6 +49,7 @@ __all__ = [
     "Plan",
     "RunContext",
     "alignment_for",
+    "alignment_of",
     "fingerprint_of",
     "pack_part",
     "pinned_labels",
@@ -133,11 +134,16 @@ def pinned_labels(options: PackOptions) -> PinnedLabels | None:
 
 def alignment_for(layout: LayoutResult, options: PackOptions) -> int:
     """HDF5 blob alignment: the stripe size where a stripe layout was applied."""
-    stripe = parse_stripe(options.stripe)
+    return alignment_of(layout, options.stripe, options.shard_size_bytes)
+
+
+def alignment_of(layout: LayoutResult, stripe_text: str, shard_size_bytes: int) -> int:
+    """:func:`alignment_for` from the stripe option and the shard size themselves."""
+    stripe = parse_stripe(stripe_text)
     if layout.action == "applied" and isinstance(stripe, StripeSpec):
         return stripe.size_bytes
     if layout.action == "applied":
-        return 4 * MiB if options.shard_size_bytes >= 64 * MiB else MiB
+        return 4 * MiB if shard_size_bytes >= 64 * MiB else MiB
     return DEFAULT_HDF5_ALIGNMENT
 
 

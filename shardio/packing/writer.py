@@ -1,0 +1,619 @@
+"""Write a dataset from code, sample by sample: the same shards, index and manifest as pack.
+
+``ShardWriter`` cuts the samples it is given, in order, into tar or HDF5 shards of a target
+size, hashing every member (xxh3-64) and every shard (xxh3-128), as ``shardio pack`` does.
+Nothing is visible until :meth:`ShardWriter.close`: shards are written into a staging folder
+of the work directory (striped like the shard folder, so a rename keeps their layout), then
+renamed into ``shards/``, recorded, and merged into the index and manifest, which are written
+last. A write killed half-way leaves only work files, which ``overwrite=True`` (for this
+part) or ``shardio pack --force`` removes. N writers (ranks, SLURM tasks) write parts
+``part=I, num_parts=N`` into one directory; ``shardio merge`` joins them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import logging
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import xxhash
+
+from shardio._check import require_int
+from shardio.errors import FormatError, PackError, UsageError
+from shardio.format.index import IndexBuilder, MemberEntry
+from shardio.format.spec import LABEL_EXT, SHARD_DIR, SHARD_FORMATS, TAR_BLOCK, WORK_DIR
+from shardio.packing.dest import (
+    check_owned,
+    inspect_dst,
+    make_dst,
+    remove_bare_dst,
+    unlink_regular,
+)
+from shardio.packing.merge import merge_locked
+from shardio.packing.part import alignment_of
+from shardio.packing.plan import shard_name, shard_paths
+from shardio.packing.samples import WrittenSample, check_sample
+from shardio.packing.workfiles import (
+    PartRecord,
+    ShardRecord,
+    StateRecord,
+    done_path,
+    fragment_path,
+    load_record,
+    part_record_name,
+    state_name,
+    write_record,
+)
+from shardio.storage.atomic import atomic_write, fsync_dir, is_temp_name, rename_noreplace
+from shardio.storage.dirlock import lock_directory
+from shardio.storage.files import make_dirs_inside
+from shardio.storage.fsdetect import resolve_fs_type
+from shardio.storage.runner import CommandRunner, run_command
+from shardio.storage.striping import LayoutResult, apply_layout, parse_stripe
+from shardio.units import parse_size
+from shardio.writers.hdf5 import HDF5ShardWriter
+from shardio.writers.tar import TarShardWriter, dali_index_text
+
+__all__ = ["ShardWriter", "WriteResult"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_PARTS = 9999  # part records are named part-IIII-of-NNNN
+_MIN_SHARD_BYTES = 4096
+_BUSY = "another shardio pack or ShardWriter is writing to"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WriteResult:
+    """What a ShardWriter wrote: this part's samples and shards; ``merged`` once the dataset
+    is complete (one part, or the parts joined later by ``shardio merge``)."""
+
+    dst: str
+    part: int
+    num_parts: int
+    num_samples: int
+    num_shards: int
+    data_bytes: int
+    total_bytes: int
+    oversized: tuple[str, ...]
+    layout: LayoutResult
+    merged: bool
+
+
+def _tar_cost(sample: WrittenSample) -> int:
+    return sum(TAR_BLOCK + -(-len(d) // TAR_BLOCK) * TAR_BLOCK for _, d, _ in sample.members)
+
+
+@dataclass
+class _Shard:
+    """The shard being filled."""
+
+    seq: int
+    name: str
+    writer: TarShardWriter | None  # tar: streamed; HDF5: written whole when it is full
+    pending: list[WrittenSample] = dataclasses.field(default_factory=list)
+    builder: IndexBuilder = dataclasses.field(default_factory=IndexBuilder)
+    cost: int = 2 * TAR_BLOCK  # end-of-archive blocks
+    data_bytes: int = 0
+    num_members: int = 0
+
+
+class ShardWriter:
+    """Writes samples into a shardio dataset (or one part of it) at ``dst``.
+
+    Use it as a context manager: the dataset is published when the block ends, and nothing
+    is left behind when it raises::
+
+        with ShardWriter("out/", format="tar", shard_size="1GiB") as w:
+            for key, image, label in samples:
+                w.write({"__key__": key, "jpg": image, "cls": label})
+
+    Args:
+        dst: a new or empty directory (or one holding the other parts of the same write).
+        format: ``"tar"`` (WebDataset layout, with DALI indexes) or ``"hdf5"``.
+        shard_size: target shard size, bytes or text such as ``"512MiB"``; a sample larger
+            than it gets a shard of its own (reported in ``oversized``). An HDF5 shard is
+            held in memory until it is full, so this is also its memory bound.
+        classes: the label map (class index -> name). Without it the labels are indexes and
+            the classes are named ``"0"``, ``"1"``, ...; with several parts it is required for
+            labelled data, so that every part records one map.
+        part, num_parts: this writer's part of a write split over N writers (``0 <= part <
+            num_parts``); the parts are joined by ``shardio merge`` once all have closed.
+        overwrite: remove what an interrupted earlier write of this part left (never a
+            finished dataset, never a file shardio did not write).
+        stripe, fs_type: the shard folder's layout, as ``shardio pack --stripe/--fs-type``.
+        durable: fsync shards and records before they are published.
+        runner: runs ``lfs``/``beegfs-ctl`` for striping.
+    """
+
+    def __init__(
+        self,
+        dst: str | os.PathLike[str],
+        *,
+        format: str = "tar",  # pack's --format; shadows the builtin in this method only
+        shard_size: int | str = "1GiB",
+        classes: Sequence[str] | None = None,
+        part: int = 0,
+        num_parts: int = 1,
+        overwrite: bool = False,
+        stripe: str = "auto",
+        fs_type: str | None = None,
+        durable: bool = True,
+        runner: CommandRunner = run_command,
+    ) -> None:
+        self.dst = os.fspath(dst)
+        if not self.dst or "\0" in self.dst:
+            raise UsageError(f"invalid destination {self.dst!r}: give a directory path")
+        if format not in SHARD_FORMATS:
+            raise UsageError(f"invalid format {format!r}: choose one of {', '.join(SHARD_FORMATS)}")
+        self.shard_format = format
+        if isinstance(shard_size, str):
+            self.shard_size_bytes = parse_size(shard_size)
+        else:
+            self.shard_size_bytes = require_int(shard_size, "shard_size", minimum=1)
+        if self.shard_size_bytes < _MIN_SHARD_BYTES:
+            raise UsageError(f"shard size {self.shard_size_bytes} bytes is too small (min 4 KiB)")
+        self.num_parts = require_int(num_parts, "num_parts", minimum=1, maximum=_MAX_PARTS)
+        self.part = require_int(part, "part", minimum=0, maximum=self.num_parts - 1)
+        self.classes = _check_classes(classes)
+        if not isinstance(overwrite, bool) or not isinstance(durable, bool):
+            raise UsageError("overwrite and durable must be True or False")
+        parse_stripe(stripe)
+        self.stripe, self.fs_type = stripe, fs_type
+        self.overwrite, self.durable = overwrite, durable
+        self._runner = runner
+        self._labelled: bool | None = True if self.classes is not None else None
+        self._stack: contextlib.ExitStack | None = None
+        self._created = False
+        self._state = "new"  # new -> open -> closed | failed
+        self._keys: set[str] = set()
+        self._shard: _Shard | None = None
+        self._records: list[ShardRecord] = []
+        self._oversized: list[str] = []
+        self._max_label = -1
+        self._layout: LayoutResult | None = None
+        self._alignment = 0
+
+    # -- names ---------------------------------------------------------------------------------
+    @property
+    def _work(self) -> str:
+        return os.path.join(self.dst, WORK_DIR)
+
+    @property
+    def _staging(self) -> str:
+        return os.path.join(self._work, f"write-{self.part:04d}-of-{self.num_parts:04d}")
+
+    def _whole_fingerprint(self) -> str:
+        plan = ("shardio-writer", self.shard_format, self.shard_size_bytes, self.classes)
+        return xxhash.xxh3_128_hexdigest(ascii((plan, self.num_parts)).encode())
+
+    def _part_fingerprint(self) -> str:
+        return xxhash.xxh3_128_hexdigest(f"{self._whole_fingerprint()}:{self.part}".encode())
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def __enter__(self) -> ShardWriter:
+        self.open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def open(self) -> None:
+        """Lock and check ``dst``, then make the work folders (``write`` calls it if needed).
+
+        Raises:
+            UsageError: ``dst`` holds a dataset, foreign files, another split, or an
+                interrupted write of this part (without ``overwrite``); or it is locked.
+            PackError: other parts in ``dst`` were begun with other options.
+        """
+        if self._state != "new":
+            raise UsageError(f"the ShardWriter for {self.dst} was already opened")
+        self._state = "failed"  # until open succeeds
+        stack = contextlib.ExitStack()
+        try:
+            self._created = make_dst(self.dst)
+            stack.enter_context(lock_directory(self.dst, shared=self.num_parts > 1, busy=_BUSY))
+            self._check_dst()
+            staging = make_dirs_inside(self.dst, os.path.relpath(self._staging, self.dst))
+            busy = f"another ShardWriter is writing part {self.part}/{self.num_parts} to"
+            stack.enter_context(lock_directory(staging, shared=False, busy=busy))
+            self._check_own_part()
+            self._prepare(staging)
+        except BaseException:
+            stack.close()
+            if self._created:
+                remove_bare_dst(self.dst)
+            raise
+        self._stack = stack
+        self._state = "open"
+
+    def _check_dst(self) -> None:
+        state = inspect_dst(self.dst)
+        if state.commit is not None:
+            raise UsageError(
+                f"{self.dst} holds a replacement interrupted half-way (a killed pack --force): "
+                "finish it with shardio pack --resume, or write into a new directory"
+            )
+        if state.kind == "dataset":
+            raise UsageError(
+                f"{self.dst} already holds a shardio dataset: ShardWriter never replaces one; "
+                "write into a new directory"
+            )
+        if state.kind == "foreign":
+            raise UsageError(
+                f"{state.why}: ShardWriter writes only into a new or empty directory (or beside "
+                "the other parts of one write)"
+            )
+        if state.damaged:
+            raise FormatError(
+                f"{state.damaged}: shardio cannot tell which files the interrupted write in "
+                f"{self.dst} made; remove them by hand and write again"
+            )
+        for other in state.states:
+            if other.num_parts != self.num_parts:
+                raise UsageError(
+                    f"{self.dst} holds a write or pack split into {other.num_parts} part(s), "
+                    f"not {self.num_parts}: write into a new directory"
+                )
+            if other.part != self.part and other.plan_fingerprint != self._whole_fingerprint():
+                raise PackError(
+                    f"part {other.part}/{other.num_parts} in {self.dst} was begun with other "
+                    "options (format, shard size, classes) or by a pack: the parts would not "
+                    "fit together; write every part with the same options"
+                )
+
+    def _check_own_part(self) -> None:
+        """Under the part's lock: what an earlier write of this part left."""
+        names = (state_name, part_record_name)
+        own = [os.path.join(self._work, f(self.part, self.num_parts)) for f in names]
+        if not any(os.path.lexists(p) for p in own) and not _holds_files(self._staging):
+            return
+        if not self.overwrite:
+            raise UsageError(
+                f"{self.dst} holds an earlier write of part {self.part}/{self.num_parts} "
+                "(interrupted, or not merged yet): pass overwrite=True to write it again"
+            )
+        self._remove_part()
+
+    def _remove_part(self) -> None:
+        """Remove this part's files: staged shards, fragments, published shards, records."""
+        state_path = os.path.join(self._work, state_name(self.part, self.num_parts))
+        num_shards = 0
+        if os.path.lexists(state_path):
+            num_shards = load_record(state_path, StateRecord).num_shards
+        stem = shard_name(0, part=self.part, num_parts=self.num_parts)[:-6]  # "shard-[pNNNN-]"
+        published = []
+        for seq in range(num_shards):
+            for rel in shard_paths(shard_name(seq, part=self.part, num_parts=self.num_parts),
+                                   self.shard_format):  # fmt: skip
+                if rel is not None and os.path.lexists(os.path.join(self.dst, rel)):
+                    published.append(rel)
+        check_owned(self.dst, published, source=f"the earlier write of part {self.part}")
+        for folder in (self._staging, os.path.join(self._work, "frag")):
+            for name in _listdir(folder):
+                if name.startswith(stem) or is_temp_name(name):
+                    unlink_regular(os.path.join(folder, name))
+        for rel in published:
+            unlink_regular(os.path.join(self.dst, rel))
+        unlink_regular(os.path.join(self._work, part_record_name(self.part, self.num_parts)))
+        unlink_regular(state_path)
+
+    def _prepare(self, staging: str) -> None:
+        shard_dir = make_dirs_inside(self.dst, SHARD_DIR)
+        make_dirs_inside(self.dst, f"{WORK_DIR}/frag")
+        fs_type = resolve_fs_type(self.dst, self.fs_type)
+        for folder in (staging, shard_dir):  # staged shards keep their layout when renamed
+            layout = apply_layout(
+                folder,
+                fs_type=fs_type,
+                stripe=parse_stripe(self.stripe),
+                shard_size_bytes=self.shard_size_bytes,
+                runner=self._runner,
+            )
+        self._layout = layout
+        self._alignment = alignment_of(layout, self.stripe, self.shard_size_bytes)
+        self._write_state(0)
+
+    def _write_state(self, num_shards: int) -> None:
+        state = StateRecord(
+            fingerprint=self._part_fingerprint(),
+            part=self.part,
+            num_parts=self.num_parts,
+            num_shards=num_shards,
+            shard_format=self.shard_format,
+            plan_fingerprint=self._whole_fingerprint(),
+        )
+        path = os.path.join(self._work, state_name(self.part, self.num_parts))
+        write_record(path, state, durable=self.durable)
+
+    # -- writing -------------------------------------------------------------------------------
+    def write(self, sample: dict[str, Any]) -> None:
+        """Write one sample: ``{"__key__": key, ext: bytes | str, ..., "cls": label}``.
+
+        A sample refused for its content (a bad or duplicate key, a reserved name, a label
+        missing or out of range) raises UsageError and writes nothing: the writer goes on.
+        A failure to write (ENOSPC, EIO) leaves the writer failed: ``close`` raises and
+        the context manager removes what it wrote.
+        """
+        if self._state == "new":
+            self.open()
+        if self._state != "open":
+            raise UsageError(f"the ShardWriter for {self.dst} is {self._state}: cannot write")
+        checked = check_sample(
+            sample, len(self._keys), labelled=self._labelled, classes=self.classes
+        )
+        if checked.key in self._keys:
+            raise UsageError(
+                f"duplicate key {checked.key!r}: each sample of a dataset needs its own key"
+            )
+        if self._labelled is None:
+            if checked.label >= 0 and self.num_parts > 1:
+                raise UsageError(
+                    f"sample {checked.key!r} is labelled: with {self.num_parts} parts give "
+                    "classes= to every writer, so that all parts record one label map"
+                )
+            self._labelled = checked.label >= 0
+        self._state = "failed"  # until the sample is in
+        cost = _tar_cost(checked)
+        shard = self._shard
+        if shard is not None and shard.cost + cost > self.shard_size_bytes:
+            self._finish_shard()
+            shard = None
+        if shard is None:
+            shard = self._shard = self._new_shard()
+        if shard.cost == 2 * TAR_BLOCK and 2 * TAR_BLOCK + cost > self.shard_size_bytes:
+            self._oversized.append(checked.key)
+        self._add(shard, checked)
+        shard.cost += cost
+        self._keys.add(checked.key)
+        self._max_label = max(self._max_label, checked.label)
+        self._state = "open"
+
+    def _new_shard(self) -> _Shard:
+        seq = len(self._records)
+        name = shard_name(seq, part=self.part, num_parts=self.num_parts)
+        writer = None
+        if self.shard_format == "tar":
+            path = os.path.join(self._staging, name + ".tar")
+            writer = TarShardWriter(path, durable=self.durable)
+        return _Shard(seq, name, writer)
+
+    def _add(self, shard: _Shard, sample: WrittenSample) -> None:
+        if shard.writer is not None:
+            placed = shard.writer.add_sample(sample.key, sample.label, sample.members)
+            self._index(shard, sample, placed)
+        else:
+            shard.pending.append(sample)
+        shard.data_bytes += sample.data_bytes
+        shard.num_members += len(sample.members)
+
+    @staticmethod
+    def _index(shard: _Shard, sample: WrittenSample, placed: list[tuple[int, int]]) -> None:
+        entries = [
+            MemberEntry(
+                ext,
+                offset,
+                size,
+                digest,
+                b"" if ext == LABEL_EXT else f"{sample.key}.{ext}".encode("ascii"),
+            )
+            for (ext, _, digest), (offset, size) in zip(sample.members, placed, strict=True)
+        ]
+        shard.builder.add_sample(shard=0, key=sample.key, label=sample.label, members=entries)
+
+    def _finish_shard(self) -> None:
+        shard, self._shard = self._shard, None
+        if shard is None:
+            return
+        name = shard.name
+        rel, dali_rel = shard_paths(name, self.shard_format)
+        writer: TarShardWriter | HDF5ShardWriter
+        if shard.writer is not None:
+            writer = shard.writer
+        else:
+            writer = HDF5ShardWriter(
+                os.path.join(self._staging, name + ".h5"),
+                capacity_bytes=sum(s.data_bytes for s in shard.pending),
+                alignment=self._alignment,
+                durable=self.durable,
+            )
+        try:
+            if isinstance(writer, HDF5ShardWriter):
+                for sample in shard.pending:
+                    placed = writer.add_sample(sample.key, sample.label, sample.members)
+                    self._index(shard, sample, placed)
+                shard.pending.clear()
+            size, digest = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        if dali_rel is not None and isinstance(writer, TarShardWriter):
+            idx = os.path.join(self._staging, name + ".idx")
+            with atomic_write(idx, durable=self.durable) as fh:
+                fh.write(dali_index_text(writer.samples))
+        buf = io.BytesIO()
+        shard.builder.write(buf)
+        fragment = buf.getvalue()
+        with atomic_write(fragment_path(self.dst, name), durable=self.durable) as fh:
+            fh.write(fragment)
+        self._records.append(
+            ShardRecord(
+                fingerprint=self._part_fingerprint(),
+                seq=shard.seq,
+                path=rel,
+                size_bytes=size,
+                num_samples=shard.builder.num_samples,
+                num_members=shard.num_members,
+                data_bytes=shard.data_bytes,
+                xxh3_128=digest,
+                dali_index=dali_rel,
+                index_size_bytes=len(fragment),
+                index_xxh3_128=xxhash.xxh3_128_hexdigest(fragment),
+            )
+        )
+        logger.debug("%s: shard %s written (%d bytes)", self.dst, name, size)
+
+    # -- publishing ----------------------------------------------------------------------------
+    def close(self) -> WriteResult:
+        """Finish the last shard, publish this part and, with one part, the dataset.
+
+        Raises:
+            UsageError: nothing was written (one part), or the writer failed earlier.
+            StorageError: writing failed (what this part wrote is removed by ``abort``).
+        """
+        if self._state == "new":
+            self.open()
+        if self._state != "open":
+            raise UsageError(f"the ShardWriter for {self.dst} is {self._state}: cannot close it")
+        self._state = "failed"
+        if not self._keys and self.num_parts == 1:
+            self.abort()
+            raise UsageError(f"no sample was written to {self.dst}: nothing to publish")
+        try:
+            self._finish_shard()
+            self._publish()
+            merged = self.num_parts == 1
+            if merged:
+                merge_locked(self.dst, durable=self.durable)
+        except BaseException:
+            self.abort()
+            raise
+        with contextlib.suppress(OSError):
+            os.rmdir(self._staging)
+        self._release()
+        self._state = "closed"
+        assert self._layout is not None  # set by open()
+        return WriteResult(
+            dst=self.dst,
+            part=self.part,
+            num_parts=self.num_parts,
+            num_samples=len(self._keys),
+            num_shards=len(self._records),
+            data_bytes=sum(r.data_bytes for r in self._records),
+            total_bytes=sum(r.size_bytes for r in self._records),
+            oversized=tuple(self._oversized),
+            layout=self._layout,
+            merged=merged,
+        )
+
+    def _publish(self) -> None:
+        """Rename the staged shards into ``shards/``, then write their records and the part's."""
+        pairs = []
+        for rec in self._records:
+            for rel in (rec.path, rec.dali_index):
+                if rel is None:
+                    continue
+                final = os.path.join(self.dst, rel)
+                if os.path.lexists(final):
+                    raise UsageError(f"{final} appeared during the write: shardio left it alone")
+                pairs.append((os.path.join(self._staging, os.path.basename(rel)), final))
+        self._write_state(len(self._records))  # an interrupted overwrite knows what to remove
+        for staged, final in pairs:
+            rename_noreplace(staged, final)
+        if self.durable:
+            fsync_dir(os.path.join(self.dst, SHARD_DIR))
+        for rec in self._records:
+            stem = os.path.basename(rec.path).rsplit(".", 1)[0]
+            write_record(done_path(self.dst, stem), rec, durable=self.durable)
+        classes = self.classes
+        if self._labelled and classes is None:
+            classes = tuple(str(i) for i in range(self._max_label + 1))
+        assert self._layout is not None  # set by open()
+        record = PartRecord(
+            part=self.part,
+            num_parts=self.num_parts,
+            fingerprint=self._part_fingerprint(),
+            shard_format=self.shard_format,
+            classes=classes if self._labelled else None,
+            label_layout="writer" if self._labelled else "none",
+            num_listed_files=len(self._keys),
+            options={
+                "writer": True,
+                "shard_size_bytes": self.shard_size_bytes,
+                "labels": "writer" if self._labelled else "none",
+                "stripe": self.stripe,
+                "strict": True,
+                "num_parts": self.num_parts,
+                "parity": None,
+            },
+            layout=self._layout,
+            shards=tuple(self._records),
+            skipped=(),
+            oversized=tuple(self._oversized),
+            plan_fingerprint=self._whole_fingerprint(),
+        )
+        path = os.path.join(self._work, part_record_name(self.part, self.num_parts))
+        write_record(path, record, durable=self.durable)
+
+    def abort(self) -> None:
+        """Remove what this writer wrote (its part only) and release ``dst``; idempotent."""
+        if self._stack is None:
+            self._state = "closed" if self._state == "closed" else "failed"
+            return
+        shard, self._shard = self._shard, None
+        if shard is not None and shard.writer is not None:
+            shard.writer.abort()
+        try:
+            self._remove_part()
+            with contextlib.suppress(OSError):
+                os.rmdir(self._staging)
+        finally:
+            self._release()
+            self._state = "failed"
+            if self._created:
+                remove_bare_dst(self.dst)
+
+    def _release(self) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+
+def _check_classes(classes: Sequence[str] | None) -> tuple[str, ...] | None:
+    if classes is None:
+        return None
+    if isinstance(classes, (str, bytes)) or not isinstance(classes, Sequence):
+        raise UsageError("classes must be a list of class names (str), index order")
+    names = tuple(classes)
+    if not names:
+        raise UsageError("classes is empty: give the class names, or None for no label map")
+    for name in names:
+        if not isinstance(name, str) or not name or "\0" in name or "\n" in name:
+            raise UsageError(f"class name {name!r} must be a non-empty str on one line")
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise UsageError(f"class {dup!r} appears twice in classes")
+    return names
+
+
+def _listdir(folder: str) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
+
+
+def _holds_files(folder: str) -> bool:
+    """Whether a folder holds anything (a symlink or non-directory counts)."""
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{folder} is not a directory: shardio does not write through it")
+    return bool(os.listdir(folder))
