@@ -38,6 +38,7 @@ __all__ = [
     "GPUPrefetcher",
     "IntegrityError",
     "MissingExtraError",
+    "MixedDataset",
     "OrderSpec",
     "PackError",
     "PackOptions",
@@ -71,7 +72,9 @@ __all__ = [
 ]
 
 # Names whose module imports torch: without it, one line naming the extra.
-_NEEDS_TORCH = frozenset({"ShardDataset", "ShardLoader", "GPUPrefetcher", "ResilientDataset"})
+_NEEDS_TORCH = frozenset(
+    {"ShardDataset", "ShardLoader", "GPUPrefetcher", "ResilientDataset", "MixedDataset"}
+)
 
 _LAZY = {
     "PackOptions": "shardio.packing.run",
@@ -87,6 +90,7 @@ _LAZY = {
     "GPUPrefetcher": "shardio.runtime.prefetch",
     "RecoveryPolicy": "shardio.read.recovery",
     "ResilientDataset": "shardio.runtime.resilient",
+    "MixedDataset": "shardio.runtime.mixed",
     "VerifyReport": "shardio.tools.verify",
     "verify_dataset": "shardio.tools.verify",
     "unpack_dataset": "shardio.tools.unpack",

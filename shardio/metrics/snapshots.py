@@ -48,6 +48,8 @@ class MetricsSnapshot:
         wait_latency: the wait per batch.
         stall_fraction: ``wait_s / elapsed_s``: the share of the time the loop was starved.
         transport: batches by how they crossed from the workers ("ring", "fallback").
+        sources: samples delivered per source of a mix (``MixedDataset``), by source name;
+            empty for a single dataset.
         histograms: the latency histograms themselves (for exporters), by name:
             "read_staged", "read_source", "wait", "step".
     """
@@ -73,6 +75,7 @@ class MetricsSnapshot:
     wait_latency: LatencySummary
     stall_fraction: float
     transport: Mapping[str, int] = field(default_factory=dict)
+    sources: Mapping[str, int] = field(default_factory=dict)
     histograms: Mapping[str, LatencyHistogram] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,6 +105,7 @@ class MetricsSnapshot:
             "wait_latency": self.wait_latency.to_dict(),
             "stall_fraction": self.stall_fraction,
             "transport": dict(self.transport),
+            "sources": dict(self.sources),
             "histograms": {k: _wire_to_json(v.to_wire()) for k, v in self.histograms.items()},
         }
 
@@ -147,6 +151,7 @@ class MetricsSnapshot:
                 wait_latency=_summary(data["wait_latency"]),
                 stall_fraction=_real(data, "stall_fraction"),
                 transport=_counts(data, "transport"),
+                sources=_counts(data, "sources", optional=True),
                 histograms={
                     str(k): LatencyHistogram.from_wire(_wire_from_json(v))
                     for k, v in _mapping(data, "histograms", optional=True).items()
@@ -158,6 +163,12 @@ class MetricsSnapshot:
             raise UsageError(f"metrics snapshot: missing key {exc}") from exc
         except (TypeError, ValueError) as exc:
             raise UsageError(f"metrics snapshot: malformed: {exc}") from exc
+
+    @property
+    def has_data(self) -> bool:
+        """Whether a batch was delivered or a sample read yet (a snapshot taken before
+        training began holds only zeros)."""
+        return self.batches > 0 or self.samples_read > 0 or self.bytes_read > 0
 
     @property
     def stalls(self) -> int:
@@ -226,8 +237,8 @@ def _mapping(data: Mapping[str, Any], key: str, *, optional: bool = False) -> Ma
     return value
 
 
-def _counts(data: Mapping[str, Any], key: str) -> dict[str, int]:
-    values = _mapping(data, key)
+def _counts(data: Mapping[str, Any], key: str, *, optional: bool = False) -> dict[str, int]:
+    values = _mapping(data, key, optional=optional)
     return {str(k): _count(values, k) for k in values}
 
 
@@ -272,8 +283,10 @@ def snapshot(
     rank: int = 0,
     world_size: int = 1,
     transport: Mapping[str, int] | None = None,
+    sources: Mapping[str, int] | None = None,
 ) -> MetricsSnapshot:
-    """The snapshot of a rank's read figures and training-side timings."""
+    """The snapshot of a rank's read figures and training-side timings (``sources``: the
+    samples delivered per source of a mix)."""
     elapsed_s = steps.wall_ns / 1e9
     all_reads = read.all_latency()
     return MetricsSnapshot(
@@ -302,6 +315,7 @@ def snapshot(
         wait_latency=steps.wait.summary(),
         stall_fraction=steps.stall_fraction,
         transport=dict(transport or {}),
+        sources=dict(sources or {}),
         histograms={
             "read_staged": read.latency["staged"].copy(),
             "read_source": read.latency["source"].copy(),
@@ -337,6 +351,10 @@ def combine(snapshots: Sequence[MetricsSnapshot]) -> MetricsSnapshot:
     for snap in snapshots:
         for k, v in snap.transport.items():
             transport[k] = transport.get(k, 0) + v
+    sources: dict[str, int] = {}
+    for snap in snapshots:
+        for k, v in snap.sources.items():
+            sources[k] = sources.get(k, 0) + v
     return MetricsSnapshot(
         rank=-1,
         world_size=max(s.world_size for s in snapshots),
@@ -363,5 +381,6 @@ def combine(snapshots: Sequence[MetricsSnapshot]) -> MetricsSnapshot:
         wait_latency=hists.get("wait", empty).summary(),
         stall_fraction=sum(s.stall_fraction for s in snapshots) / len(snapshots),
         transport=transport,
+        sources=sources,
         histograms=hists,
     )

@@ -83,7 +83,7 @@ def test_other_extras_name_theirs(blocked: str, call: str, message: str) -> None
 
 
 @pytest.mark.parametrize(
-    "name", ["ShardDataset", "ShardLoader", "GPUPrefetcher", "ResilientDataset"]
+    "name", ["ShardDataset", "ShardLoader", "GPUPrefetcher", "ResilientDataset", "MixedDataset"]
 )
 def test_torch_side_names_without_torch_name_the_extra(name: str) -> None:
     out = _run(
@@ -94,4 +94,16 @@ def test_torch_side_names_without_torch_name_the_extra(name: str) -> None:
     assert out == [
         f"MissingExtraError True shardio.{name} needs PyTorch: pip install 'shardio[torch]'",
         "PackedDataset",
+    ]
+
+
+@pytest.mark.parametrize("decode", ["pil", "torch"])
+def test_image_decoding_without_pillow_names_the_extra(decode: str) -> None:
+    out = _run(
+        "import sys\nsys.modules['PIL'] = None\nsys.modules['PIL.Image'] = None\n" + _CATCH + "\n"
+        "from shardio.runtime.decode import make_decoder\n"
+        f"report(lambda: make_decoder({decode!r}))\n"
+    )
+    assert out == [
+        f"MissingExtraError True decode={decode!r} needs Pillow: pip install 'shardio[decode]'"
     ]

@@ -1,0 +1,405 @@
+"""MixedDataset: a weighted, deterministic mix of packed datasets; equal counts per rank,
+exact and elastic resume, provenance of each sample and the mix drawn in the metrics."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import math
+import os
+import pathlib
+import random
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from resuming import assert_resumed_exactly, resumed, saved, take
+from trees import write_tree
+
+from shardio import ResilientDataset
+from shardio.errors import UsageError
+from shardio.metrics.snapshots import MetricsSnapshot
+from shardio.order import RankInfo
+from shardio.packing.run import PackOptions, pack
+from shardio.runtime.dataset import ShardDataset
+from shardio.runtime.mixed import MixedDataset, mix_counts, mix_schedule
+
+BATCH = 16
+WEIGHTS = (0.7, 0.3)
+
+
+def _make_source(root: pathlib.Path, prefix: str, files: int, fmt: str) -> dict[str, bytes]:
+    """Pack ``files`` small files (keys ``cK/<prefix>_NNNN``) into ``root/ds``; return
+    key -> bytes."""
+    rng = random.Random(prefix)
+    tree = {
+        f"c{i % 3}/{prefix}_{i:04d}.jpg".encode(): rng.randbytes(300 + rng.randrange(900))
+        for i in range(files)
+    }
+    write_tree(root / "src", tree)
+    pack(
+        os.fspath(root / "src"),
+        os.fspath(root / "ds"),
+        PackOptions(shard_format=fmt, shard_size_bytes=32 * 1024, durable=False),
+    )
+    return {os.fsdecode(k).rsplit(".", 1)[0]: v for k, v in tree.items()}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[tuple[pathlib.Path, ...], dict]:
+    """Two packed datasets of distinct keys (200 samples in tar, 300 in hdf5), and the bytes
+    of every key."""
+    root = tmp_path_factory.mktemp("mixed")
+    payload = _make_source(root / "a", "a", 200, "tar")
+    payload |= _make_source(root / "b", "b", 300, "hdf5")
+    return (root / "a" / "ds", root / "b" / "ds"), payload
+
+
+@pytest.fixture
+def sources(built) -> tuple[pathlib.Path, ...]:
+    return built[0]
+
+
+@pytest.fixture
+def payload(built) -> dict[str, bytes]:
+    return built[1]
+
+
+def mixed(paths, *, seed=0, ranks=None, weights=WEIGHTS, modes=("map", "stream"), **kw):
+    datasets = [
+        ShardDataset(p, mode=m, seed=10 + i, ranks=ranks)
+        for i, (p, m) in enumerate(zip(paths, modes, strict=True))
+    ]
+    return MixedDataset(list(zip(datasets, weights, strict=True)), seed=seed, **kw)
+
+
+def drawn(mix: MixedDataset) -> list[tuple[int, str]]:
+    """(source, key) of every position of the mix's epoch, in order."""
+    return [(s["__source__"], s["__key__"]) for s in (mix[p] for p in range(len(mix)))]
+
+
+def keys(loader) -> list[str]:
+    return [k for b in loader for k in b["__key__"]]
+
+
+# ------------------------------------------------------------------ the epoch
+
+
+def test_epoch_ends_when_the_first_source_runs_out_at_its_weight(sources):
+    mix = mixed(sources)
+    # 200 / 0.7 = 285.7: source 0 is the first to run out; all its samples are drawn once.
+    assert mix.counts == (200, 86)
+    assert len(mix) == mix.num_samples == 286
+    assert mix_counts([200, 300], WEIGHTS) == [200, 86]
+    assert max(c - n for c, n in zip(_apportion_next(mix), (200, 300), strict=True)) > 0
+    got = drawn(mix)
+    per_source = collections.defaultdict(list)
+    for s, key in got:
+        per_source[s].append(key)
+    for s, ds in enumerate(mix.sources):
+        order = ds.epoch_order()
+        prefix = [ds.packed.key(int(i)) for i in order[: mix.counts[s]]]
+        assert per_source[s] == prefix  # the first draws of the source's own epoch order
+        assert len(set(per_source[s])) == mix.counts[s]
+
+
+def _apportion_next(mix: MixedDataset) -> list[int]:
+    """The draws of a mix one longer than the epoch (one source must overflow)."""
+    from shardio.order.mix import apportion as _apportion
+
+    return _apportion(mix.num_samples + 1, list(mix.weights))
+
+
+def test_the_mix_is_a_pure_function_of_seed_and_epoch(sources):
+    first, again = mixed(sources, seed=5), mixed(sources, seed=5)
+    assert drawn(first) == drawn(again)
+    other_seed = mixed(sources, seed=6)
+    assert drawn(other_seed) != drawn(first)
+    assert sorted(drawn(other_seed)) == sorted(drawn(first))  # the same draws, mixed otherwise
+    first.set_epoch(3)
+    assert all(ds.epoch == 3 for ds in first.sources)  # propagated
+    epoch3 = drawn(first)
+    assert epoch3 != drawn(again)
+    again.set_epoch(3)
+    assert drawn(again) == epoch3
+    first.sources[0].set_epoch(9)  # set on its own: the mix's next iteration brings it back
+    assert keys(first.loader(BATCH)) == [k for _, k in epoch3]
+    assert first.sources[0].epoch == 3
+    # The source's own epoch order changes with the epoch, and the mix takes from it.
+    assert {k for _, k in epoch3} != {k for _, k in drawn(mixed(sources, seed=5))}
+
+
+def test_realised_proportions_hold_over_any_window(sources):
+    source, draw = mix_schedule([200, 86], seed=0, epoch=0)
+    shares = np.array([200, 86]) / 286
+    ones = (source == 1).astype(np.int64)
+    prefix = np.concatenate([[0], np.cumsum(ones)])
+    for width in (10, 37, 100, 286):
+        got = prefix[width:] - prefix[:-width]
+        assert np.abs(got - width * shares[1]).max() <= 2, width
+    # Each source's draws come in its own order, each once.
+    for s, count in enumerate((200, 86)):
+        assert draw[source == s].tolist() == list(range(count))
+    # Through the dataset: the __source__ of what the loader delivers.
+    delivered = [int(s) for b in mixed(sources).loader(BATCH) for s in b["__source__"].tolist()]
+    assert collections.Counter(delivered) == {0: 200, 1: 86}
+    first_50 = collections.Counter(delivered[:50])
+    assert abs(first_50[0] - 50 * 200 / 286) <= 2
+
+
+def test_weights_are_normalised(sources):
+    assert mixed(sources, weights=(7, 3)).counts == mixed(sources).counts
+    assert mixed(sources, weights=(7, 3)).weights == pytest.approx(WEIGHTS)
+
+
+# ------------------------------------------------------------------ samples
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_samples_carry_their_source_and_their_bytes(sources, payload, workers):
+    seen = 0
+    for batch in mixed(sources).loader(BATCH, workers):
+        assert set(batch) == {"__key__", "jpg", "cls", "__source__"}
+        assert batch["__source__"].dtype == torch.int64
+        assert batch["cls"].dtype == torch.int64
+        for key, s, data in zip(
+            batch["__key__"], batch["__source__"].tolist(), batch["jpg"], strict=True
+        ):
+            assert key.split("/")[1].startswith("ab"[s])  # the source's own keys
+            assert data == payload[key], key
+            seen += 1
+    assert seen == 286
+
+
+def test_a_resilient_source_reads_through_its_policy(sources):
+    plain = ShardDataset(sources[1], seed=11)
+    mix = MixedDataset(
+        [(ShardDataset(sources[0], seed=10), 1.0), (ResilientDataset(plain, policy="skip"), 1.0)]
+    )
+    assert isinstance(mix.sources[1], ResilientDataset)
+    got = keys(mix.loader(BATCH))
+    assert len(got) == len(set(got)) == 400  # 200 + 200: each source at one half
+
+
+# ------------------------------------------------------------------ ranks
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_rank_gets_the_same_count_and_the_ranks_cover_the_mix(sources, world):
+    whole = keys(mixed(sources).loader(BATCH))
+    per_rank = [
+        keys(mixed(sources, ranks=RankInfo(rank=r, world_size=world)).loader(BATCH, 0))
+        for r in range(world)
+    ]
+    assert len({len(k) for k in per_rank}) == 1
+    assert len(per_rank[0]) == math.ceil(286 / world)
+    assert set(itertools.chain(*per_rank)) == set(whole)
+    # Ranks take interleaved positions of the one global mix.
+    assert per_rank[1][:5] == whole[1 : 5 * world : world]
+    cut = [
+        len(keys(mixed(sources, ranks=RankInfo(rank=r, world_size=3), drop_last=True).loader(8)))
+        for r in range(3)
+    ]
+    assert cut == [286 // 3] * 3
+
+
+_GLOO_RANK = """
+import json, sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+from shardio import MixedDataset, ShardDataset
+a, b, out, rank, port = sys.argv[1:6]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=int(rank),
+                        world_size=2, timeout=timedelta(seconds=60))
+mix = MixedDataset([(ShardDataset(a, seed=10), 0.7),
+                    (ShardDataset(b, mode="stream", seed=11), 0.3)], seed=0)
+keys = [k for batch in mix.loader(16, 1) for k in batch["__key__"]]
+low, high = torch.tensor([len(keys)]), torch.tensor([len(keys)])
+dist.all_reduce(low, op=dist.ReduceOp.MIN)
+dist.all_reduce(high, op=dist.ReduceOp.MAX)
+with open(f"{out}/rank-{rank}.json", "w") as fh:
+    json.dump({"keys": keys, "min": int(low), "max": int(high),
+               "world": mix.ranks().world_size, "source": mix.ranks().source}, fh)
+"""
+
+
+def test_a_real_two_rank_gloo_job_reads_equal_shares_of_the_mix(sources, tmp_path, child_env):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = [sys.executable, "-c", _GLOO_RANK, *map(str, sources), str(tmp_path)]
+    procs = [
+        subprocess.Popen(
+            [*args, str(r), str(port)],
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        outputs = [p.communicate(timeout=90)[0] for p in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for r, (proc, out) in enumerate(zip(procs, outputs, strict=True)):
+        assert proc.returncode == 0, f"rank {r} failed:\n{out}"
+    results = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    whole = keys(mixed(sources).loader(BATCH))
+    for r, got in enumerate(results):
+        assert (got["world"], got["source"]) == (2, "torch.distributed")
+        assert got["min"] == got["max"] == len(got["keys"]) == 143
+        assert got["keys"] == whole[r::2]
+
+
+def test_a_plain_dataloader_reads_the_rank_share(sources):
+    mix = mixed(sources, ranks=RankInfo(rank=1, world_size=2))
+    reference = keys(mixed(sources, ranks=RankInfo(rank=1, world_size=2)).loader(BATCH))
+    plain = torch.utils.data.DataLoader(
+        mix, batch_size=BATCH, sampler=mix.rank_indices(), num_workers=1, collate_fn=lambda b: b
+    )
+    batches = list(plain)
+    assert all(set(b) == {"__key__", "jpg", "cls", "__source__"} for b in batches)
+    assert [k for b in batches for k in b["__key__"]] == reference
+    assert len(mix.loader(BATCH)) == len(batches) == math.ceil(143 / BATCH)
+
+
+def test_sources_with_different_rank_layouts_are_refused(sources):
+    a = ShardDataset(sources[0], ranks=RankInfo(rank=0, world_size=2))
+    b = ShardDataset(sources[1], ranks=RankInfo(rank=1, world_size=2))
+    with pytest.raises(UsageError, match="share one rank layout: source 0 is rank 0 of 2"):
+        MixedDataset([(a, 1), (b, 1)])
+
+
+# ------------------------------------------------------------------ resume
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_mid_epoch_equals_the_uninterrupted_epoch(sources, workers):
+    whole = keys(mixed(sources, seed=3).loader(BATCH, workers))
+    loader = mixed(sources, seed=3).loader(BATCH, workers)
+    head = take(loader, 5)
+    state = saved(loader.state_dict())
+    assert state["cursor"]["consumed"] == 5 * BATCH
+    again = resumed(lambda: mixed(sources, seed=3).loader(BATCH, workers), state)
+    assert_resumed_exactly(head, keys(again), whole)
+
+
+def test_resume_in_a_later_epoch_and_by_direct_iteration(sources):
+    ref = mixed(sources, seed=3)
+    ref.set_epoch(2)
+    whole = [s["__key__"] for s in ref]
+    mix = mixed(sources, seed=3)
+    mix.set_epoch(2)
+    head = [s["__key__"] for s in itertools.islice(iter(mix), 41)]
+    state = saved(mix.state_dict())
+    fresh = resumed(lambda: mixed(sources, seed=3), state)
+    assert fresh.epoch == 2 and all(ds.epoch == 2 for ds in fresh.sources)
+    assert_resumed_exactly(head, [s["__key__"] for s in fresh], whole)
+
+
+def test_elastic_resume_from_two_ranks_to_one_reads_exactly_the_rest(sources):
+    whole = keys(mixed(sources, seed=4).loader(BATCH))
+    heads, states = [], []
+    for r in range(2):
+        loader = mixed(sources, seed=4, ranks=RankInfo(rank=r, world_size=2)).loader(BATCH)
+        heads.append(take(loader, 3))
+        states.append(saved(loader.state_dict()))
+    assert states[0] == states[1]
+    assert states[0]["cursor"]["consumed"] == 2 * 3 * BATCH
+    tail = keys(resumed(lambda: mixed(sources, seed=4).loader(BATCH, 2), states[0]))
+    assert tail == whole[2 * 3 * BATCH :]
+    got = collections.Counter(heads[0] + heads[1] + tail)
+    assert got == collections.Counter(whole)  # every sample of the mix once
+
+
+def test_state_of_another_mix_is_refused(sources):
+    state = saved(mixed(sources).state_dict())
+    ident = mixed(sources).loader(BATCH).dataset_id  # what shardio.checkpoint records
+    assert isinstance(ident, str) and len(ident) == 32
+    assert mixed(sources).loader(BATCH).dataset_id == ident
+    assert mixed(sources, weights=(0.5, 0.5)).loader(BATCH).dataset_id != ident
+    with pytest.raises(UsageError, match="source 0 differs in weight: cannot resume"):
+        mixed(sources, weights=(0.5, 0.5)).load_state_dict(state)
+    with pytest.raises(UsageError, match="another order"):
+        mixed(sources, seed=1).load_state_dict(state)
+    with pytest.raises(UsageError, match="not the state of a MixedDataset"):
+        mixed(sources).load_state_dict(state["cursor"])
+    swapped = MixedDataset(
+        [(ShardDataset(sources[1], seed=11), 0.3), (ShardDataset(sources[0], seed=10), 0.7)]
+    )
+    with pytest.raises(UsageError, match="source 0 differs in"):
+        swapped.load_state_dict(state)
+
+
+# ------------------------------------------------------------------ metrics
+
+
+def test_metrics_report_the_mix_drawn(sources):
+    loader = mixed(sources, names=("web", "books")).loader(BATCH, 2)
+    head = take(loader, 4)
+    snap = loader.metrics()
+    assert sum(snap.sources.values()) == len(head) == 4 * BATCH
+    drawn_head = collections.Counter(
+        "web" if k.split("/")[1].startswith("a") else "books" for k in head
+    )
+    assert snap.sources == dict(drawn_head)
+    rest = keys(loader)
+    snap = loader.metrics()
+    assert snap.sources == {"web": 200, "books": 86}
+    assert snap.samples == len(head) + len(rest) == 286
+    assert snap.samples_read == 286  # the workers' reads, sent with their delivered batches
+    back = MetricsSnapshot.from_dict(json.loads(json.dumps(snap.to_dict())))
+    assert back.sources == {"web": 200, "books": 86}
+
+
+# ------------------------------------------------------------------ bad arguments
+
+
+@pytest.mark.parametrize(
+    ("weight", "message"),
+    [
+        (0, "must be positive and finite, got 0"),
+        (-0.5, "must be positive and finite, got -0.5"),
+        (math.nan, "must be positive and finite, got nan"),
+        (math.inf, "must be positive and finite, got inf"),
+        (True, "must be a number, not a bool"),
+        (np.bool_(True), "must be a number, not a bool"),
+        ("0.5", "must be a number, got str"),
+        (None, "must be a number, got NoneType"),
+    ],
+)
+def test_bad_weights_are_refused(sources, weight, message):
+    a, b = ShardDataset(sources[0]), ShardDataset(sources[1])
+    with pytest.raises(UsageError, match=f"^weight of source 1 {message}"):
+        MixedDataset([(a, 1.0), (b, weight)])
+
+
+def test_bad_sources_are_refused(sources):
+    a = ShardDataset(sources[0])
+    with pytest.raises(UsageError, match="at least one"):
+        MixedDataset([])
+    with pytest.raises(UsageError, match="source 1 of the mix must be a ShardDataset"):
+        MixedDataset([(a, 1.0), ("data/", 1.0)])
+    with pytest.raises(UsageError, match="source 1 of the mix is the same object"):
+        MixedDataset([(a, 1.0), (a, 2.0)])
+    with pytest.raises(UsageError, match=r"source 0 of the mix must be a \(dataset, weight\) pair"):
+        MixedDataset([a])
+    with pytest.raises(UsageError, match="sources must be a list"):
+        MixedDataset(a)  # type: ignore[arg-type]
+    node = ShardDataset(sources[1], order="order=random,partition=node")
+    with pytest.raises(UsageError, match="partition='node': a mix needs"):
+        MixedDataset([(a, 1.0), (node, 1.0)])
+    with pytest.raises(UsageError, match="seed must be at least 0"):
+        MixedDataset([(a, 1.0)], seed=-1)
+    with pytest.raises(UsageError, match="names must be a list of 1 strings"):
+        MixedDataset([(a, 1.0)], names=3)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="names must be distinct"):
+        MixedDataset([(a, 1.0), (ShardDataset(sources[1]), 1.0)], names=("x", "x"))
