@@ -5,42 +5,59 @@ PY := $(VENV)/bin/python
 # torch goes in first, pinned, so the project's own range (torch>=2.1,<3) installs nothing more.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.stamp-install
+DEV_STAMP := $(VENV)/.stamp-dev
 BENCH_STAMP := $(VENV)/.stamp-bench
 PYTEST_ARGS ?= -q
 
-.PHONY: install test test-pfs lint typecheck check bench demo stage-nvme clean
+.PHONY: install install-dev test test-fast test-pfs lint typecheck check bench demo stage-nvme clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
+# Users: shardio with PyTorch and Pillow (the `decode` extra), without DALI (about 1 GB):
+# `pip install -e '.[dali]'` adds it.
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[torch,dali,dev]"
+	$(PY) -m pip install -q -e ".[torch,decode]"
 	touch $@
+
+# Developers and CI: everything the tests use, DALI and the lint/type tools included.
+$(DEV_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[torch,decode,dali,dev]"
+	touch $(STAMP) $@
 
 install: $(STAMP)
 
-test: install
+install-dev: $(DEV_STAMP)
+
+# The whole suite (GPU tests and benchmarks deselected); the header and the summary say which
+# groups (pfs, slurm, prometheus, dali, gpu) run, and why a group is skipped.
+test: install-dev
 	$(PY) -m pytest -m "not gpu and not bench" $(PYTEST_ARGS)
+
+# The unit tests that need no real component and no subprocess-heavy fault injection.
+test-fast: install-dev
+	$(PY) -m pytest tests/unit -m "not gpu and not bench and not slow and not pfs and not slurm and not prometheus" $(PYTEST_ARGS)
 
 # Only the tests on the MooseFS bed (root; scripts/pfs/moosefs.sh installs the packages).
 # SHARDIO_PFS=required makes a bed that cannot start, or a skipped pfs test, a failure.
-test-pfs: install
+test-pfs: install-dev
 	SHARDIO_PFS=$${SHARDIO_PFS:-required} $(PY) -m pytest -m pfs $(PYTEST_ARGS) tests/pfs
 
-lint: install
+lint: install-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-typecheck: install
+typecheck: install-dev
 	$(VENV)/bin/mypy
 
 check: lint typecheck test
 
 # Peers for benchmarks only. mosaicml-streaming pulls a CUDA torchvision that cannot import
 # beside the CPU torch: remove it (the benchmarks use streaming's writer/reader modules only).
-$(BENCH_STAMP): $(STAMP)
+$(BENCH_STAMP): $(DEV_STAMP)
 	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[bench]"
 	-$(PY) -m pip uninstall -q -y torchvision
 	touch $@

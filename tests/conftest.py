@@ -183,44 +183,109 @@ def lustre_env(tmp_path: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:
     return env, log
 
 
-# --------------------------------------------------------------------------- real-tool proof
-# Each group of tests on a real component has a marker and a variable: under
-# SHARDIO_PFS=required (the MooseFS bed, tests/pfs), SHARDIO_SLURM=required (the one-host SLURM
-# cluster, tests/slurm) or SHARDIO_PROMETHEUS=required (a Prometheus server and promtool), as in
-# CI, a run that collected tests of that group fails unless every one of them ran: a skip, or a
-# session that ran none of them, would let CI pass without ever touching the real component. A
-# selection (-k, -m, a file) that collects no test of a group is not held to it.
+# --------------------------------------------------------------------------- groups
+# The groups of tests that need something beyond Python: ``make test`` says in its header what
+# each needs and whether this machine has it, and in its summary how many of each ran, were
+# skipped (with the first reason) or deselected. Each group on a real component also has a
+# variable: under SHARDIO_PFS=required (the MooseFS bed, tests/pfs), SHARDIO_SLURM=required
+# (the one-host SLURM cluster, tests/slurm) or SHARDIO_PROMETHEUS=required (a Prometheus
+# server and promtool), as in CI, a run that collected tests of that group fails unless every
+# one of them ran: a skip, or a session that ran none of them, would let CI pass without ever
+# touching the real component. A selection (-k, -m, a file) that collects no test of a group is
+# not held to it.
 _GROUPS = {
     "pfs": ("SHARDIO_PFS", "the MooseFS bed must run in CI"),
     "slurm": ("SHARDIO_SLURM", "the SLURM cluster must run in CI"),
     "prometheus": ("SHARDIO_PROMETHEUS", "Prometheus and promtool must run in CI"),
 }
+_SHOWN = ("gpu", "dali", "pfs", "slurm", "prometheus")
 _REQUIRED = tuple(m for m, (var, _) in _GROUPS.items() if os.environ.get(var, "") == "required")
 _collected = pytest.StashKey[dict[str, int]]()
 _ran = pytest.StashKey[dict[str, set[str]]]()
-_skipped = pytest.StashKey[dict[str, list[str]]]()
+_skipped = pytest.StashKey[dict[str, list[tuple[str, str]]]]()
+_deselected = pytest.StashKey[dict[str, int]]()
 _problems = pytest.StashKey[list[str]]()
 _CONFIG: dict[str, pytest.Config] = {}  # the session's config, for the report hook
+
+
+def _have(*names: str) -> bool:
+    import shutil
+
+    return all(shutil.which(n) is not None for n in names)
+
+
+def _group_needs() -> dict[str, str]:
+    """What each group needs, and whether this machine has it (the report header)."""
+    root = os.geteuid() == 0
+    dali = importlib.util.find_spec("nvidia") is not None and (
+        importlib.util.find_spec("nvidia.dali") is not None
+    )
+    gpu = os.path.exists("/dev/nvidiactl") or os.path.isdir("/proc/driver/nvidia")
+
+    def state(ok: bool, why: str) -> str:
+        return "available" if ok else f"unavailable ({why})"
+
+    def var(marker: str) -> str:
+        name = _GROUPS[marker][0]
+        value = os.environ.get(name, "")
+        return f", {name}={value}" if value else ""
+
+    return {
+        "gpu": state(gpu, "no NVIDIA device") + " -- run with pytest -m gpu",
+        "dali": state(dali, "nvidia-dali not installed: make install-dev"),
+        "pfs": state(root and _have("mfsmaster", "mfschunkserver", "mfsmount"),
+                     "needs root and moosefs-*; scripts/pfs/moosefs.sh installs them")
+        + var("pfs"),
+        "slurm": state(root and _have("slurmctld", "slurmd", "munged", "srun"),
+                       "needs root, slurm-wlm and munge")
+        + var("slurm"),
+        "prometheus": state(_have("prometheus", "promtool"), "needs prometheus (promtool)")
+        + var("prometheus"),
+    }  # fmt: skip
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    needs = _group_needs()
+    return ["shardio test groups:"] + [f"  {m:<10} {needs[m]}" for m in _SHOWN]
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    config = _CONFIG.get("config")
+    if config is None:
+        return
+    counts = config.stash.setdefault(_deselected, dict.fromkeys(_SHOWN, 0))
+    for item in items:
+        for marker in _SHOWN:
+            if marker in item.keywords:
+                counts[marker] += 1
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config
     config.stash[_collected] = {
-        m: sum(1 for item in session.items if m in item.keywords) for m in _GROUPS
+        m: sum(1 for item in session.items if m in item.keywords) for m in _SHOWN
     }
-    config.stash[_ran] = {m: set() for m in _GROUPS}
-    config.stash[_skipped] = {m: [] for m in _GROUPS}
+    config.stash[_ran] = {m: set() for m in _SHOWN}
+    config.stash[_skipped] = {m: [] for m in _SHOWN}
+    config.stash.setdefault(_deselected, dict.fromkeys(_SHOWN, 0))
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr).splitlines()[-1] if longrepr else ""
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     config = _CONFIG.get("config")
     if config is None or _ran not in config.stash:
         return
-    for marker in _REQUIRED:
+    for marker in _SHOWN:
         if marker not in report.keywords:
             continue
         if report.skipped and not hasattr(report, "wasxfail"):  # an xfail did run
-            config.stash[_skipped][marker].append(report.nodeid)
+            config.stash[_skipped][marker].append((report.nodeid, _skip_reason(report)))
         elif report.when == "call":
             config.stash[_ran][marker].add(report.nodeid)
 
@@ -239,7 +304,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         collected = config.stash[_collected][marker]
         if not collected:
             continue
-        skipped = config.stash[_skipped][marker]
+        skipped = [nodeid for nodeid, _ in config.stash[_skipped][marker]]
         ran = len(config.stash[_ran][marker])
         if skipped:
             shown = ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else "")
@@ -257,5 +322,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _collected in config.stash and not config.option.collectonly:
+        terminalreporter.write_line("shardio test groups:")
+        needs = _group_needs()
+        for marker in _SHOWN:
+            ran = len(config.stash[_ran][marker])
+            skipped = config.stash[_skipped][marker]
+            deselected = config.stash[_deselected][marker]
+            line = f"  {marker:<10} {ran} ran, {len(skipped)} skipped, {deselected} deselected"
+            if skipped:
+                line += f" (first skip: {skipped[0][1][:120]})"
+            elif not ran:
+                line += f"; here: {needs[marker]}"
+            terminalreporter.write_line(line)
     for problem in config.stash.get(_problems, []):
         terminalreporter.write_line(problem, red=True)

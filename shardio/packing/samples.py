@@ -4,9 +4,10 @@ A sample is a mapping in WebDataset's shape: ``__key__`` (the sample key), one e
 member (``"jpg": b"..."``; a ``str`` is written as UTF-8) and, for a labelled dataset, ``cls``
 (the class index, or the class name when the writer was given ``classes``). Keys and
 extensions are written as given, so they must already be what every reader splits alike:
-ASCII letters, digits and ``_-+,=@~%`` (``/`` between the parts of a key, ``.`` inside an
-extension), never a dot in a key (WebDataset readers split a member name at the first dot of
-its last component) nor a space (DALI's index is space-separated).
+ASCII letters, digits and ``_-+,=@~%`` (``/`` between the parts of a key), never a dot
+(WebDataset readers split a member name at the first dot of its last component, so an
+extension such as ``seg.png`` is written ``seg_png``) nor a space (DALI's index is
+space-separated).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ __all__ = ["MAX_EXT_CHARS", "MAX_KEY_CHARS", "MAX_LABEL", "WrittenSample", "chec
 
 _PART = r"[A-Za-z0-9_\-+,=@~%]+"  # pack's keys: these, and %XX for any other byte
 _KEY_RE = re.compile(rf"^{_PART}(?:/{_PART})*$")
-_EXT_RE = re.compile(rf"^{_PART}(?:\.{_PART})*$")
+_EXT_RE = re.compile(rf"^{_PART}$")  # the index's extension table: no dot (docs/format.md)
 MAX_KEY_CHARS = 1024
 MAX_EXT_CHARS = 128
 MAX_LABEL = 2**31 - 1  # labels are int32 in the index and in HDF5 shards
@@ -74,7 +75,7 @@ def _check_ext(ext: object, key: str) -> str:
     if len(ext) > MAX_EXT_CHARS or not _EXT_RE.match(ext):
         raise UsageError(
             f"sample {key!r}: member name {ext[:80]!r} is not an extension shardio writes: use "
-            f"up to {MAX_EXT_CHARS} ASCII letters, digits and _-+,=@~%, with . between parts"
+            f"up to {MAX_EXT_CHARS} ASCII letters, digits and _-+,=@~% (no dot: seg.png -> seg_png)"
         )
     return ext
 

@@ -11,7 +11,7 @@ import io
 from collections.abc import Callable
 from typing import Any
 
-from shardio.errors import SampleDecodeError, ShardioError, UsageError
+from shardio.errors import MissingExtraError, SampleDecodeError, ShardioError, UsageError
 
 __all__ = ["IMAGE_EXTS", "Decoder", "decode_sample", "make_decoder"]
 
@@ -57,14 +57,21 @@ def _torch(sample: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _require_pillow(decode: str) -> None:
+    """Refuse a built-in image decoder at once, in one line, when Pillow is missing."""
+    try:
+        import PIL.Image  # noqa: F401 - only whether it imports
+    except ImportError as exc:
+        raise MissingExtraError(f"decode={decode!r} needs Pillow", "decode") from exc
+
+
 def make_decoder(decode: str | Decoder | None) -> Decoder | None:
     """Return the decoder for ``decode``: None, "pil", "torch" or a callable on a sample dict."""
     if decode is None or decode == "bytes":
         return None
-    if decode == "pil":
-        return _pil
-    if decode == "torch":
-        return _torch
+    if decode in ("pil", "torch"):
+        _require_pillow(decode)
+        return _pil if decode == "pil" else _torch
     if callable(decode):
         return decode
     raise UsageError(f"invalid decode {decode!r}: use None, 'pil', 'torch' or a callable")

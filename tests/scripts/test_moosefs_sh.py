@@ -5,7 +5,6 @@ a chunkserver the bed does not have. (The bed itself is exercised by tests/pfs/.
 from __future__ import annotations
 
 import pathlib
-import shutil
 import subprocess
 
 import pytest
@@ -79,18 +78,3 @@ def test_commands_on_a_directory_without_a_bed_touch_nothing(
     assert proc.returncode == 1
     assert "holds no bed" in proc.stderr
     assert listing(tmp_path) == ["etc", "etc/keep.cfg"]
-
-
-@pytest.mark.skipif(
-    shutil.which("shellcheck") is None, reason="needs shellcheck (.ci/run installs it)"
-)
-def test_shellcheck_clean() -> None:
-    ci = SCRIPT.parents[2] / ".ci" / "run"
-    proc = subprocess.run(
-        ["shellcheck", str(SCRIPT), str(ci)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout

@@ -256,6 +256,7 @@ def test_refused_samples_say_why_and_write_nothing(tmp_path: pathlib.Path) -> No
             ({"__key__": "b c", "jpg": b"y", "cls": 1}, "not a shardio key"),
             ({"__key__": "/b", "jpg": b"y", "cls": 1}, "not a shardio key"),
             ({"__key__": "b", "j pg": b"y", "cls": 1}, "not an extension"),
+            ({"__key__": "b", "seg.png": b"y", "cls": 1}, "no dot"),
             ({"__key__": "b", "jpg": 3, "cls": 1}, "give bytes"),
             ({"__key__": "b", "jpg": b"y"}, "no 'cls' label"),
             ({"__key__": "b", "jpg": b"y", "cls": -1}, "out of range"),
