@@ -7,6 +7,14 @@ what it returns every ``interval_s`` from a thread of its own named
 ``__enter__``), never earlier; :meth:`PeriodicReporter.close` (or ``__exit__``) stops and joins
 it, then reports once more, so the last figures of a run are never lost.
 
+The first report is taken in :meth:`PeriodicReporter.start`, before training has delivered
+anything. So that the first real figures follow the first batches instead of a full interval
+of zeros, the thread then looks at the source every :data:`FIRST_POLL_S` until a snapshot
+holds figures (``MetricsSnapshot.has_data``) and the sink took it
+(:meth:`PeriodicReporter.delivered`), for one interval at most. A look that finds only zeros
+reports nothing (no log line of zeros); from the first real report on, one report follows
+every ``interval_s``.
+
 Metrics must never stop training: a source or sink that fails is logged once per distinct
 error (repeats go to the debug level) and the reporter carries on at the next interval.
 """
@@ -29,7 +37,14 @@ from shardio.metrics.snapshots import MetricsSnapshot
 from shardio.storage.atomic import storage_error
 from shardio.storage.files import describe_kind
 
-__all__ = ["JsonlWriter", "LogReporter", "PeriodicReporter", "SnapshotSource"]
+__all__ = [
+    "FIRST_POLL_S",
+    "JsonlWriter",
+    "LogReporter",
+    "PeriodicReporter",
+    "SnapshotSource",
+    "first_polls",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +54,8 @@ _R = TypeVar("_R", bound="PeriodicReporter")
 # (a message that embeds a changing value must not grow the set without bound).
 _MAX_DISTINCT_ERRORS = 64
 CLOSE_TIMEOUT_S = 10.0  # how long close() waits for a report in flight
+# Until a first real report, the thread looks this often (for one interval at most).
+FIRST_POLL_S = 0.5
 
 
 def check_interval(interval_s: object) -> float:
@@ -87,6 +104,7 @@ class PeriodicReporter:
         self._errors_lock = threading.Lock()
         self._errors_seen: set[tuple[str, str, str]] = set()
         self._state = "new"  # "new" -> "running" -> "closed"
+        self._first_done = False  # a report with figures reached the sink (see _run)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self: _R) -> _R:
@@ -173,17 +191,24 @@ class PeriodicReporter:
         """
         if self._state != "running":
             raise UsageError(f"this metrics {self.kind} reporter is not running; start() it")
+        return self._report(figures_only=False)
+
+    def _report(self, *, figures_only: bool) -> bool:
         with self._report_lock:
             try:
                 snap = self.source()
             except Exception as exc:  # a broken source must not break training
                 self.log_failure("taking a metrics snapshot", exc)
                 return False
+            if figures_only and not snap.has_data:
+                return False
             try:
                 self.emit(snap)
             except Exception as exc:
                 self.log_failure(f"reporting metrics ({self.kind})", exc)
                 return False
+            if snap.has_data and self.delivered():
+                self._first_done = True
         return True
 
     def log_failure(self, action: str, exc: BaseException) -> None:
@@ -205,8 +230,21 @@ class PeriodicReporter:
             self.failure_logger.debug("%s failed again: %s: %s", action, type(exc).__name__, exc)
 
     def _run(self) -> None:
+        # The report at start() came before any batch: look again every FIRST_POLL_S until
+        # a real one reached the sink, for one interval at most, then report every interval.
+        polls = first_polls(self.interval_s)
+        looked = 0
+        while looked < polls and not self._first_done:
+            if self._stop.wait(FIRST_POLL_S):
+                return
+            looked += 1
+            self._report(figures_only=True)
+        if not self._first_done:  # nothing real yet: the regular report, one interval in
+            if self._stop.wait(self.interval_s - looked * FIRST_POLL_S):
+                return
+            self._report(figures_only=False)
         while not self._stop.wait(self.interval_s):
-            self.report()
+            self._report(figures_only=False)
 
     # -- what subclasses provide ----------------------------------------------------------
     def open(self) -> None:
@@ -218,6 +256,18 @@ class PeriodicReporter:
 
     def release(self) -> None:
         """Release what :meth:`open` acquired (called by :meth:`close`, after the thread)."""
+
+    def delivered(self) -> bool:
+        """Whether the last :meth:`emit` reached the reports' readers (a sink that has
+        nowhere to write yet says no, and the thread looks again soon; see the module
+        docstring)."""
+        return True
+
+
+def first_polls(interval_s: float) -> int:
+    """How many looks for a first real report fit in one interval, every
+    :data:`FIRST_POLL_S` (0 for an interval that short: the regular report comes as soon)."""
+    return max(0, math.ceil(interval_s / FIRST_POLL_S) - 1)
 
 
 class LogReporter(PeriodicReporter):

@@ -25,6 +25,12 @@ never stop training. Metric names, all ``shardio_*`` with labels ``rank`` and ``
 - histograms: ``shardio_read_latency_seconds{source=staged|source}`` (member reads),
   ``shardio_wait_seconds`` (the loop's wait per batch), ``shardio_step_seconds``.
 
+The first report is taken at :meth:`PrometheusExporter.start`; until one holds figures and
+reached the node (a spool file written, on the other local ranks), the exporter looks again
+every :data:`~shardio.metrics.export.FIRST_POLL_S`, so the first batches show within about a
+second, not after an interval of zeros. Alert rules and a Grafana dashboard over these names
+ship with the package (:func:`shardio.metrics.alerts_path`).
+
 Histogram buckets are 100 µs ... 10 s in 1-2.5-5 steps, each an edge of
 :class:`~shardio.metrics.histogram.LatencyHistogram`, so their counts are exact.
 """
@@ -287,6 +293,7 @@ class PrometheusExporter(PeriodicReporter):
         self._generate = client.generate_latest
         self._latest: MetricsSnapshot | None = None
         self._server: MetricsServer | None = None
+        self._spooled = False  # the last emit left a spool file (where one is to be left)
 
     @property
     def serves_node(self) -> bool:
@@ -361,15 +368,22 @@ class PrometheusExporter(PeriodicReporter):
     def emit(self, snap: MetricsSnapshot) -> None:
         """Keep the snapshot for scrapes, leave it in the spool, rewrite the textfile."""
         self._latest = snap
+        self._spooled = False
         if self.spool_dir is not None:
             try:
-                self._write_spool(snap)
+                self._spooled = self._write_spool(snap)
             except Exception as exc:  # the textfile below still gets written
                 self.log_failure("writing the metrics spool file", exc)
         if self.serves_node and self.textfile is not None:
             check_replaceable(self.textfile, what="metrics textfile")
             with atomic_write(self.textfile, durable=False) as fh:
                 fh.write(self._generate(self._registry))
+
+    def delivered(self) -> bool:
+        """Whether the last snapshot reached the node's report: always on local rank 0 (its
+        scrapes and textfile read it); on another local rank with a spool, once its spool
+        file was written (local rank 0 may make the spool after this rank started)."""
+        return self.serves_node or self.spool_dir is None or self._spooled
 
     def release(self) -> None:
         """Stop serving HTTP (in bounded time, whatever the clients do); on local rank 0,
@@ -405,13 +419,15 @@ class PrometheusExporter(PeriodicReporter):
             logger.debug("local rank %d: no metrics spool yet", self.local_rank)
         return self.spool_path
 
-    def _write_spool(self, snap: MetricsSnapshot) -> None:
+    def _write_spool(self, snap: MetricsSnapshot) -> bool:
+        """Leave the snapshot in the spool; False when there is no spool (yet)."""
         spool = self._current_spool()
         if spool is None:
-            return
+            return False
         record = {"local_rank": self.local_rank, "job": self.job, "snapshot": snap.to_dict()}
         with atomic_write(_spool.spool_file(spool, self.local_rank), durable=False) as fh:
             fh.write(json.dumps(record, separators=(",", ":")).encode())
+        return True
 
     def node_snapshots(self) -> list[tuple[MetricsSnapshot, str]]:
         """This rank's latest snapshot and, on local rank 0 with a spool, the other local
