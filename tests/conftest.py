@@ -183,6 +183,43 @@ def lustre_env(tmp_path: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:
     return env, log
 
 
+# --------------------------------------------------------------------------- slow modules
+# Unit-test modules whose tests start processes (DataLoader workers, gloo ranks, SIGKILLed
+# children, strace): marked ``slow`` here, in one place, so that ``make test-fast`` (``-m "not
+# slow"``) stays under a minute. ``make test`` runs them all.
+_SLOW_MODULES = frozenset(
+    {
+        "tests/unit/cache/test_make.py",
+        "tests/unit/cache/test_partition.py",
+        "tests/unit/checkpoint/test_distributed.py",
+        "tests/unit/runtime/test_distributed.py",
+        "tests/unit/runtime/test_epoch_syscalls.py",
+        "tests/unit/runtime/test_fd_limit.py",
+        "tests/unit/runtime/test_kill_resume.py",
+        "tests/unit/runtime/test_metrics.py",
+        "tests/unit/runtime/test_persistent.py",
+        "tests/unit/runtime/test_ring.py",
+        "tests/unit/runtime/test_scale.py",
+        "tests/unit/runtime/test_shm_full.py",
+        "tests/unit/runtime/test_sigbus.py",
+        "tests/unit/runtime/test_syscalls.py",
+        "tests/unit/runtime/test_torture.py",
+        "tests/unit/runtime/test_torture_parity.py",
+        "tests/unit/test_bench_gpu.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            rel = pathlib.Path(str(item.path)).resolve().relative_to(REPO).as_posix()
+        except ValueError:  # a test tree outside the checkout (tests of this conftest)
+            continue
+        if rel in _SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 # --------------------------------------------------------------------------- groups
 # The groups of tests that need something beyond Python: ``make test`` says in its header what
 # each needs and whether this machine has it, and in its summary how many of each ran, were

@@ -267,3 +267,23 @@ def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 60) -> Non
         if time.monotonic() > end:
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(0.5)
+
+
+def forget_bed_holds() -> None:
+    """Remove the node's unavailability holds of files on a bed (an earlier stall of the same
+    path must not help a later test), and only those: the registry's scope directories of
+    other datasets, which tests running beside the bed tests may hold, are left alone."""
+    import json
+
+    top = pathlib.Path("/dev/shm") / f"shardio-unavailable-{os.getuid()}"
+    if not top.is_dir() or top.is_symlink():
+        return
+    for scope in top.iterdir():
+        if scope.is_symlink() or not scope.is_dir():
+            continue
+        on_bed = False
+        for hold in scope.iterdir():
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                on_bed = on_bed or "/shardio-bed-" in json.loads(hold.read_bytes()).get("path", "")
+        if on_bed:
+            shutil.rmtree(scope, ignore_errors=True)

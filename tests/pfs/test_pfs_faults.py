@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import xxhash
-from mfsbed import Bed, wait_for
+from mfsbed import Bed, forget_bed_holds, wait_for
 
 from shardio.read.packed import PackedDataset
 
@@ -135,9 +135,7 @@ def _truth_from_tree(
 def _drop_caches() -> None:
     os.sync()
     pathlib.Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    for d in pathlib.Path("/dev/shm").glob(f"shardio-unavailable-{os.getuid()}"):
-        # Holds of an earlier run of the same path must not help this one.
-        subprocess.run(["rm", "-rf", "--", str(d)], timeout=30, check=False)
+    forget_bed_holds()  # holds of an earlier run of the same path must not help this one
 
 
 def _epoch(tmp_path: pathlib.Path, **args: Any) -> dict[str, Any]:
