@@ -85,7 +85,7 @@ read -r -a shardio <<<"${SHARDIO_BIN:-shardio}"
 # Relay scancel/time-limit signals to the step and stop retrying: the job is ending.
 child=""
 stopping=""
-# shellcheck disable=SC2317  # called by the traps below
+# shellcheck disable=SC2317,SC2329  # called by the traps below
 on_signal() {
     stopping="$1"
     log "got SIG$1: stopping the current try, no more retries"

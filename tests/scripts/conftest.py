@@ -1,8 +1,10 @@
 """Fixtures for the job scripts under scripts/slurm and scripts/beeond.
 
 The scripts run in subprocesses with fake `srun`, `scontrol`, `beeond`, `numactl` and
-`taskset` first on PATH (their folders in tests/fakebin): no SLURM, BeeOND or NUMA hardware in CI.
-The fakes append their argv to $SHARDIO_FAKE_LOG, one call a line, tab-separated.
+`taskset` first on PATH (their folders in tests/fakebin). The fakes append their argv to
+$SHARDIO_FAKE_LOG, one call a line, tab-separated. A real one-host SLURM cluster runs the same
+scripts in tests/slurm; the fakes stay for what it cannot be or do: 8-GPU nodes, several NUMA
+nodes, numactl, BeeOND, and failures at a chosen moment.
 """
 
 from __future__ import annotations

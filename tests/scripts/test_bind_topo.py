@@ -4,6 +4,11 @@ The real `shardio` (this venv's, on PATH) reads a fake sysfs tree named by SHARD
 numactl and taskset are the recording fakes. This machine's CPUs are {0, 1}, so the fake
 nodes hold CPU 0 or CPU 1 (a node none of whose CPUs is allowed would move the CPU list to
 the allowed mask, not the node).
+
+The masks here are srun's as the fakes spell them (SLURM_CPU_BIND*), for boards this machine
+is not: 8 GPUs, several NUMA nodes, non-linear GPU order, numactl. What real srun does with
+two co-located ranks on this machine (--cpu-bind=cores, none, its default; bind.sh and the
+loader's worker pinning on top) is checked in tests/slurm/test_slurm_binding.py.
 """
 
 from __future__ import annotations
