@@ -238,6 +238,7 @@ _GROUPS = {
 _SHOWN = ("gpu", "dali", "pfs", "slurm", "prometheus")
 _REQUIRED = tuple(m for m, (var, _) in _GROUPS.items() if os.environ.get(var, "") == "required")
 _collected = pytest.StashKey[dict[str, int]]()
+_marked = pytest.StashKey[dict[str, set[str]]]()
 _ran = pytest.StashKey[dict[str, set[str]]]()
 _skipped = pytest.StashKey[dict[str, list[tuple[str, str]]]]()
 _deselected = pytest.StashKey[dict[str, int]]()
@@ -293,15 +294,18 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
     counts = config.stash.setdefault(_deselected, dict.fromkeys(_SHOWN, 0))
     for item in items:
         for marker in _SHOWN:
-            if marker in item.keywords:
+            if item.get_closest_marker(marker) is not None:
                 counts[marker] += 1
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config
-    config.stash[_collected] = {
-        m: sum(1 for item in session.items if m in item.keywords) for m in _SHOWN
+    # By marker, not keyword: a test named after a group (test_bench_pfs) is not in it.
+    config.stash[_marked] = {
+        m: {item.nodeid for item in session.items if item.get_closest_marker(m) is not None}
+        for m in _SHOWN
     }
+    config.stash[_collected] = {m: len(ids) for m, ids in config.stash[_marked].items()}
     config.stash[_ran] = {m: set() for m in _SHOWN}
     config.stash[_skipped] = {m: [] for m in _SHOWN}
     config.stash.setdefault(_deselected, dict.fromkeys(_SHOWN, 0))
@@ -319,7 +323,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if config is None or _ran not in config.stash:
         return
     for marker in _SHOWN:
-        if marker not in report.keywords:
+        if report.nodeid not in config.stash[_marked][marker]:
             continue
         if report.skipped and not hasattr(report, "wasxfail"):  # an xfail did run
             config.stash[_skipped][marker].append((report.nodeid, _skip_reason(report)))

@@ -31,7 +31,13 @@ from shardio.parity.codec import parse_scheme
 from shardio.parity.dataset import LOCK_DIR, encode_parity, finish_journal, planned_paths
 from shardio.storage.atomic import atomic_write, fsync_dir
 from shardio.storage.dirlock import lock_directory
-from shardio.storage.files import make_dirs_inside, read_regular, rmdir_inside, unlink_inside
+from shardio.storage.files import (
+    make_dirs_inside,
+    read_regular,
+    remove_temps_inside,
+    rmdir_inside,
+    unlink_inside,
+)
 from shardio.storage.fsdetect import resolve_fs_type
 from shardio.storage.runner import CommandRunner, run_command
 from shardio.storage.striping import apply_layout
@@ -216,5 +222,9 @@ def _remove(root: str, rels: list[str]) -> int:
             if name.startswith(("group-", "check-")):  # locks, and scratch a kill left
                 unlink_inside(root, f"{LOCK_DIR}/{name}")
         rmdir_inside(root, LOCK_DIR)
+    # A killed add leaves the temp file it was writing beside the finals: the dataset's lock
+    # is held, so no run can still be writing it.
+    finals = {rel.split("/", 1)[1] for rel in rels if rel.startswith(f"{PARITY_DIR}/")}
+    remove_temps_inside(root, PARITY_DIR, finals)
     rmdir_inside(root, PARITY_DIR)
     return removed

@@ -184,3 +184,26 @@ def test_kill_during_repair_then_rerun(reference: pathlib.Path, tmp_path: pathli
     assert _run(repair) in (0, 4)  # 4: repaired what the killed run left, 0: nothing left
     assert _files(dst) == original
     assert verify_dataset(dst).ok
+
+
+def test_drop_removes_the_temp_file_a_killed_add_was_writing(
+    tree: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """Where a kill lands mid-write (often under load), the add leaves a shardio temp file
+    beside the finished parity files: drop removes it with them, and only it."""
+    dst = tmp_path / "ds"
+    assert run_then_kill(
+        _cli("pack", tree, dst, "--shard-size", "256KiB", "--workers", "1", "--no-progress",
+             "--parity", SCHEME),
+        lambda: False, env=_env(), timeout_s=TIMEOUT_S,
+    )  # fmt: skip
+    parity = dst / "parity"
+    final = sorted(parity.glob("*.cells"))[0].name
+    (parity / f".{final}.shardio-tmp-0123abcd").write_bytes(b"half a group")
+    foreign = tmp_path / "mine.txt"
+    foreign.write_text("not shardio's")
+    assert run_then_kill(_cli("parity", "drop", dst), lambda: False, env=_env(),
+                         timeout_s=TIMEOUT_S)  # fmt: skip
+    assert not parity.exists()
+    assert foreign.read_text() == "not shardio's"
+    assert verify_dataset(dst).ok
