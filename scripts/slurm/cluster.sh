@@ -217,11 +217,11 @@ up() {
   trap undo_up EXIT
   write_configs "$n" "$base"
   start_munged
-  SLURM_CONF="$conf" slurmctld -i >>"$dir/log/slurmctld.out" 2>&1 ||
+  SLURM_CONF="$conf" slurmctld -i -f "$conf" >>"$dir/log/slurmctld.out" 2>&1 ||
     die "slurmctld did not start: $(last_error slurmctld.log slurmctld.out)"
   local node
   for node in $(node_names "$n"); do
-    SLURM_CONF="$conf" slurmd -N "$node" >>"$dir/log/slurmd.out" 2>&1 ||
+    SLURM_CONF="$conf" slurmd -N "$node" -f "$conf" >>"$dir/log/slurmd.out" 2>&1 ||
       die "slurmd for node $node did not start: $(last_error "slurmd-$node.log" slurmd.out)"
   done
   wait_idle "$n"

@@ -17,8 +17,9 @@ than ten intervals (a rank that ended or died) are passed over. A spool that can
 never stop training. Metric names, all ``shardio_*`` with labels ``rank`` and ``job``:
 
 - counters: ``shardio_samples_delivered_total``, ``shardio_batches_delivered_total``,
-  ``shardio_samples_read_total``, ``shardio_bytes_read_total{source=staged|source}``, and
-  every read counter (:data:`shardio.metrics.read.COUNTERS`) as ``shardio_<name>_total``;
+  ``shardio_samples_read_total``, ``shardio_bytes_read_total{source=staged|source}``,
+  ``shardio_mix_samples_delivered_total{dataset=NAME}`` (the mix drawn, for a ``MixedDataset``),
+  and every read counter (:data:`shardio.metrics.read.COUNTERS`) as ``shardio_<name>_total``;
 - gauges: ``shardio_samples_per_second``, ``shardio_bytes_per_second``,
   ``shardio_stall_fraction``, ``shardio_step_mean_seconds``, ``shardio_step_std_seconds``,
   ``shardio_snapshot_timestamp_seconds``;
@@ -127,6 +128,11 @@ def metric_families(labelled: Sequence[tuple[MetricsSnapshot, str]]) -> list[Any
     batches = counter("shardio_batches_delivered", "Batches delivered to the training loop.")
     read = counter("shardio_samples_read", "Samples read by the rank's workers.")
     nbytes = counter("shardio_bytes_read", "Payload bytes read, by source.", ["source"])
+    mixed = counter(
+        "shardio_mix_samples_delivered",
+        "Samples delivered per source of a mix (MixedDataset), by its name.",
+        ["dataset"],
+    )
     gauges = {
         "samples_per_s": gauge("shardio_samples_per_second", "Samples delivered per second."),
         "bytes_per_s": gauge("shardio_bytes_per_second", "Payload bytes read per second."),
@@ -142,7 +148,7 @@ def metric_families(labelled: Sequence[tuple[MetricsSnapshot, str]]) -> list[Any
     )
     wait = histogram("shardio_wait_seconds", "Time the training loop waited for each batch.")
     step = histogram("shardio_step_seconds", "Training step time (compute plus wait).")
-    fixed = [delivered, batches, read, nbytes, *gauges.values(), read_latency, wait, step]
+    fixed = [delivered, batches, read, nbytes, mixed, *gauges.values(), read_latency, wait, step]
     taken = {family.name for family in fixed}
     counters: dict[str, Any] = {}
 
@@ -153,6 +159,8 @@ def metric_families(labelled: Sequence[tuple[MetricsSnapshot, str]]) -> list[Any
         read.add_metric(labels, snap.samples_read)
         nbytes.add_metric([*labels, "staged"], snap.bytes_staged)
         nbytes.add_metric([*labels, "source"], snap.bytes_source)
+        for name, count in sorted(snap.sources.items()):
+            mixed.add_metric([*labels, name], count)
         for field, family in gauges.items():
             family.add_metric(labels, getattr(snap, field))
         for name, value in sorted(snap.counters.items()):
@@ -179,7 +187,7 @@ def metric_families(labelled: Sequence[tuple[MetricsSnapshot, str]]) -> list[Any
             ]
             buckets.append(("+Inf", total))
             family.add_metric([*labels, *extra], buckets, hist.sum_ns / 1e9)
-    return [*fixed[:4], *counters.values(), *fixed[4:]]
+    return [*fixed[:5], *counters.values(), *fixed[5:]]
 
 
 class _SnapshotCollector:

@@ -247,6 +247,29 @@ def _new_writer(job: ShardJob, path: str) -> ShardWriter:
     )
 
 
+def write_shard_side_files(
+    writer: ShardWriter,
+    builder: IndexBuilder,
+    dali_path: str | None,
+    fragment: str,
+    *,
+    durable: bool,
+) -> bytes:
+    """Write a finished shard's DALI index (tar shards) and index fragment; return the fragment.
+
+    Shared by ``shardio pack`` and the public ``ShardWriter``, so both write the same files.
+    """
+    if dali_path is not None and isinstance(writer, TarShardWriter):
+        with atomic_write(dali_path, durable=durable) as fh:
+            fh.write(dali_index_text(writer.samples))
+    buf = io.BytesIO()
+    builder.write(buf)
+    data = buf.getvalue()
+    with atomic_write(fragment, durable=durable) as fh:
+        fh.write(data)
+    return data
+
+
 def write_shard(job: ShardJob, counters: Counters | None = None) -> ShardRecord:
     """Write one shard, its DALI index, its index fragment and, last, its done-record."""
     counters = counters or _WORKER_COUNTERS
@@ -263,14 +286,13 @@ def write_shard(job: ShardJob, counters: Counters | None = None) -> ShardRecord:
     except BaseException:
         shard.writer.abort()
         raise
-    if dali_rel is not None and isinstance(shard.writer, TarShardWriter):
-        with atomic_write(os.path.join(job.dst, dali_rel), durable=job.durable) as fh:
-            fh.write(dali_index_text(shard.writer.samples))
-    buf = io.BytesIO()
-    shard.builder.write(buf)
-    fragment = buf.getvalue()
-    with atomic_write(fragment_path(job.dst, plan.name), durable=job.durable) as fh:
-        fh.write(fragment)
+    fragment = write_shard_side_files(
+        shard.writer,
+        shard.builder,
+        None if dali_rel is None else os.path.join(job.dst, dali_rel),
+        fragment_path(job.dst, plan.name),
+        durable=job.durable,
+    )
     record = ShardRecord(
         fingerprint=job.fingerprint,
         seq=plan.seq,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import logging
 import os
 import stat
@@ -51,7 +50,8 @@ from shardio.packing.workfiles import (
     state_name,
     write_record,
 )
-from shardio.storage.atomic import atomic_write, fsync_dir, is_temp_name, rename_noreplace
+from shardio.packing.write import write_shard_side_files
+from shardio.storage.atomic import fsync_dir, is_temp_name, rename_noreplace
 from shardio.storage.dirlock import lock_directory
 from shardio.storage.files import make_dirs_inside
 from shardio.storage.fsdetect import resolve_fs_type
@@ -59,7 +59,7 @@ from shardio.storage.runner import CommandRunner, run_command
 from shardio.storage.striping import LayoutResult, apply_layout, parse_stripe
 from shardio.units import parse_size
 from shardio.writers.hdf5 import HDF5ShardWriter
-from shardio.writers.tar import TarShardWriter, dali_index_text
+from shardio.writers.tar import TarShardWriter
 
 __all__ = ["ShardWriter", "WriteResult"]
 
@@ -442,15 +442,13 @@ class ShardWriter:
         except BaseException:
             writer.abort()
             raise
-        if dali_rel is not None and isinstance(writer, TarShardWriter):
-            idx = os.path.join(self._staging, name + ".idx")
-            with atomic_write(idx, durable=self.durable) as fh:
-                fh.write(dali_index_text(writer.samples))
-        buf = io.BytesIO()
-        shard.builder.write(buf)
-        fragment = buf.getvalue()
-        with atomic_write(fragment_path(self.dst, name), durable=self.durable) as fh:
-            fh.write(fragment)
+        fragment = write_shard_side_files(
+            writer,
+            shard.builder,
+            None if dali_rel is None else os.path.join(self._staging, name + ".idx"),
+            fragment_path(self.dst, name),
+            durable=self.durable,
+        )
         self._records.append(
             ShardRecord(
                 fingerprint=self._part_fingerprint(),

@@ -240,7 +240,7 @@ def exported_names() -> set[str]:
     """Every sample name the exporter emits (``_total``, ``_bucket``, ``_sum``, ... included),
     from the exporter's own rendering of a snapshot, not from a list kept here."""
     read, steps = ReadMetrics(), StepTimer()
-    snap = snapshot(read, steps)
+    snap = snapshot(read, steps, sources={"a": 1})  # a mix's series too
 
     class Families:
         def collect(self) -> Any:

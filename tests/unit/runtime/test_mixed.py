@@ -360,6 +360,26 @@ def test_metrics_report_the_mix_drawn(sources):
     assert back.sources == {"web": 200, "books": 86}
 
 
+def test_the_exporter_serves_the_mix_drawn(sources, tmp_path):
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from shardio.metrics import PrometheusExporter
+
+    loader = mixed(sources, names=("web", "books")).loader(BATCH, 0)
+    keys(loader)
+    textfile = tmp_path / "shardio.prom"
+    with PrometheusExporter(loader.metrics, port=None, textfile=str(textfile), job="j") as exp:
+        assert exp.report()
+    served = {
+        s.labels["dataset"]: s.value
+        for family in text_string_to_metric_families(textfile.read_text())
+        for s in family.samples
+        if s.name == "shardio_mix_samples_delivered_total"
+    }
+    assert served == {"web": 200, "books": 86}
+
+
 # ------------------------------------------------------------------ bad arguments
 
 
