@@ -45,8 +45,8 @@ _PREFETCH = 4  # batches each worker prepares ahead (the DataLoader's prefetch_f
 _SPARE_SLOTS = 2  # ring slots per worker beyond those: the batch in use, the one arriving
 # The default watchdog: this many read deadlines without a batch (a batch may meet a few
 # stalls of distinct shards, each one deadline), and never under a minute.
-_WATCHDOG_DEADLINES = 6
-_MIN_WATCHDOG_S = 60.0
+WATCHDOG_DEADLINES = 6
+MIN_WATCHDOG_S = 60.0
 _KILL_JOIN_S = 5.0
 
 
@@ -304,7 +304,7 @@ class ShardLoader:
         if given:
             return float(given)
         deadline = float(self.dataset.read_timeout_s or 0.0)
-        return max(_MIN_WATCHDOG_S, _WATCHDOG_DEADLINES * deadline) if deadline else 0.0
+        return max(MIN_WATCHDOG_S, WATCHDOG_DEADLINES * deadline) if deadline else 0.0
 
     def _iterate(self) -> _Batches:
         """Iterate, replacing workers that stopped answering (see ``worker_timeout_s``)."""
@@ -415,7 +415,7 @@ class ShardLoader:
                 if board is not None:
                     kept = _KeptWorkers(loader, batches, sampler, ring, watch, board)
             if watch is not None:
-                watch.start(batches, _kill_workers)
+                watch.start(batches, kill_workers)
             while True:
                 asked = clock()
                 try:
@@ -433,7 +433,7 @@ class ShardLoader:
                         raise
                     if not watchdog or "timed out" not in str(exc):
                         raise
-                    _kill_workers(batches)
+                    kill_workers(batches)
                     raise WorkersStuckError(watchdog, progressed) from exc
                 if watch is not None and watch.fired.is_set():
                     raise watch.stuck(progressed)  # a batch that arrived as they were killed
@@ -510,7 +510,7 @@ def _forks(context: object) -> bool:
     return callable(method) and method() == "fork"
 
 
-def _kill_workers(batches: Any) -> None:
+def kill_workers(batches: Any) -> None:
     """SIGKILL the workers of a DataLoader iterator (a worker blocked in a FUSE or network
     filesystem wait is killable, not interruptible), then let the iterator shut down."""
     if getattr(batches, "_worker_pids_set", False):

@@ -28,6 +28,7 @@ The epoch (a pure function of seed, epoch, weights and the sources' own epoch or
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import time
@@ -40,7 +41,7 @@ import xxhash
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from shardio._check import require_int
-from shardio.errors import UsageError
+from shardio.errors import StorageError, UsageError
 from shardio.format.spec import LABEL_EXT
 from shardio.metrics.read import ReadMetrics
 from shardio.metrics.snapshots import MetricsSnapshot, snapshot
@@ -48,7 +49,9 @@ from shardio.metrics.steps import StepTimer
 from shardio.order.mix import MixCursor, check_weight, mix_counts, mix_schedule
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import OrderSpec
+from shardio.read.deadline import check_read_timeout
 from shardio.runtime.dataset import ShardDataset, collate_samples
+from shardio.runtime.loader import MIN_WATCHDOG_S, WATCHDOG_DEADLINES, kill_workers
 
 __all__ = [
     "METRICS_KEY",
@@ -337,6 +340,12 @@ class MixedLoader:
         batch_size: samples per batch (an int >= 1).
         num_workers: DataLoader worker processes (an int >= 0).
         drop_last: drop this rank's last incomplete batch.
+        worker_timeout_s: with workers, the seconds without a batch after which the loader
+            kills them and raises ``StorageError`` (ETIMEDOUT; a read that never returns:
+            a dead data server, a hung mount). None (default): as ShardLoader, six read
+            deadlines of the slowest source, at least a minute, or none when no source reads
+            under a deadline; 0: never. ``state_dict()`` then resumes at the first sample
+            not delivered.
         **kwargs: passed to ``torch.utils.data.DataLoader`` (pin_memory, prefetch_factor,
             multiprocessing_context, ...).
     """
@@ -348,13 +357,15 @@ class MixedLoader:
         batch_size: int,
         num_workers: int = 0,
         drop_last: bool = False,
+        worker_timeout_s: float | None = None,
         **kwargs: Any,
     ) -> None:
         self.batch_size = require_int(batch_size, "batch_size", minimum=1)
+        self.worker_timeout_s = check_read_timeout(worker_timeout_s, "worker_timeout_s")
         self.num_workers = require_int(num_workers, "num_workers", minimum=0)
         if not isinstance(drop_last, bool):
             raise UsageError(f"drop_last must be True or False, got {drop_last!r}")
-        for key in ("sampler", "batch_sampler", "shuffle", "collate_fn", "batch_size"):
+        for key in ("sampler", "batch_sampler", "shuffle", "collate_fn", "batch_size", "timeout"):
             if key in kwargs:
                 raise UsageError(f"MixedLoader sets {key} itself")
         if kwargs.get("in_order") is False:
@@ -373,6 +384,15 @@ class MixedLoader:
         n = self.dataset.samples_per_rank()
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
+    def _watchdog_s(self) -> float:
+        """Seconds without a batch after which the workers are deemed stuck (0: never)."""
+        if self.num_workers == 0:
+            return 0.0
+        if self.worker_timeout_s is not None:
+            return self.worker_timeout_s
+        deadline = max(float(ds.read_timeout_s or 0.0) for ds in self.dataset.sources)
+        return max(MIN_WATCHDOG_S, WATCHDOG_DEADLINES * deadline) if deadline else 0.0
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         cursor = self.dataset.cursor
         cursor.begin()  # an epoch read to its end is read again, as a DataLoader does
@@ -386,12 +406,14 @@ class MixedLoader:
         for ds in self.dataset.sources:
             ds.epoch_order()
         self.dataset._ship_metrics = self.num_workers > 0
+        watchdog = self._watchdog_s()
         loader = DataLoader(
             self.dataset,
             batch_size=self.batch_size,
             sampler=positions.tolist(),
             num_workers=self.num_workers,
             collate_fn=_identity_collate,
+            timeout=watchdog,
             **self.kwargs,
         )
         names = self.dataset.source_names
@@ -406,6 +428,17 @@ class MixedLoader:
                 except StopIteration:
                     cursor.finish()
                     return
+                except RuntimeError as exc:
+                    if not watchdog or "timed out" not in str(exc):
+                        raise
+                    kill_workers(batches)
+                    paths = ", ".join(str(ds.path) for ds in self.dataset.sources)
+                    raise StorageError(
+                        errno.ETIMEDOUT,
+                        f"no batch arrived for {watchdog:g} s from the mix's DataLoader "
+                        f"workers (killed): reads of {paths} do not complete (is a storage "
+                        f"server down?); state_dict() resumes after {cursor.consumed} samples",
+                    ) from None
                 for s, delta in batch.pop(METRICS_KEY, ()):
                     self.dataset.sources[s].absorb_metrics(delta)
                 drawn = np.bincount(batch[SOURCE_KEY].numpy(), minlength=len(names))

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from shardio import ResilientDataset, ShardDataset, ShardLoader
-from shardio.errors import ReadStalledError, SampleUnavailableError, StorageError
+from shardio import MixedDataset, ResilientDataset, ShardDataset, ShardLoader
+from shardio.errors import ReadStalledError, SampleUnavailableError, StorageError, UsageError
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.journal import read_journal
 from shardio.read.packed import PackedDataset
@@ -159,6 +159,56 @@ def test_workers_that_never_progress_end_in_a_storage_error(
     with pytest.raises(StorageError, match="no batch arrived for 1 s"):
         for _ in loader:
             pass
+
+
+def test_a_mix_whose_workers_hang_ends_in_a_storage_error_and_resumes_exactly(
+    dataset: pathlib.Path, packed_small: Any, release: pathlib.Path
+) -> None:
+    """MixedLoader: a read that never returns (no deadline) kills the workers after
+    worker_timeout_s and raises a StorageError; the state resumes exactly."""
+    other = packed_small("hdf5")[0]
+    with PackedDataset(dataset) as probe:
+        dead = probe.manifest.shards[len(probe.manifest.shards) // 2].path
+    opener = FaultyOpener([Fault(kind="hang", path=dead, release=str(release))])
+
+    def mix(faulty: bool) -> MixedDataset:
+        kw: dict[str, Any] = {"read_timeout_s": 0, "opener": opener} if faulty else {}
+        return MixedDataset(
+            [(ShardDataset(dataset, seed=4, **kw), 0.5), (ShardDataset(other, seed=5), 0.5)],
+            seed=2,
+        )
+
+    expected = [k for b in mix(False).loader(8) for k in b["__key__"]]
+    loader = mix(True).loader(8, 2, worker_timeout_s=1)
+    delivered: list[str] = []
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=r"no batch arrived for 1 s .*killed") as info:
+        for batch in loader:
+            delivered += batch["__key__"]
+    assert time.monotonic() - started < 60
+    assert str(dataset) in str(info.value)
+    state = loader.state_dict()
+    release.touch()
+    again = mix(True).loader(8, 2)
+    again.load_state_dict(state)
+    delivered += [k for b in again for k in b["__key__"]]
+    assert delivered == expected  # nothing lost, nothing twice
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"worker_timeout_s": -1}, "worker_timeout_s"),
+        ({"worker_timeout_s": float("nan")}, "worker_timeout_s"),
+        ({"timeout": 5}, "MixedLoader sets timeout itself"),
+    ],
+)
+def test_mixed_loader_timeouts_are_checked(
+    dataset: pathlib.Path, kwargs: dict[str, Any], message: str
+) -> None:
+    mixed = MixedDataset([(ShardDataset(dataset), 1.0)])
+    with pytest.raises(UsageError, match=message):
+        mixed.loader(4, 1, **kwargs)
 
 
 _KILLED_RUN = textwrap.dedent(

@@ -10,7 +10,6 @@ import math
 import os
 import pathlib
 import random
-import socket
 import subprocess
 import sys
 
@@ -212,8 +211,9 @@ import json, sys
 from datetime import timedelta
 import torch, torch.distributed as dist
 from shardio import MixedDataset, ShardDataset
-a, b, out, rank, port = sys.argv[1:6]
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=int(rank),
+a, b, out, rank = sys.argv[1:5]
+# A file rendezvous: no port picked here that another process could take first.
+dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=int(rank),
                         world_size=2, timeout=timedelta(seconds=60))
 mix = MixedDataset([(ShardDataset(a, seed=10), 0.7),
                     (ShardDataset(b, mode="stream", seed=11), 0.3)], seed=0)
@@ -228,13 +228,10 @@ with open(f"{out}/rank-{rank}.json", "w") as fh:
 
 
 def test_a_real_two_rank_gloo_job_reads_equal_shares_of_the_mix(sources, tmp_path, child_env):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     args = [sys.executable, "-c", _GLOO_RANK, *map(str, sources), str(tmp_path)]
     procs = [
         subprocess.Popen(
-            [*args, str(r), str(port)],
+            [*args, str(r)],
             env=child_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
