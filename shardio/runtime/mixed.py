@@ -367,7 +367,8 @@ class MixedLoader:
             raise UsageError(f"drop_last must be True or False, got {drop_last!r}")
         for key in ("sampler", "batch_sampler", "shuffle", "collate_fn", "batch_size", "timeout"):
             if key in kwargs:
-                raise UsageError(f"MixedLoader sets {key} itself")
+                hint = " (pass worker_timeout_s)" if key == "timeout" else ""
+                raise UsageError(f"MixedLoader sets {key} itself{hint}")
         if kwargs.get("in_order") is False:
             raise UsageError("MixedLoader needs in_order=True: resume relies on the order")
         self.dataset = dataset
