@@ -49,7 +49,7 @@ test: install-dev
 	[ $$rest -eq 0 ] && [ $$rc -eq 0 ]
 
 # The unit tests but the process-heavy modules (tests/conftest.py), on every CPU (pytest-xdist):
-# 2,015 tests in 113 s on this 2-core machine (151 s on one core); it scales with the cores.
+# 1,950 tests in 53 s on this 2-core machine; it scales with the cores.
 test-fast: install-dev
 	$(PY) -m pytest tests/unit -n auto -m "not gpu and not bench and not slow and not pfs and not slurm and not prometheus" $(PYTEST_ARGS)
 

@@ -185,19 +185,28 @@ def lustre_env(tmp_path: pathlib.Path) -> tuple[dict[str, str], pathlib.Path]:
 
 # --------------------------------------------------------------------------- slow modules
 # Unit-test modules whose tests start processes (DataLoader workers, gloo ranks, SIGKILLed
-# children, strace): marked ``slow`` here, in one place, so that ``make test-fast`` (``-m "not
-# slow"``) stays under a minute. ``make test`` runs them all.
+# children, strace, pytest or the CLI in a subprocess: 0.3 s a test or more), marked ``slow``
+# here, in one place, so that ``make test-fast`` (``-m "not slow"``) stays under a minute on
+# two cores. ``make test`` runs them all.
 _SLOW_MODULES = frozenset(
     {
+        "tests/unit/cache/test_area_faults.py",
+        "tests/unit/cache/test_capacity.py",
+        "tests/unit/cache/test_clean_journal.py",
+        "tests/unit/cache/test_concurrent.py",
+        "tests/unit/cache/test_kill.py",
         "tests/unit/cache/test_make.py",
         "tests/unit/cache/test_partition.py",
+        "tests/unit/cache/test_verify_area.py",
         "tests/unit/checkpoint/test_distributed.py",
+        "tests/unit/metrics/test_first_report.py",
         "tests/unit/runtime/test_distributed.py",
         "tests/unit/runtime/test_epoch_syscalls.py",
         "tests/unit/runtime/test_fd_limit.py",
         "tests/unit/runtime/test_kill_resume.py",
         "tests/unit/runtime/test_metrics.py",
         "tests/unit/runtime/test_persistent.py",
+        "tests/unit/runtime/test_provenance_mmap.py",
         "tests/unit/runtime/test_ring.py",
         "tests/unit/runtime/test_scale.py",
         "tests/unit/runtime/test_shm_full.py",
@@ -206,6 +215,9 @@ _SLOW_MODULES = frozenset(
         "tests/unit/runtime/test_torture.py",
         "tests/unit/runtime/test_torture_parity.py",
         "tests/unit/test_bench_gpu.py",
+        "tests/unit/test_bench_pfs.py",
+        "tests/unit/test_gen_imagenet.py",
+        "tests/unit/test_pfs_required.py",
     }
 )
 

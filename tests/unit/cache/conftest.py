@@ -33,19 +33,22 @@ STAGE_DIR = ".shardio-stage"
 _JOB_ENV_PREFIXES = ("SLURM_", "SHARDIO_")
 _JOB_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PYTHONWARNINGS", "MAKEFLAGS", "MFLAGS")
 
-Snapshot = dict[str, tuple[int, int, str]]
+Snapshot = dict[str, tuple[int, int, int, int, int]]
 
 
 def snapshot(root: pathlib.Path) -> Snapshot:
-    """Every file under root (hidden ones included): relative path -> (size, mtime, xxh3)."""
+    """Every file under root (hidden ones included): relative path -> (size, mtime, ctime,
+    inode, mode). The ctime moves with any write, rename over, chmod or utime (a process
+    cannot set it back), so a file whose bytes changed cannot match, without hashing every
+    source after every test."""
     out: Snapshot = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for name in sorted(filenames):
             path = os.path.join(dirpath, name)
-            st = os.stat(path)
+            st = os.lstat(path)
             rel = os.path.relpath(path, root)
-            out[rel] = (st.st_size, st.st_mtime_ns, file_xxh3_128(path))
+            out[rel] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode)
     return out
 
 
