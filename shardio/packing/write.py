@@ -19,6 +19,7 @@ import os
 import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import xxhash
 
@@ -247,27 +248,62 @@ def _new_writer(job: ShardJob, path: str) -> ShardWriter:
     )
 
 
-def write_shard_side_files(
+class FilledShard(Protocol):
+    """What a shard's writer kept while it was filled (``_Shard`` here, the ShardWriter's)."""
+
+    builder: IndexBuilder
+    data_bytes: int
+    num_members: int
+
+
+def finish_shard_files(
+    shard: FilledShard,
     writer: ShardWriter,
-    builder: IndexBuilder,
+    *,
+    fingerprint: str,
+    seq: int,
+    rel_path: str,
+    dali_rel: str | None,
     dali_path: str | None,
     fragment: str,
-    *,
     durable: bool,
-) -> bytes:
-    """Write a finished shard's DALI index (tar shards) and index fragment; return the fragment.
+    skipped: tuple[Skipped, ...] = (),
+    source_calls: SourceCalls | None = None,
+) -> ShardRecord:
+    """Finish a shard's writer, write its DALI index (tar shards) at ``dali_path`` and its
+    index fragment at ``fragment``, and return the shard's record (not yet written).
 
     Shared by ``shardio pack`` and the public ``ShardWriter``, so both write the same files.
+    The writer is aborted (its temp file removed) when finishing it fails.
     """
+    try:
+        size, digest = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
     if dali_path is not None and isinstance(writer, TarShardWriter):
         with atomic_write(dali_path, durable=durable) as fh:
             fh.write(dali_index_text(writer.samples))
     buf = io.BytesIO()
-    builder.write(buf)
+    shard.builder.write(buf)
     data = buf.getvalue()
     with atomic_write(fragment, durable=durable) as fh:
         fh.write(data)
-    return data
+    return ShardRecord(
+        fingerprint=fingerprint,
+        seq=seq,
+        path=rel_path,
+        size_bytes=size,
+        num_samples=shard.builder.num_samples,
+        num_members=shard.num_members,
+        data_bytes=shard.data_bytes,
+        xxh3_128=digest,
+        dali_index=dali_rel,
+        index_size_bytes=len(data),
+        index_xxh3_128=xxhash.xxh3_128_hexdigest(data),
+        skipped=skipped,
+        source_calls=source_calls if source_calls is not None else SourceCalls(),
+    )
 
 
 def write_shard(job: ShardJob, counters: Counters | None = None) -> ShardRecord:
@@ -282,29 +318,19 @@ def write_shard(job: ShardJob, counters: Counters | None = None) -> ShardRecord:
             shard.add(sample, loaded, root)
             if counters is not None:
                 counters.add(len(sample.files), sum(f.size for f in sample.files))
-        size, digest = shard.writer.finish()
     except BaseException:
         shard.writer.abort()
         raise
-    fragment = write_shard_side_files(
+    record = finish_shard_files(
+        shard,
         shard.writer,
-        shard.builder,
-        None if dali_rel is None else os.path.join(job.dst, dali_rel),
-        fragment_path(job.dst, plan.name),
-        durable=job.durable,
-    )
-    record = ShardRecord(
         fingerprint=job.fingerprint,
         seq=plan.seq,
-        path=rel_path,
-        size_bytes=size,
-        num_samples=shard.builder.num_samples,
-        num_members=shard.num_members,
-        data_bytes=shard.data_bytes,
-        xxh3_128=digest,
-        dali_index=dali_rel,
-        index_size_bytes=len(fragment),
-        index_xxh3_128=xxhash.xxh3_128_hexdigest(fragment),
+        rel_path=rel_path,
+        dali_rel=dali_rel,
+        dali_path=None if dali_rel is None else os.path.join(job.dst, dali_rel),
+        fragment=fragment_path(job.dst, plan.name),
+        durable=job.durable,
         skipped=tuple(shard.skipped),
         source_calls=shard.calls,
     )

@@ -50,7 +50,7 @@ from shardio.packing.workfiles import (
     state_name,
     write_record,
 )
-from shardio.packing.write import write_shard_side_files
+from shardio.packing.write import finish_shard_files
 from shardio.storage.atomic import fsync_dir, is_temp_name, rename_noreplace
 from shardio.storage.dirlock import lock_directory
 from shardio.storage.files import make_dirs_inside
@@ -438,33 +438,22 @@ class ShardWriter:
                     placed = writer.add_sample(sample.key, sample.label, sample.members)
                     self._index(shard, sample, placed)
                 shard.pending.clear()
-            size, digest = writer.finish()
         except BaseException:
             writer.abort()
             raise
-        fragment = write_shard_side_files(
+        record = finish_shard_files(
+            shard,
             writer,
-            shard.builder,
-            None if dali_rel is None else os.path.join(self._staging, name + ".idx"),
-            fragment_path(self.dst, name),
+            fingerprint=self._part_fingerprint(),
+            seq=shard.seq,
+            rel_path=rel,
+            dali_rel=dali_rel,
+            dali_path=None if dali_rel is None else os.path.join(self._staging, name + ".idx"),
+            fragment=fragment_path(self.dst, name),
             durable=self.durable,
         )
-        self._records.append(
-            ShardRecord(
-                fingerprint=self._part_fingerprint(),
-                seq=shard.seq,
-                path=rel,
-                size_bytes=size,
-                num_samples=shard.builder.num_samples,
-                num_members=shard.num_members,
-                data_bytes=shard.data_bytes,
-                xxh3_128=digest,
-                dali_index=dali_rel,
-                index_size_bytes=len(fragment),
-                index_xxh3_128=xxhash.xxh3_128_hexdigest(fragment),
-            )
-        )
-        logger.debug("%s: shard %s written (%d bytes)", self.dst, name, size)
+        self._records.append(record)
+        logger.debug("%s: shard %s written (%d bytes)", self.dst, name, record.size_bytes)
 
     # -- publishing ----------------------------------------------------------------------------
     def close(self) -> WriteResult:
