@@ -205,26 +205,35 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def reap_orphan_beds(base: pathlib.Path) -> list[pathlib.Path]:
-    """Take down the beds under ``base`` whose owning test session is gone (killed with
-    SIGKILL, which no finalizer survives). A bed with no owner record, or a live owner, is
-    left alone: it may be another session's, still starting or in use."""
+def reap_orphans(
+    markers: Sequence[pathlib.Path], script: pathlib.Path, owner_file: str, *, timeout: float
+) -> list[pathlib.Path]:
+    """Take down (``script down DIR``) the directories of ``markers`` whose owning test
+    session is gone (killed with SIGKILL, which no finalizer survives). One with no owner
+    record, or a live owner, is left alone: it may be another session's, still starting or
+    in use. Shared by the MooseFS beds and the SLURM clusters."""
     reaped = []
-    for marker in sorted(base.glob("shardio-bed-*/.shardio-moosefs-bed")):
+    for marker in sorted(markers):
         root = marker.parent
         try:
-            pid = int((root / OWNER_FILE).read_text().strip())
+            pid = int((root / owner_file).read_text().strip())
         except (OSError, ValueError):
             continue
         if pid == os.getpid() or _alive(pid):
             continue
-        proc = run_shielded([str(SCRIPT), "down", str(root)], timeout=180)
+        proc = run_shielded([str(script), "down", str(root)], timeout=timeout)
         if proc.returncode == 0:
-            (root / OWNER_FILE).unlink(missing_ok=True)
+            (root / owner_file).unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 root.rmdir()
             reaped.append(root)
     return reaped
+
+
+def reap_orphan_beds(base: pathlib.Path) -> list[pathlib.Path]:
+    """The beds under ``base`` whose owning session is gone, taken down (:func:`reap_orphans`)."""
+    markers = list(base.glob("shardio-bed-*/.shardio-moosefs-bed"))
+    return reap_orphans(markers, SCRIPT, OWNER_FILE, timeout=180)
 
 
 # --------------------------------------------------------------------------- datasets

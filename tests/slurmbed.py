@@ -8,7 +8,6 @@ that needs several nodes takes the session's two-node cluster (``slurm_cluster2`
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import pathlib
@@ -22,7 +21,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 import pytest
-from mfsbed import run_shielded
+from mfsbed import reap_orphans, run_shielded
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "slurm" / "cluster.sh"
@@ -195,35 +194,11 @@ def start_cluster(root: os.PathLike[str] | str, *, nodes: int = 1) -> Cluster:
     return Cluster(root=root, conf=pathlib.Path(exports["SLURM_CONF"]), nodes=tuple(names))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reap_orphan_clusters(base: pathlib.Path) -> list[pathlib.Path]:
-    """Take down the clusters under ``base`` whose owning test session is gone (killed with
-    SIGKILL, which no finalizer survives). A cluster with no owner record, or a live owner,
-    is left alone: it may be another session's, still starting or in use."""
-    reaped = []
-    for marker in sorted(base.glob(f"shardio-slurm-*/{MARKER}")):
-        root = marker.parent
-        try:
-            pid = int((root / OWNER_FILE).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if pid == os.getpid() or _alive(pid):
-            continue
-        proc = run_shielded([str(SCRIPT), "down", str(root)], timeout=120)
-        if proc.returncode == 0:
-            with contextlib.suppress(OSError):
-                root.rmdir()
-            reaped.append(root)
-    return reaped
+    """The clusters under ``base`` whose owning session is gone, taken down
+    (:func:`mfsbed.reap_orphans`)."""
+    markers = list(base.glob(f"shardio-slurm-*/{MARKER}"))
+    return reap_orphans(markers, SCRIPT, OWNER_FILE, timeout=120)
 
 
 def cpus_allowed_list(status_text: str) -> str:
