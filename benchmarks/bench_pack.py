@@ -103,7 +103,29 @@ def _peer_mds(src: str, dst: str, shard_bytes: int) -> None:
             writer.write({"jpeg": data, "cls": class_ids[os.path.basename(os.path.dirname(rel))]})
 
 
-_PEERS: dict[str, Callable[[str, str, int], None]] = {"wds": _peer_wds, "mds": _peer_mds}
+def _peer_shardio(src: str, dst: str, shard_bytes: int) -> None:
+    """shardio's own ShardWriter in the peers' loop: samples written from code."""
+    from shardio import ShardWriter
+
+    rels, class_ids = _walk_samples(src)
+    with ShardWriter(dst, format="tar", shard_size=shard_bytes, classes=list(class_ids)) as w:
+        for rel in rels:
+            with open(os.path.join(src, rel), "rb") as fh:
+                data = fh.read()
+            w.write(
+                {
+                    "__key__": os.path.splitext(rel)[0],
+                    "jpeg": data,
+                    "cls": class_ids[os.path.basename(os.path.dirname(rel))],
+                }
+            )
+
+
+_PEERS: dict[str, Callable[[str, str, int], None]] = {
+    "wds": _peer_wds,
+    "mds": _peer_mds,
+    "shardio-writer": _peer_shardio,
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,6 +200,11 @@ def _configs(shard_size: str, shard_bytes: int) -> list[Config]:
         Config("shardio-tar-w2", "shardio pack tar, 2 workers", shardio_pack("tar", 2)),
         Config("shardio-hdf5-w1", "shardio pack hdf5, 1 worker", shardio_pack("hdf5", 1)),
         Config("shardio-hdf5-w2", "shardio pack hdf5, 2 workers", shardio_pack("hdf5", 2)),
+        Config(
+            "shardio-writer",
+            "shardio `ShardWriter` from code, tar (1 process)",
+            peer("shardio-writer"),
+        ),
         Config("wds", "webdataset `ShardWriter` (1 process)", peer("wds")),
         Config("mds", "streaming `MDSWriter` (1 process)", peer("mds")),
     ]
