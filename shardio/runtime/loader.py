@@ -45,9 +45,16 @@ _PREFETCH = 4  # batches each worker prepares ahead (the DataLoader's prefetch_f
 _SPARE_SLOTS = 2  # ring slots per worker beyond those: the batch in use, the one arriving
 # The default watchdog: this many read deadlines without a batch (a batch may meet a few
 # stalls of distinct shards, each one deadline), and never under a minute.
-WATCHDOG_DEADLINES = 6
-MIN_WATCHDOG_S = 60.0
+_WATCHDOG_DEADLINES = 6
+_MIN_WATCHDOG_S = 60.0
 _KILL_JOIN_S = 5.0
+
+
+def default_watchdog_s(read_timeout_s: float | None) -> float:
+    """The default watchdog for workers reading under a read deadline of ``read_timeout_s``
+    (None or 0: no deadline, no watchdog)."""
+    deadline = float(read_timeout_s or 0.0)
+    return max(_MIN_WATCHDOG_S, _WATCHDOG_DEADLINES * deadline) if deadline else 0.0
 
 
 def _identity(batch: Any) -> Any:
@@ -303,8 +310,7 @@ class ShardLoader:
         given = self.kwargs.get("timeout")
         if given:
             return float(given)
-        deadline = float(self.dataset.read_timeout_s or 0.0)
-        return max(MIN_WATCHDOG_S, WATCHDOG_DEADLINES * deadline) if deadline else 0.0
+        return default_watchdog_s(self.dataset.read_timeout_s)
 
     def _iterate(self) -> _Batches:
         """Iterate, replacing workers that stopped answering (see ``worker_timeout_s``)."""

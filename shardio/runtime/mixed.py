@@ -51,7 +51,7 @@ from shardio.order.ranks import RankInfo
 from shardio.order.spec import OrderSpec
 from shardio.read.deadline import check_read_timeout
 from shardio.runtime.dataset import ShardDataset, collate_samples
-from shardio.runtime.loader import MIN_WATCHDOG_S, WATCHDOG_DEADLINES, kill_workers
+from shardio.runtime.loader import default_watchdog_s, kill_workers
 
 __all__ = [
     "METRICS_KEY",
@@ -391,8 +391,7 @@ class MixedLoader:
             return 0.0
         if self.worker_timeout_s is not None:
             return self.worker_timeout_s
-        deadline = max(float(ds.read_timeout_s or 0.0) for ds in self.dataset.sources)
-        return max(MIN_WATCHDOG_S, WATCHDOG_DEADLINES * deadline) if deadline else 0.0
+        return default_watchdog_s(max(ds.read_timeout_s or 0.0 for ds in self.dataset.sources))
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         cursor = self.dataset.cursor

@@ -200,6 +200,8 @@ def test_a_mix_whose_workers_hang_ends_in_a_storage_error_and_resumes_exactly(
     [
         ({"worker_timeout_s": -1}, "worker_timeout_s"),
         ({"worker_timeout_s": float("nan")}, "worker_timeout_s"),
+        ({"worker_timeout_s": 1e300}, "worker_timeout_s"),
+        ({"worker_timeout_s": "60"}, "worker_timeout_s"),
         ({"timeout": 5}, r"MixedLoader sets timeout itself \(pass worker_timeout_s\)"),
     ],
 )
