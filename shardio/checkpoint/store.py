@@ -97,9 +97,14 @@ class Plan:
         )
 
 
-def _real_dir(path: str) -> bool:
+def _real_dir(path: str) -> bool | None:
+    """True: a directory (not a symlink to one) is at ``path``; False: something else is;
+    None: nothing is (yet). One lstat, so that a directory appearing between two looks is
+    never taken for something else."""
     try:
         return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return None
     except OSError:
         return False
 
@@ -144,8 +149,8 @@ def make_temp_dir(plan: Plan, *, layout: Callable[[str], None] | None) -> None:
             layout(tmp)
         return
     deadline = time.monotonic() + 60.0
-    while not _real_dir(tmp):
-        if os.path.lexists(tmp):
+    while (found := _real_dir(tmp)) is not True:
+        if found is False:
             raise CheckpointError(errno.EEXIST, f"{tmp} is not a directory shardio made")
         if time.monotonic() > deadline:
             raise CheckpointError(
