@@ -23,8 +23,9 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,26 +57,30 @@ def _walk_samples(src: str) -> tuple[list[str], dict[str, int]]:
     return rels, {c: i for i, c in enumerate(classes)}
 
 
+def _tree_samples(src: str, walked: tuple[list[str], dict[str, int]]) -> Iterator[dict[str, Any]]:
+    """The samples a user of a writer builds: the file read whole, its class index."""
+    rels, class_ids = walked
+    for rel in rels:
+        with open(os.path.join(src, rel), "rb") as fh:
+            data = fh.read()
+        yield {
+            "__key__": os.path.splitext(rel)[0],
+            "jpeg": data,
+            "cls": class_ids[os.path.basename(os.path.dirname(rel))],
+        }
+
+
 def _peer_wds(src: str, dst: str, shard_bytes: int) -> None:
     try:
         import webdataset as wds
     except ImportError as exc:
         print(f"webdataset unavailable: {exc}", file=sys.stderr)
         sys.exit(PEER_UNAVAILABLE)
-    rels, class_ids = _walk_samples(src)
     os.makedirs(dst, exist_ok=True)
     pattern = os.path.join(dst, "shard-%06d.tar")
     with wds.ShardWriter(pattern, maxsize=shard_bytes, verbose=0) as sink:
-        for rel in rels:
-            with open(os.path.join(src, rel), "rb") as fh:
-                data = fh.read()
-            sink.write(
-                {
-                    "__key__": os.path.splitext(rel)[0],
-                    "jpeg": data,
-                    "cls": class_ids[os.path.basename(os.path.dirname(rel))],
-                }
-            )
+        for sample in _tree_samples(src, _walk_samples(src)):
+            sink.write(sample)
 
 
 def _import_mds_writer() -> type:
@@ -107,18 +112,10 @@ def _peer_shardio(src: str, dst: str, shard_bytes: int) -> None:
     """shardio's own ShardWriter in the peers' loop: samples written from code."""
     from shardio import ShardWriter
 
-    rels, class_ids = _walk_samples(src)
-    with ShardWriter(dst, format="tar", shard_size=shard_bytes, classes=list(class_ids)) as w:
-        for rel in rels:
-            with open(os.path.join(src, rel), "rb") as fh:
-                data = fh.read()
-            w.write(
-                {
-                    "__key__": os.path.splitext(rel)[0],
-                    "jpeg": data,
-                    "cls": class_ids[os.path.basename(os.path.dirname(rel))],
-                }
-            )
+    walked = _walk_samples(src)
+    with ShardWriter(dst, format="tar", shard_size=shard_bytes, classes=list(walked[1])) as w:
+        for sample in _tree_samples(src, walked):
+            w.write(sample)
 
 
 _PEERS: dict[str, Callable[[str, str, int], None]] = {
