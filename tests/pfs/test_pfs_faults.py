@@ -88,6 +88,11 @@ def _pack(bed: Bed, small_tree: pathlib.Path, name: str) -> pathlib.Path:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    # MooseFS makes the second copies in the background after the write: a server stopped
+    # before then would take the only copy of some files (the manifest, a shard), which the
+    # tests count as safe (seen in CI: the dataset's open stalled; a "two-copy" shard lost).
+    files = [p for p in root.rglob("*") if p.is_file()]
+    wait_for(lambda: all(len(bed.copies(p)) == 2 for p in files), "two copies of every file")
     return root
 
 
@@ -143,10 +148,13 @@ def _epoch(tmp_path: pathlib.Path, **args: Any) -> dict[str, Any]:
     spec = {"timeout": _TIMEOUT_S, "policy": "skip", "workers": 2, "mode": "map",
             "journal": str(tmp_path / "repairs.jsonl"), "out": str(out), **args}  # fmt: skip
     spec = {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in spec.items()}
-    subprocess.run(
+    proc = subprocess.run(
         [sys.executable, "-c", _EPOCH, json.dumps(spec)],
-        timeout=_EPOCH_TIMEOUT_S, check=False, capture_output=True,
+        timeout=_EPOCH_TIMEOUT_S, check=False, capture_output=True, text=True,
     )  # fmt: skip
+    assert out.exists(), (
+        f"the epoch process wrote no result (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    )
     result: dict[str, Any] = json.loads(out.read_text())
     c = result["counters"]
     print(
@@ -248,15 +256,8 @@ def test_a_chunkserver_stopped_during_the_epoch(
     if not skips:  # seen once in five runs: every later read was served from a cache
         pytest.xfail("the chunkserver stop was not felt by the rest of the epoch")
     assert result["counters"]["substitutes"] == len(skips)
-    # The one-copy shards on the stopped server are lost. A shard with two copies may fail
-    # too, in the seconds before the master notices the stop (seen in CI under load: the
-    # client's I/O retries all went to the stopped server, EIO): it is substituted as
-    # well, and no wrong byte is delivered either way (bad == 0 above).
-    assert any(shards[keys.index(k)] in dead for k in skips), sorted(skips)
-    on_two_copies = {shards[keys.index(k)] for k in skips} - set(where)
-    if on_two_copies:
-        print(f"shards with two copies that failed after the stop: {sorted(on_two_copies)}")
-    assert not {shards[keys.index(k)] for k in skips} & (set(where) - dead), "a live copy lost"
+    lost_shards = {shards[keys.index(k)] for k in skips}
+    assert lost_shards <= dead, f"shards lost that had a live copy: {sorted(lost_shards - dead)}"
     assert not skips & set(result["keys"][8:])  # nothing lost was delivered after the stop
 
 
