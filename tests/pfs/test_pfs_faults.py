@@ -10,6 +10,7 @@ taken before the fault. Figures (epoch time, stalls, samples lost) are printed.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pathlib
@@ -252,13 +253,21 @@ def test_a_chunkserver_stopped_during_the_epoch(
     assert result["error"] is None and result["bad"] == 0
     assert len(result["keys"]) == len(keys)
     dead = {s for s, cs in where.items() if cs == dead_cs}
-    skips = {e["key"] for e in _journal(tmp_path) if e["event"] == "skip"}
+    events = [e for e in _journal(tmp_path) if e["event"] == "skip"]
+    skips = {e["key"] for e in events}
     if not skips:  # seen once in five runs: every later read was served from a cache
         pytest.xfail("the chunkserver stop was not felt by the rest of the epoch")
-    assert result["counters"]["substitutes"] == len(skips)
+    assert result["counters"]["substitutes"] == len(events)
     lost_shards = {shards[keys.index(k)] for k in skips}
     assert lost_shards <= dead, f"shards lost that had a live copy: {sorted(lost_shards - dead)}"
-    assert not skips & set(result["keys"][8:])  # nothing lost was delivered after the stop
+    # A sample whose own read failed after the stop is delivered after it only where it was
+    # drawn earlier as another's substitute, its bytes read then from a cache of the client
+    # and checked (seen in CI: 37 substitutes, some drawn from a dead shard before it was
+    # held). Every delivered byte is the packed one (bad == 0 above).
+    drawn = collections.Counter(e["substitute_key"] for e in events)
+    delivered = collections.Counter(result["keys"])
+    leaked = sorted(k for k in skips if delivered[k] != drawn[k])
+    assert not leaked, f"lost samples delivered other than as substitutes: {leaked[:5]}"
 
 
 def test_flipped_chunk_bytes_on_a_chunkserver_disk(
