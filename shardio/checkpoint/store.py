@@ -75,6 +75,7 @@ logger = logging.getLogger(__name__)
 _POLL_S = 0.05
 _MAX_FRAGMENT_BYTES = 1 << 20
 _MAX_ATTEMPTS = 100
+_STAGING = ".new"  # the temp directory's name while rank 0 sets its layout
 # What a save writes into its temp directory (and temp names of it): all a cleanup removes.
 _TEMP_CONTENT = ("rank", "checkpoint_", ".checkpoint_", ".rank", f".{MANIFEST_NAME}")
 
@@ -128,6 +129,10 @@ def make_directory(folder: str) -> None:
 def make_temp_dir(plan: Plan, *, layout: Callable[[str], None] | None) -> None:
     """Rank 0 creates the save's temp directory (and sets its layout); the others wait for it.
 
+    Rank 0 makes it under a staging name, sets its stripe layout there and only then renames
+    it to the name the others wait for: no rank creates its file before the layout is set (a
+    file takes its directory's layout when it is created, never after).
+
     Raises:
         CheckpointError: it cannot be created, something else is at its name, or it did not
             appear within 60 s.
@@ -135,18 +140,34 @@ def make_temp_dir(plan: Plan, *, layout: Callable[[str], None] | None) -> None:
     tmp = plan.temp_dir
     if plan.identity.rank == 0:
         make_directory(plan.directory)
+        staging = tmp + _STAGING
         try:
-            os.mkdir(tmp, 0o755)
+            os.mkdir(staging, 0o755)
         except FileExistsError:
             raise CheckpointError(
-                errno.EEXIST, f"{tmp} exists already: another save has this token"
+                errno.EEXIST, f"{staging} exists already: another save has this token"
             ) from None
         except OSError as exc:
             raise CheckpointError(
-                exc.errno or errno.EIO, f"cannot create checkpoint directory {tmp}: {exc.strerror}"
+                exc.errno or errno.EIO,
+                f"cannot create checkpoint directory {staging}: {exc.strerror}",
             ) from exc
-        if layout is not None:
-            layout(tmp)
+        try:
+            if layout is not None:
+                layout(staging)
+            rename_noreplace(staging, tmp)
+        except BaseException as exc:
+            rmdir_inside(plan.directory, os.path.basename(staging))  # ours, and still empty
+            if isinstance(exc, FileExistsError):
+                raise CheckpointError(
+                    errno.EEXIST, f"{tmp} exists already: another save has this token"
+                ) from None
+            if isinstance(exc, OSError) and not isinstance(exc, ShardioError):
+                raise CheckpointError(
+                    exc.errno or errno.EIO,
+                    f"cannot create checkpoint directory {tmp}: {exc.strerror}",
+                ) from exc
+            raise
         return
     deadline = time.monotonic() + 60.0
     while (found := _real_dir(tmp)) is not True:

@@ -1,7 +1,8 @@
 """One save from a state already in host memory: the steps every rank runs, in order.
 
 Rank 0 creates the temp directory and sets its stripe layout (the same layout code as
-``pack``: on Lustre a multi-GB file is spread over many OSTs); every rank writes its file;
+``pack``: on Lustre a multi-GB file is spread over many OSTs) before the others can see it;
+every rank writes its file;
 rank 0 commits, then removes checkpoints beyond ``keep`` (after its own was read back and
 checked) and temp directories that killed saves left.
 """

@@ -74,3 +74,46 @@ def test_something_else_at_its_name_is_refused(tmp_path: pathlib.Path, kind: str
         os.symlink(tmp_path / "elsewhere", plan.temp_dir)
     with pytest.raises(CheckpointError, match="is not a directory shardio made"):
         make_temp_dir(plan, layout=None)
+
+
+def test_the_others_see_it_only_once_its_layout_is_set(tmp_path: pathlib.Path) -> None:
+    """A file takes its directory's stripe layout when it is created: rank 1 must not find
+    the directory (and create its file there) before rank 0 has set the layout."""
+    laid: list[str] = []
+    seen_by_rank1: list[bool] = []
+
+    def layout(path: str) -> None:
+        time.sleep(0.3)  # a slow `lfs setstripe`
+        laid.append(path)
+
+    def rank1() -> None:
+        make_temp_dir(_plan(tmp_path, 1), layout=None)
+        seen_by_rank1.append(bool(laid))
+
+    waiter = threading.Thread(target=rank1)
+    waiter.start()
+    make_temp_dir(_plan(tmp_path, 0), layout=layout)
+    waiter.join(timeout=30)
+    assert seen_by_rank1 == [True]
+    plan = _plan(tmp_path, 0)
+    assert os.path.isdir(plan.temp_dir) and laid == [plan.temp_dir + ".new"]
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(plan.temp_dir)]
+
+
+def test_a_failed_layout_leaves_nothing_behind(tmp_path: pathlib.Path) -> None:
+    def layout(path: str) -> None:
+        raise CheckpointError(5, f"lfs setstripe {path} failed")
+
+    with pytest.raises(CheckpointError, match="setstripe"):
+        make_temp_dir(_plan(tmp_path, 0), layout=layout)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_staging_directory_someone_else_made_is_left_alone(tmp_path: pathlib.Path) -> None:
+    plan = _plan(tmp_path, 0)
+    os.mkdir(plan.temp_dir + ".new")
+    (pathlib.Path(plan.temp_dir + ".new") / "theirs").write_text("x")
+    with pytest.raises(CheckpointError, match="exists already"):
+        make_temp_dir(plan, layout=None)
+    assert (pathlib.Path(plan.temp_dir + ".new") / "theirs").read_text() == "x"
+    assert not os.path.lexists(plan.temp_dir)
