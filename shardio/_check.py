@@ -1,12 +1,13 @@
-"""One argument checker: integers as users pass them, refused in one line when wrong."""
+"""Argument checkers: integers and paths as users pass them, refused in one line when wrong."""
 
 from __future__ import annotations
 
 import operator
+import os
 
 from shardio.errors import UsageError
 
-__all__ = ["require_int"]
+__all__ = ["require_int", "require_path"]
 
 _NP_BOOLS = frozenset({"bool", "bool_"})
 
@@ -38,3 +39,22 @@ def require_int(
     if maximum is not None and number > maximum:
         raise UsageError(f"{what} must be at most {maximum}, got {number}")
     return int(number)
+
+
+def require_path(value: object, what: str) -> str:
+    """Return ``value`` (a str or ``os.PathLike``) as a str path.
+
+    Raises:
+        UsageError: not a path (a dict passed where the directory goes, bytes, None), empty,
+            or with a NUL character; the message names ``what``.
+    """
+    if not isinstance(value, (str, os.PathLike)):
+        raise UsageError(f"{what} must be a path (str or os.PathLike), got {type(value).__name__}")
+    path = os.fspath(value)
+    if not isinstance(path, str):
+        raise UsageError(f"{what} must be a str path, got {type(path).__name__}")
+    if not path:
+        raise UsageError(f"{what} must not be empty")
+    if "\0" in path:
+        raise UsageError(f"{what} {path!r} has a NUL character")
+    return path

@@ -14,6 +14,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from shardio._check import require_path
 from shardio.checkpoint import ranks
 from shardio.checkpoint.codec import read_payload
 from shardio.checkpoint.manifest import CheckpointManifest, RankFile
@@ -104,7 +105,7 @@ def save(
 
         keep = require_int(keep, "keep", minimum=1, maximum=1_000_000)
     opts = resolve_options(options, option_values)
-    folder = os.fspath(directory)
+    folder = require_path(directory, "checkpoint directory")
     identity = ranks.resolve_identity(os.environ if environ is None else environ)
     plan = Plan(
         directory=folder, identity=identity, kind=kind, step=step,
@@ -195,7 +196,7 @@ def load_latest(
     if kind is not None:
         check_kind(kind)
     timeout_s = check_seconds("read_timeout_s", read_timeout_s)
-    folder = os.fspath(directory)
+    folder = require_path(directory, "checkpoint directory")
     rank, world = ranks.rank_and_world()
     skipped: list[tuple[str, str]] = []
     pool = IoThreads(max_abandoned=4)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shardio._check import require_int
+from shardio._check import require_int, require_path
 from shardio.checkpoint import ranks
 from shardio.checkpoint.naming import check_kind, check_step
 from shardio.checkpoint.snapshot import copied_tensors, snapshot_bytes, to_host
@@ -82,7 +82,7 @@ class Checkpointer:
         options: SaveOptions | None = None,
         **option_values: Any,
     ) -> None:
-        self.directory = os.fspath(directory)
+        self.directory = require_path(directory, "checkpoint directory")
         self.full_every_s = check_seconds("full_every_s", full_every_s)
         self.light_every_s = check_seconds("light_every_s", light_every_s)
         self.keep = {

@@ -24,7 +24,7 @@ from typing import Any
 
 import xxhash
 
-from shardio._check import require_int
+from shardio._check import require_int, require_path
 from shardio.errors import FormatError, PackError, UsageError
 from shardio.format.index import IndexBuilder, MemberEntry
 from shardio.format.spec import LABEL_EXT, SHARD_DIR, SHARD_FORMATS, TAR_BLOCK, WORK_DIR
@@ -148,9 +148,7 @@ class ShardWriter:
         durable: bool = True,
         runner: CommandRunner = run_command,
     ) -> None:
-        self.dst = os.fspath(dst)
-        if not self.dst or "\0" in self.dst:
-            raise UsageError(f"invalid destination {self.dst!r}: give a directory path")
+        self.dst = require_path(dst, "ShardWriter destination")
         if format not in SHARD_FORMATS:
             raise UsageError(f"invalid format {format!r}: choose one of {', '.join(SHARD_FORMATS)}")
         self.shard_format = format

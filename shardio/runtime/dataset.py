@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from shardio._check import require_int
+from shardio._check import require_int, require_path
 from shardio.errors import ShardioError, UsageError
 from shardio.format.spec import LABEL_EXT
 from shardio.metrics.read import ReadDelta, ReadMetrics
@@ -249,7 +249,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
             mode, order, shuffle=shuffle, seed=seed, window_shards=window_shards,
             drop_last=drop_last,
         )  # fmt: skip
-        self.path = os.fspath(path)
+        self.path = require_path(path, "dataset path")
         self.mode = mode
         if max_open is not None:
             max_open = require_int(max_open, "max_open", minimum=1)
