@@ -4,7 +4,8 @@
 #   retry_srun.sh [-n MAX_TRIES] [-d DATASET]... [-s SOURCE] [-q] [-b BACKOFF_S] [-r HOOK]
 #                 [-c CKPT_DIR] -- srun ARGS...
 #
-#   -n MAX_TRIES  tries in all, the first included (default 3, or $RETRY_SRUN_MAX_TRIES)
+#   -n MAX_TRIES  tries in all, the first included, 1 to 1000 (default 3, or
+#                 $RETRY_SRUN_MAX_TRIES)
 #   -d DATASET    a shardio dataset, or a staging area (`shardio stage`), to check with
 #                 `shardio verify` after each failure and repair with `shardio verify
 #                 --repair`; repeat for several (e.g. the Lustre copy and a BeeOND copy)
@@ -14,8 +15,9 @@
 #   -q            `shardio verify --quick`: index and shard sizes only, no data read (a full
 #                 check reads the whole dataset, which takes a while at many TB); a repair,
 #                 when one is needed, still reads what it repairs
-#   -b BACKOFF_S  wait before the 2nd try; doubled before each later one (default 10, or
-#                 $RETRY_SRUN_BACKOFF_S); gives a flapping node or link time to settle
+#   -b BACKOFF_S  wait before the 2nd try; doubled before each later one, up to a day
+#                 (default 10, or $RETRY_SRUN_BACKOFF_S); gives a flapping node or link
+#                 time to settle
 #   -r HOOK       a shell command run before each retry, e.g. re-staging node-local copies
 #                 (`shardio stage` replaces what is missing or damaged and keeps the rest)
 #   -c CKPT_DIR   the job's checkpoint directory (shardio.checkpoint): before each try, say
@@ -74,11 +76,17 @@ while getopts ":n:d:s:qb:r:c:h" opt; do
 done
 shift $((OPTIND - 1))
 [[ $# -gt 0 ]] || { log "error: no command to run after --" && usage; }
-if ! is_uint "$max_tries" || ((max_tries < 1)); then
-    log "error: -n must be a whole number >= 1"
+# Bounded before any arithmetic: bash wraps integers past 2^63 without a word.
+if ! is_uint "$max_tries" || ((${#max_tries} > 4)) || ((10#$max_tries < 1 || 10#$max_tries > 1000)); then
+    log "error: -n must be a whole number from 1 to 1000, got '$max_tries'"
     usage
 fi
-is_uint "$backoff_s" || { log "error: -b must be whole seconds" && usage; }
+max_tries=$((10#$max_tries))
+if ! is_uint "$backoff_s" || ((${#backoff_s} > 5)) || ((10#$backoff_s > 86400)); then
+    log "error: -b must be whole seconds from 0 to 86400, got '$backoff_s'"
+    usage
+fi
+backoff_s=$((10#$backoff_s))
 
 read -r -a shardio <<<"${SHARDIO_BIN:-shardio}"
 
@@ -189,7 +197,7 @@ for ((try = 1; try <= max_tries; try++)); do
             child=$!
             wait "$child" || true
             child=""
-            delay=$((delay * 2))
+            delay=$((delay * 2 > 86400 ? 86400 : delay * 2))  # doubled, at most a day
         fi
         [[ -z "$stopping" ]] || break
     fi
