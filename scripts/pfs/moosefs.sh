@@ -184,7 +184,10 @@ up() {
     esac
   done
   case "$n$retries$goal" in *[!0-9]*) die "counts must be whole numbers" ;; esac
-  if [ "$n" -lt 1 ] || [ "$n" -gt 8 ]; then die "--chunkservers takes 1 to 8"; fi
+  small_in "$n" 1 8 || die "--chunkservers takes 1 to 8, not '$n'"
+  small_in "$retries" 1 1000 || die "--ioretries takes 1 to 1000, not '$retries'"
+  small_in "$goal" 1 9 || die "--goal takes 1 to 9, not '$goal'"
+  n=$((10#$n)) retries=$((10#$retries)) goal=$((10#$goal))
   [ "$(id -u)" = 0 ] || die "needs root (network namespace, FUSE mount)"
   if [ -e "$marker" ]; then
     die "$dir already holds a bed: run 'down' first"
@@ -258,11 +261,17 @@ down() {
   rmdir "$dir" 2>/dev/null || true
 }
 
+small_in() {
+  # Whether the digits $1 are a number from $2 to $3 (at most 4 digits: test(1) errors past
+  # 2^63, and an `if` swallows the error).
+  [ -n "$1" ] && [ "${#1}" -le 4 ] && [ "$((10#$1))" -ge "$2" ] && [ "$((10#$1))" -le "$3" ]
+}
+
 cs_number() {
   # A chunkserver of this bed, 1 to N.
   local i=${1:-}
   case "$i" in '' | *[!0-9]*) die "give a chunkserver number, 1 to $(chunkservers)" ;; esac
-  if [ "$i" -lt 1 ] || [ "$i" -gt "$(chunkservers)" ]; then
+  if ! small_in "$i" 1 "$(chunkservers)"; then
     die "no chunkserver $i: the bed has $(chunkservers)"
   fi
   echo "$((10#$i))"

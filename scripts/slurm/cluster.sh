@@ -200,7 +200,11 @@ up() {
     esac
   done
   case "$n" in '' | *[!0-9]*) die "--nodes takes a whole number, not '$n'" ;; esac
-  if [ "$n" -lt 1 ] || [ "$n" -gt 8 ]; then die "--nodes takes 1 to 8"; fi
+  # Its length first: test(1) refuses a number past 2^63, and an `if` swallows that error.
+  if [ "${#n}" -gt 2 ] || [ "$((10#$n))" -lt 1 ] || [ "$((10#$n))" -gt 8 ]; then
+    die "--nodes takes 1 to 8, not '$n'"
+  fi
+  n=$((10#$n))
   [ "$(id -u)" = 0 ] || die "needs root (the daemons run as SlurmUser root)"
   local tool
   for tool in munged mungekey slurmctld slurmd sinfo; do

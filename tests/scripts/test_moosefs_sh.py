@@ -35,6 +35,9 @@ def test_usage_without_arguments_or_with_an_unknown_command(tmp_path: pathlib.Pa
     [
         (["--chunkservers", "0"], "--chunkservers takes 1 to 8"),
         (["--chunkservers", "9"], "--chunkservers takes 1 to 8"),
+        (["--chunkservers", "99999999999999999999"], "--chunkservers takes 1 to 8"),
+        (["--ioretries", "123456789012345678901"], "--ioretries takes 1 to 1000"),
+        (["--goal", "0"], "--goal takes 1 to 9"),
         (["--chunkservers", "two"], "counts must be whole numbers"),
         (["--ioretries", "-1"], "counts must be whole numbers"),
         (["--goal", "1;reboot"], "counts must be whole numbers"),

@@ -152,6 +152,7 @@ def run_cluster_sh(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess
     [
         (["up", "DIR", "--nodes", "two"], "--nodes takes a whole number, not 'two'"),
         (["up", "DIR", "--nodes", "0"], "--nodes takes 1 to 8"),
+        (["up", "DIR", "--nodes", "99999999999999999999"], "--nodes takes 1 to 8"),
         (["up", "DIR", "--nodes"], "--nodes needs a number"),
         (["up", "DIR", "--bogus"], "unknown option for up: --bogus"),
         (["down", "DIR"], "holds no cluster (nothing of ours to stop)"),
