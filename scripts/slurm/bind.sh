@@ -102,8 +102,8 @@ for var in SLURM_PROCID SLURM_NTASKS; do
     fi
 done
 gpus_per_node="${SHARDIO_GPUS_PER_NODE:-8}"
-if ! is_uint "$gpus_per_node" || ((gpus_per_node == 0)); then
-    die "SHARDIO_GPUS_PER_NODE must be a positive integer, got $(shown "$gpus_per_node")"
+if ! is_uint "$gpus_per_node" || ((gpus_per_node == 0 || gpus_per_node > 256)); then
+    die "SHARDIO_GPUS_PER_NODE must be a whole number from 1 to 256, got $(shown "$gpus_per_node")"
 fi
 sysfs_nodes="${SHARDIO_SYSFS_NODE_DIR:-${SHARDIO_SYSFS:-/sys}/devices/system/node}"
 
@@ -128,8 +128,8 @@ else
     done
     ((numa_nodes > 0)) || numa_nodes=1
 fi
-if ! is_uint "$numa_nodes" || ((numa_nodes == 0)); then
-    die "SHARDIO_NUMA_NODES must be a positive integer, got $(shown "$numa_nodes")"
+if ! is_uint "$numa_nodes" || ((numa_nodes == 0 || numa_nodes > 1024)); then
+    die "SHARDIO_NUMA_NODES must be a whole number from 1 to 1024, got $(shown "$numa_nodes")"
 fi
 have() { [[ -n "$1" ]] && command -v "$1" >/dev/null 2>&1; }
 

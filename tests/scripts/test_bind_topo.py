@@ -310,6 +310,9 @@ def test_without_shardio_or_srun_binding_a_shared_node_is_said(
         ("SLURM_NTASKS", "1_000"),
         ("SHARDIO_GPUS_PER_NODE", "\u0663"),
         ("SHARDIO_NUMA_NODES", "99999999999999999999"),
+        ("SHARDIO_NUMA_NODES", "999999999"),
+        ("SHARDIO_GPUS_PER_NODE", "999999999"),  # was a loop of 10^9 array appends
+        ("SHARDIO_GPUS_PER_NODE", "257"),
         ("SHARDIO_GPU_NUMA_MAP", "0,-1"),
     ],
 )
