@@ -63,7 +63,8 @@ def mix_counts(sizes: Sequence[int], weights: Sequence[float]) -> list[int]:
         if size <= 0:
             raise UsageError(f"source {s} of the mix has no samples")
     norm = [w / sum(weights) for w in weights]
-    total = min(math.floor(n / w) for n, w in zip(sizes, norm, strict=True))
+    # The minimum before the floor: a tiny weight's n / w is inf, which has no floor.
+    total = math.floor(min(n / w for n, w in zip(sizes, norm, strict=True)))
 
     def fits(n: int) -> bool:
         return all(c <= size for c, size in zip(apportion(n, norm), sizes, strict=True))

@@ -136,8 +136,9 @@ class MixedDataset(Dataset[dict[str, Any]]):
             raise UsageError(f"names must be distinct strings, got {list(names)!r}")
         self.source_names = tuple(names)
         self.sources = tuple(datasets)
-        total = sum(weights)
-        self.weights = tuple(w / total for w in weights)
+        largest = max(weights)  # scaled first: two weights of 1e308 do not sum to inf
+        total = sum(w / largest for w in weights)
+        self.weights = tuple(w / largest / total for w in weights)
         if not math.isfinite(total) or min(self.weights) <= 0:
             raise UsageError(f"weights {weights!r} span too many orders of magnitude to normalise")
         self.counts = tuple(mix_counts([ds.num_samples for ds in datasets], self.weights))

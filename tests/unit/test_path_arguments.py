@@ -18,10 +18,10 @@ from shardio.errors import UsageError
 
 _CALLS: dict[str, Callable[[Any], Any]] = {
     "save": lambda d: save({"w": 1}, d, step=1),
-    "load_latest": lambda d: load_latest(d),
-    "Checkpointer": lambda d: Checkpointer(d),
-    "ShardWriter": lambda d: ShardWriter(d),
-    "ShardDataset": lambda d: ShardDataset(d),
+    "load_latest": load_latest,
+    "Checkpointer": Checkpointer,
+    "ShardWriter": ShardWriter,
+    "ShardDataset": ShardDataset,
 }
 
 

@@ -399,6 +399,24 @@ def test_bad_weights_are_refused(sources, weight, message):
         MixedDataset([(a, 1.0), (b, weight)])
 
 
+@pytest.mark.parametrize(
+    "weights",
+    [
+        (1e308, 1e308),  # their sum is inf: scaled before it is taken
+        (1e-320, 1.0),  # a subnormal weight: n / w is inf, which has no floor
+        (1e-12, 1.0),
+    ],
+)
+def test_extreme_weights_mix_or_are_refused_in_one_line(sources, weights):
+    a, b = ShardDataset(sources[0]), ShardDataset(sources[1])
+    mix = MixedDataset([(a, weights[0]), (b, weights[1])])
+    assert math.isclose(sum(mix.weights), 1.0) and min(mix.weights) > 0
+    assert all(c <= ds.num_samples for c, ds in zip(mix.counts, (a, b), strict=True))
+    assert sum(mix.counts) > 0
+    with pytest.raises(UsageError, match="span too many orders of magnitude"):
+        MixedDataset([(a, 1e-300), (b, 1e300)])
+
+
 def test_bad_sources_are_refused(sources):
     a = ShardDataset(sources[0])
     with pytest.raises(UsageError, match="at least one"):
