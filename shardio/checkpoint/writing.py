@@ -127,6 +127,8 @@ class SaveOptions:
                     f"fs_type must be one of {', '.join(sorted(KNOWN_FS_TYPES))}, "
                     f"not {self.fs_type!r}"
                 )
+        if not isinstance(self.verify, bool):  # "no" is truthy: it would verify
+            raise UsageError(f"verify must be True or False, not {self.verify!r}")
         check_seconds("commit_timeout_s", self.commit_timeout_s)
         check_seconds("write_timeout_s", self.write_timeout_s)
         check_seconds("read_timeout_s", self.read_timeout_s)
@@ -153,6 +155,13 @@ def resolve_options(options: SaveOptions | None, values: Mapping[str, Any]) -> S
     """``options``, or a :class:`SaveOptions` of ``values``; a UsageError for both (the
     keywords would be silently ignored)."""
     if options is None:
+        known = {f.name for f in dataclasses.fields(SaveOptions)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise UsageError(
+                f"unknown checkpoint option {unknown[0]!r}: the options are "
+                f"{', '.join(sorted(known))}"
+            )
         return SaveOptions(**values)
     if values:
         raise UsageError(

@@ -194,7 +194,9 @@ def test_loader_state_rides_and_resumes(ckdir: pathlib.Path, packed_small) -> No
     [({"kind": "heavy"}, "kind"), ({"step": -1}, "step"), ({"level": 40}, "level"),
      ({"compression": "gzip"}, "compression"), ({"keep": 0}, "keep"),
      ({"stripe": "9x9x9"}, "stripe"), ({"commit_timeout_s": float("nan")}, "commit_timeout_s"),
-     ({"threads": -1}, "threads"), ({"environ": {"SLURM_JOB_ID": "a/b"}}, "SLURM_JOB_ID")],
+     ({"threads": -1}, "threads"), ({"environ": {"SLURM_JOB_ID": "a/b"}}, "SLURM_JOB_ID"),
+     ({"verify": "no"}, "verify must be True or False"),
+     ({"write_timout_s": 5}, "unknown checkpoint option 'write_timout_s': the options are")],
 )  # fmt: skip
 def test_bad_arguments_are_refused_in_one_line(ckdir: pathlib.Path, kwargs, needle) -> None:
     args = {"kind": "full", "step": 1, "environ": JOB, **kwargs}
