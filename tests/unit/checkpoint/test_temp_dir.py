@@ -117,3 +117,18 @@ def test_a_staging_directory_someone_else_made_is_left_alone(tmp_path: pathlib.P
         make_temp_dir(plan, layout=None)
     assert (pathlib.Path(plan.temp_dir + ".new") / "theirs").read_text() == "x"
     assert not os.path.lexists(plan.temp_dir)
+
+
+def test_a_staging_directory_a_killed_save_left_is_cleaned_up_later(
+    tmp_path: pathlib.Path,
+) -> None:
+    """SIGKILL between rank 0's mkdir and its rename leaves ``<temp>.new``: a temp name,
+    removed by the next save's cleanup of stale temps like any other."""
+    from shardio.checkpoint.store import list_checkpoints, remove_stale_temps
+
+    staging = _plan(tmp_path, 0).temp_dir + ".new"
+    os.mkdir(staging)
+    os.utime(staging, (time.time() - 100_000,) * 2)
+    assert list_checkpoints(str(tmp_path)) == ([], [staging])
+    remove_stale_temps(str(tmp_path), older_than_s=3600, keep=None)
+    assert os.listdir(tmp_path) == []
