@@ -7,7 +7,7 @@ import os
 
 from shardio.errors import UsageError
 
-__all__ = ["require_int", "require_path"]
+__all__ = ["require_bool", "require_int", "require_path"]
 
 _NP_BOOLS = frozenset({"bool", "bool_"})
 
@@ -39,6 +39,21 @@ def require_int(
     if maximum is not None and number > maximum:
         raise UsageError(f"{what} must be at most {maximum}, got {number}")
     return int(number)
+
+
+def require_bool(value: object, what: str) -> bool:
+    """Return ``value`` when it is True or False (numpy's bool too).
+
+    ``"no"``, ``0`` or ``None`` are refused rather than taken for their truth: ``"no"`` is
+    true.
+
+    Raises:
+        UsageError: not a bool; the message names ``what``.
+    """
+    kind = type(value)
+    if isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in _NP_BOOLS):
+        return bool(value)
+    raise UsageError(f"{what} must be True or False, got {kind.__name__} {value!r}")
 
 
 def require_path(value: object, what: str) -> str:

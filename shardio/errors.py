@@ -30,6 +30,7 @@ from typing import Any
 
 __all__ = [
     "CheckpointError",
+    "CheckpointUnavailableError",
     "ChecksumMismatchError",
     "CommandNotFoundError",
     "FormatError",
@@ -221,11 +222,19 @@ class CheckpointError(StorageError):
     :class:`~shardio.checkpoint.Checkpointer`'s next call, with the original as ``__cause__``."""
 
 
+class CheckpointUnavailableError(CheckpointError, StorageUnavailableError):
+    """A checkpoint (or the directory of them) could not be read now: a server down, a read
+    or listing past its deadline, a permission refused. Not "damaged" and not "none": the
+    caller retries later, never starts afresh (``retryable`` is True)."""
+
+
 class NoCheckpointError(CheckpointError):
-    """No intact checkpoint to load: the message says what was found and why each was skipped.
+    """There is no checkpoint (of the kind asked) to load: the one case where restart code
+    starts afresh. Checkpoints that exist but are all damaged raise a plain
+    :class:`CheckpointError`; ones that cannot be read now a :class:`CheckpointUnavailableError`.
 
     Attributes:
-        skipped: ``[(path, reason), ...]`` for every checkpoint found and not loaded.
+        skipped: ``[(path, reason), ...]`` (empty: none was found).
     """
 
     def __init__(self, message: str, skipped: list[tuple[str, str]] | None = None) -> None:

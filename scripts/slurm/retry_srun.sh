@@ -23,7 +23,11 @@
 #   -c CKPT_DIR   the job's checkpoint directory (shardio.checkpoint): before each try, say
 #                 which checkpoint it resumes from (`shardio checkpoint latest`, the newest
 #                 whose every byte checks: what load_latest loads) and export its path to the
-#                 step as SHARDIO_RESUME_FROM (empty when the try starts from scratch)
+#                 step as SHARDIO_RESUME_FROM, which the step loads (load_latest of that
+#                 one checkpoint: never another, never a fresh start when it is damaged).
+#                 Empty when none was found, or none could be checked now: the step's
+#                 load_latest of the directory then decides (a fresh start only when there
+#                 is none; an error when all are damaged or the storage does not answer)
 #
 # The article's third level of fault tolerance: a job wrapper that retries srun with a
 # storage repair in between (checkpoints and ResilientDataset are the first two). Each try
@@ -169,7 +173,13 @@ find_resume_point() {
     1) found="" && log "try $try starts from scratch: no checkpoint in $ckpt_dir yet" ;;
     3)
         found=""
-        log "try $try starts from scratch: no checkpoint in $ckpt_dir is intact (see above)"
+        log "no checkpoint in $ckpt_dir is intact (see above): try $try's load_latest will" \
+            "refuse to start from scratch"
+        ;;
+    75)
+        found=""
+        log "the checkpoints in $ckpt_dir cannot be read now (see above): try $try's" \
+            "load_latest decides"
         ;;
     *) found="" && log "could not look for checkpoints in $ckpt_dir (exit $rc)" ;;
     esac

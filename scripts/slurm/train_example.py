@@ -51,8 +51,10 @@ def main() -> int:
     model = torch.nn.Linear(1, classes)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ckpt_dir = os.environ.get("SHARDIO_CKPT_DIR", "ckpt")
+    # retry_srun.sh names the checkpoint it checked: that one, else the newest intact one
+    resume_from = os.environ.get("SHARDIO_RESUME_FROM") or ckpt_dir
     try:
-        ck = load_latest(ckpt_dir, loader=loader)  # the newest intact one; the loader too
+        ck = load_latest(resume_from, loader=loader)  # and the loader's position
         model.load_state_dict(ck.state["model"])
         opt.load_state_dict(ck.state["opt"])
         step = ck.step + 1

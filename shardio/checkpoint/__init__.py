@@ -1,13 +1,16 @@
 """Checkpoints of model and data together: atomic, verified, Zstandard-compressed, async.
 
 - ``save(state, DIR, kind=, step=)``: one checkpoint, now;
-- ``load_latest(DIR)``: the newest intact one (falls back, says what it skipped);
+- ``load_latest(DIR)``: the newest intact one (falls back, says what it skipped); or
+  ``load_latest(DIR/checkpoint_...)``: that one checkpoint, and no other;
 - ``Checkpointer(DIR, full_every_s=, light_every_s=, keep_full=, keep_light=)``: in the
   background, on a cadence (``maybe_save``) or when asked (``save``).
 
 Modules: ``naming`` (host, job, rank, kind and step in every name), ``manifest`` (the sealed
-manifest), ``codec`` (torch.save + zstd + xxh3-128, streamed), ``snapshot`` (the state copied
-to host memory), ``store`` (temp directory, commit, listing, pruning), ``ranks`` (torch.distributed
+manifest), ``codec`` (torch.save + zstd + xxh3-128, streamed), ``loadable`` (what a state may
+hold: what ``torch.load(weights_only=True)`` loads back), ``snapshot`` (the state copied
+to host memory), ``store`` (temp directory, commit, listing, pruning), ``lease`` (one live
+job per directory), ``ranks`` (torch.distributed
 when initialized), ``writing`` (one save's steps), ``load`` and ``saver``. Nothing is imported
 with the package; torch only when a state is saved or loaded.
 """

@@ -5,7 +5,8 @@ there are cores) that writes into the file, hashing every byte on its way to dis
 10 GB state is never held twice in memory. Reading streams too, and hands nothing on before
 the last byte read has matched the manifest's hash: the bytes are read once, hashed and
 decompressed as they come, and only once the digest matches are they given to
-``torch.load`` (``weights_only`` by default: a checkpoint cannot run code).
+``torch.load`` (``weights_only`` by default: a checkpoint cannot run code; numpy arrays and
+scalars of plain dtypes are allowed, see ``loadable``).
 
 Level 1 and the whole stream compressed: measured here (benchmarks/RESULTS.md,
 "Checkpoints"), level 3 saves under 0.1% more on weights at 0.6x the speed; the loader's
@@ -316,8 +317,16 @@ def read_payload(
     finally:
         os.close(fd)
     out.seek(0)
+    from shardio.checkpoint.loadable import safe_loading
+
     try:
-        return torch.load(out, weights_only=weights_only, map_location=map_location)
+        # numpy arrays and scalars of plain dtypes load too (a save lets nothing else
+        # through); a sparse tensor's indices are checked (else unchecked, with a warning)
+        with (
+            safe_loading() if weights_only else contextlib.nullcontext(),
+            torch.sparse.check_sparse_tensor_invariants(),  # type: ignore[no-untyped-call]
+        ):
+            return torch.load(out, weights_only=weights_only, map_location=map_location)
     except Exception as exc:  # verified bytes that torch will not load: say which and why
         hint = (
             " (it holds objects weights_only=True refuses: load with weights_only=False, "

@@ -1,28 +1,54 @@
-"""``save`` (now, in the calling thread) and ``load_latest`` (the newest intact checkpoint).
+"""``save`` (now, in the calling thread) and ``load_latest`` (the newest intact checkpoint, or
+one given checkpoint).
 
 ``load_latest`` reads the newest checkpoint's files this rank needs, verifies every byte
-against the manifest as it reads, and falls back to the one before when anything is wrong,
-saying which it skipped and why. It deletes nothing. Under torch.distributed every rank
-loads the same checkpoint: one that any rank cannot load is skipped by all.
+against the manifest as it reads, and falls back to the one before when it is damaged,
+saying which it skipped and why. It deletes nothing. What it raises says what a restart
+should do: ``NoCheckpointError`` only when there is none (a fresh start);
+``CheckpointUnavailableError`` when the storage does not answer now (retry); a
+``CheckpointError`` when every one found is damaged, or one is intact but will not load as
+asked (never a fresh start). Given one checkpoint (``SHARDIO_RESUME_FROM``), it loads that one
+or fails. Under torch.distributed every rank loads the same checkpoint: one that any rank
+cannot load is skipped by all.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import functools
+import logging
 import os
 import typing
 from collections.abc import Mapping
 from typing import Any
 
-from shardio._check import require_path
+from shardio._check import require_bool, require_int, require_path
 from shardio.checkpoint import ranks
 from shardio.checkpoint.codec import read_payload
+from shardio.checkpoint.lease import check_not_owned
 from shardio.checkpoint.manifest import CheckpointManifest, RankFile
-from shardio.checkpoint.naming import check_kind, check_step
+from shardio.checkpoint.naming import (
+    MANIFEST_NAME,
+    check_kind,
+    check_step,
+    is_checkpoint_name,
+    job_id_from,
+    new_token,
+    this_host,
+)
 from shardio.checkpoint.snapshot import snapshot_bytes
-from shardio.checkpoint.store import Listed, Plan, list_checkpoints
+from shardio.checkpoint.store import (
+    Listed,
+    Plan,
+    all_damaged,
+    list_checkpoints,
+    one_checkpoint,
+    unavailable,
+)
 from shardio.checkpoint.writing import (
     SaveOptions,
+    check_payload,
     check_seconds,
     dataset_id_of,
     loader_state_of,
@@ -30,10 +56,20 @@ from shardio.checkpoint.writing import (
     resolve_options,
     run_save_bounded,
 )
-from shardio.errors import CheckpointError, NoCheckpointError, ShardioError, UsageError
-from shardio.storage.stall import IoThreads
+from shardio.errors import (
+    CheckpointError,
+    CheckpointUnavailableError,
+    FormatError,
+    NoCheckpointError,
+    ShardioError,
+    StorageError,
+    UsageError,
+)
+from shardio.storage.stall import IoThreads, call_with_deadline
 
 __all__ = ["Checkpoint", "load_latest", "save"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,40 +134,62 @@ def save(
             checkpoint is still the latest.
         UsageError: a bad argument.
     """
-    kind = check_kind(kind)
-    step = check_step(step)
-    if keep is not None:
-        from shardio._check import require_int
-
-        keep = require_int(keep, "keep", minimum=1, maximum=1_000_000)
-    opts = resolve_options(options, option_values)
-    folder = require_path(directory, "checkpoint directory")
-    identity = ranks.resolve_identity(os.environ if environ is None else environ)
+    env = os.environ if environ is None else environ
+    rank = ranks.rank_and_world()[0]
+    failure: Exception | None = None
+    prepared: tuple[str, str, int | None, SaveOptions, dict[str, Any], int] | None = None
+    try:  # every local failure is said to every rank before anything else is done together
+        kind, step = check_kind(kind), check_step(step)
+        if keep is not None:
+            keep = require_int(keep, "keep", minimum=1, maximum=1_000_000)
+        require_bool(per_rank, "per_rank")
+        opts = resolve_options(options, option_values)
+        folder = require_path(directory, "checkpoint directory")
+        ranks.check_environ(env)
+        own_state = state if per_rank or rank == 0 else None
+        payload = make_payload(own_state, loader_state_of(loader), dataset_id_of(loader))
+        check_payload(payload)
+        prepared = (kind, folder, keep, opts, payload, snapshot_bytes(own_state))
+    except Exception as exc:
+        failure = exc
+    votes = ranks.gather((_said(failure), new_token()))
+    if failure is not None:
+        raise failure
+    failed = [f"rank {r}: {why}" for r, (why, _) in enumerate(votes) if why is not None]
+    if failed:
+        raise CheckpointError(f"checkpoint of step {step} not saved: {'; '.join(failed)}")
+    kind, folder, keep, opts, payload, size_hint = typing.cast("Any", prepared)
+    identity = ranks.resolve_identity(env)
     plan = Plan(
-        directory=folder, identity=identity, kind=kind, step=step,
-        token=ranks.new_shared_token(),
+        directory=folder, identity=identity, kind=kind, step=step, token=str(votes[0][1]),
     )  # fmt: skip
-    own_state = state if per_rank or identity.rank == 0 else None
-    payload = make_payload(own_state, loader_state_of(loader), dataset_id_of(loader))
     error: BaseException | None = None
     path = None
     pool = IoThreads(max_abandoned=2)
     try:
         path = run_save_bounded(
             plan, payload, opts, pool=pool, per_rank=per_rank,
-            size_hint=snapshot_bytes(own_state), keep=keep,
+            size_hint=size_hint, keep=keep, check_state=False,
         )  # fmt: skip
     except Exception as exc:
         error = exc
     finally:
         pool.close()
-    failures = ranks.agree(error is None, str(error))
+    failures = ranks.agree(error is None, _said(error) or "")
     shared = ranks.share_from_zero(path)
     if error is not None:
         raise error
     if failures:
         raise CheckpointError(f"checkpoint of step {step} not saved: {'; '.join(failures)}")
     return shared if isinstance(shared, str) else None
+
+
+def _said(failure: BaseException | None) -> str | None:
+    """What a rank tells the others of its failure: one line, or None."""
+    if failure is None:
+        return None
+    text = str(failure).strip().splitlines()
+    return (text[0] if text else type(failure).__name__)[:1000]
 
 
 def _files_for(manifest: CheckpointManifest, rank: int, world: int) -> tuple[RankFile, RankFile]:
@@ -161,11 +219,161 @@ def _read(listed: Listed, entry: RankFile, pool: IoThreads, **kw: Any) -> dict[s
 def _check_dataset(loader: Any, saved: Any, path: str) -> None:
     """Refuse to resume ``loader`` from a position in another dataset."""
     reading = dataset_id_of(loader)
-    if isinstance(saved, str) and reading is not None and saved != reading:
+    if not isinstance(saved, str) or reading is None:  # nothing to compare: said, not refused
+        logger.warning(
+            "checkpoint %s: %s, so the position restored cannot be checked to be in the "
+            "dataset %s reads",
+            path,
+            "it records no dataset id" if not isinstance(saved, str) else "the loader has none",
+            type(loader).__name__,
+        )
+        return
+    if saved != reading:
         raise UsageError(
             f"checkpoint {path} holds a position in dataset {saved[:12]}, this loader reads "
             f"dataset {reading[:12]} (another dataset, or one packed again): not resumed"
         )
+
+
+def _verdict(exc: ShardioError) -> str:
+    """What a failure to load a checkpoint says: ``unavailable`` (the storage could not be
+    read now: retry later), ``damaged`` (this checkpoint is unusable: fall back to the one
+    before) or ``refused`` (it is intact but will not load as asked, or the call is wrong)."""
+    if unavailable(exc):
+        return "unavailable"
+    if isinstance(exc, CheckpointError) and exc.errno == errno.EINVAL:
+        return "refused"  # verified bytes that torch.load refused (weights_only)
+    if isinstance(exc, (StorageError, FormatError)):
+        return "damaged"
+    return "refused"
+
+
+_WORST = {"unavailable": 3, "refused": 2, "damaged": 1}
+
+
+def _given(folder: str, pool: IoThreads, timeout_s: float) -> bool:
+    """Whether ``folder`` names one checkpoint (its name, or a manifest in it) rather than a
+    directory of them."""
+    if is_checkpoint_name(os.path.basename(os.path.normpath(folder))):
+        return True
+    look = functools.partial(os.path.lexists, os.path.join(folder, MANIFEST_NAME))
+    try:
+        return bool(call_with_deadline(pool, look, timeout_s, f"looking into {folder}"))
+    except OSError as exc:
+        raise CheckpointUnavailableError(
+            exc.errno or errno.EIO,
+            f"the checkpoints in {folder} cannot be read now (not damaged; retry): {exc}",
+        ) from exc
+
+
+def _check_owner(
+    directory: str, environ: Mapping[str, str], pool: IoThreads, timeout_s: float
+) -> None:
+    """Refuse a directory another live job saves into (rank 0 reads the lease for all: a
+    lease names rank 0's host and process).
+
+    Raises:
+        CheckpointError: another live job holds it (EBUSY).
+        CheckpointUnavailableError: the lease cannot be read now.
+    """
+    if ranks.rank_and_world()[0] != 0:
+        return
+    try:
+        call_with_deadline(
+            pool,
+            functools.partial(
+                check_not_owned, directory, job_id=job_id_from(environ), host=this_host()
+            ),
+            timeout_s, f"reading the lease of {directory}",
+        )  # fmt: skip
+    except CheckpointError:
+        raise
+    except StorageError as exc:
+        raise CheckpointUnavailableError(
+            exc.errno or errno.EIO,
+            f"the checkpoints in {directory} cannot be read now (not damaged; retry): "
+            f"its lease: {exc}",
+        ) from exc
+
+
+def _find(
+    folder: str, kind: str | None, environ: Mapping[str, str], pool: IoThreads, timeout_s: float
+) -> tuple[bool, list[Listed]]:
+    """Whether ``folder`` is one given checkpoint, and the checkpoints to try, newest first.
+
+    Raises:
+        CheckpointError, CheckpointUnavailableError, UsageError: as :func:`load_latest`.
+    """
+    given = _given(folder, pool, timeout_s)
+    if not given:  # resuming "the newest": not from a directory another live job saves into
+        _check_owner(folder, environ, pool, timeout_s)
+        return False, list_checkpoints(folder, pool=pool, timeout_s=timeout_s)[0]
+    # One given checkpoint is named explicitly and only read (an evaluation of a running
+    # job's checkpoint): no lease is asked for, taken or written, nothing pruned.
+    one = one_checkpoint(folder, pool=pool, timeout_s=timeout_s)
+    if one is None:
+        raise CheckpointError(errno.ENOENT, f"checkpoint {folder} does not exist")
+    if one.manifest is not None and kind is not None and one.manifest.kind != kind:
+        raise CheckpointError(
+            errno.EINVAL, f"checkpoint {folder} is a {one.manifest.kind} one, not {kind}"
+        )
+    return True, [one]
+
+
+def _together(found: tuple[bool, list[Listed]] | ShardioError) -> tuple[bool, list[Listed]]:
+    """What every rank found; when any rank failed, every rank raises (the first failure's
+    type and message), so that no rank waits for the others in a later collective."""
+    failure = (type(found).__name__, str(found)) if isinstance(found, ShardioError) else None
+    said = ranks.gather(failure)
+    first = next(((r, f) for r, f in enumerate(said) if f is not None), None)
+    if first is None:
+        return typing.cast("tuple[bool, list[Listed]]", found)
+    if isinstance(found, ShardioError):
+        raise found
+    rank, (name, message) = first
+    error = CheckpointUnavailableError if name == "CheckpointUnavailableError" else CheckpointError
+    raise error(errno.EIO, f"rank {rank}: {message}")
+
+
+def _check_load_options(
+    directory: object, *, kind: object, loader: object, weights_only: object,
+    map_location: object, read_timeout_s: object, environ: object,
+) -> tuple[str, float, Mapping[str, str]]:  # fmt: skip
+    """:func:`load_latest`'s arguments checked: the folder, the read deadline, the environment.
+
+    Raises:
+        UsageError: one line naming the argument that is wrong.
+    """
+    if kind is not None:
+        check_kind(kind)
+    timeout_s = check_seconds("read_timeout_s", read_timeout_s)
+    folder = require_path(directory, "checkpoint directory")
+    require_bool(weights_only, "weights_only")  # "no" is truthy: it would load unsafely
+    if loader is not None and (
+        isinstance(loader, type) or not callable(getattr(loader, "load_state_dict", None))
+    ):  # (a class is not a loader: its load_state_dict wants an instance)
+        raise UsageError(
+            f"loader must have load_state_dict() (a shardio loader or dataset), got "
+            f"{type(loader).__name__}"
+        )
+    if not _map_location_ok(map_location):
+        raise UsageError(
+            "map_location must be a device name (str), a torch.device, a dict of device "
+            f"names or a function (as torch.load takes it), got {type(map_location).__name__} "
+            f"{map_location!r}"[:300]
+        )
+    env = ranks.check_environ(os.environ if environ is None else environ)
+    return folder, timeout_s, env
+
+
+def _map_location_ok(value: object) -> bool:
+    if value is None or isinstance(value, str) or callable(value):
+        return True
+    if isinstance(value, Mapping):
+        return all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+    import torch
+
+    return isinstance(value, torch.device)
 
 
 def load_latest(
@@ -176,32 +384,59 @@ def load_latest(
     weights_only: bool = True,
     map_location: Any = "cpu",
     read_timeout_s: float = 120.0,
+    environ: Mapping[str, str] | None = None,
 ) -> Checkpoint:
-    """The newest intact checkpoint in ``directory``, loaded.
+    """The newest intact checkpoint in ``directory``, loaded; or the one checkpoint
+    ``directory`` is (``SHARDIO_RESUME_FROM``), and no other.
+
+    ``NoCheckpointError`` means one thing: there is no checkpoint (of ``kind``) to resume,
+    the one case where a fresh start is right. A checkpoint that cannot be read now (a
+    server down, a read or the listing past ``read_timeout_s``) raises
+    ``CheckpointUnavailableError`` (retryable) naming it, rather than falling back or
+    starting afresh; a damaged one is skipped for the one before, and when every one found
+    is damaged a ``CheckpointError`` names each and why.
 
     Args:
-        directory: the checkpoint directory.
+        directory: the checkpoint directory; or one checkpoint in it (a directory named
+            ``checkpoint_...``, or holding a ``manifest.json``): that one is loaded, and it
+            being damaged or missing is an error, never a fallback.
         kind: only ``full`` or only ``light`` ones (default: either).
         loader: restore this loader's position from the checkpoint
             (``loader.load_state_dict``; with another number of ranks too).
         weights_only: ``torch.load``'s safe mode (only tensors and plain values).
         map_location: where tensors load (``torch.load``'s).
-        read_timeout_s: how long one read may stall before the checkpoint is skipped.
+        read_timeout_s: how long one read (or the listing) may stall before it is given up.
+        environ: where ``SLURM_JOB_ID`` is read (default: the process environment): a
+            directory that another live job saves into is refused. One given checkpoint is
+            loaded whoever owns its directory (an evaluation of a running job's checkpoint):
+            it is named explicitly and only read, no lease is asked for or taken.
 
     Raises:
-        NoCheckpointError: none is intact (``.skipped`` says why for each found).
-        UsageError: a bad argument, or ``loader`` refuses the saved position (another
-            dataset or order).
+        NoCheckpointError: there is none (of ``kind``) in ``directory``.
+        CheckpointUnavailableError: the directory or a checkpoint could not be read now.
+        CheckpointError: every one found is damaged or unusable (each named, with why); the
+            given checkpoint is damaged, missing or of another kind; an intact one that
+            ``torch.load`` refuses (``weights_only``); another live job owns the directory
+            (not for one given checkpoint).
+        UsageError: a bad argument (one line naming it, on every rank), or ``loader``
+            refuses the saved position (another dataset or order).
     """
-    if kind is not None:
-        check_kind(kind)
-    timeout_s = check_seconds("read_timeout_s", read_timeout_s)
-    folder = require_path(directory, "checkpoint directory")
     rank, world = ranks.rank_and_world()
     skipped: list[tuple[str, str]] = []
     pool = IoThreads(max_abandoned=4)
+    folder = str(directory)
     try:
-        listed, _ = list_checkpoints(folder, pool=pool, timeout_s=timeout_s)
+        try:  # a bad argument on one rank is raised on every rank, at this call
+            folder, timeout_s, env = _check_load_options(
+                directory, kind=kind, loader=loader, weights_only=weights_only,
+                map_location=map_location, read_timeout_s=read_timeout_s, environ=environ,
+            )  # fmt: skip
+            found: tuple[bool, list[Listed]] | ShardioError = _find(
+                folder, kind, env, pool, timeout_s
+            )
+        except ShardioError as exc:
+            found = exc
+        given, listed = _together(found)
         for candidate in listed:
             manifest = candidate.manifest
             if manifest is not None and kind is not None and manifest.kind != kind:
@@ -209,10 +444,14 @@ def load_latest(
             state: Any = None
             loader_state: Any = None
             saved_dataset: Any = None
-            why = ""
+            verdict, why = "", ""
             try:
                 if manifest is None:
-                    raise CheckpointError(candidate.problem or "no manifest")
+                    raise (
+                        CheckpointUnavailableError(errno.EIO, candidate.problem or "unreadable")
+                        if candidate.unreadable
+                        else CheckpointError(candidate.problem or "no manifest")
+                    )
                 state_file, loader_file = _files_for(manifest, rank, world)
                 kw = {
                     "timeout_s": timeout_s, "weights_only": weights_only,
@@ -224,10 +463,16 @@ def load_latest(
                     payload = _read(candidate, loader_file, pool, **kw)
                 loader_state, saved_dataset = payload["loader"], payload.get("dataset_id")
             except ShardioError as exc:
-                why = str(exc)
-            failures = ranks.agree(not why, why)
-            if failures:
-                skipped.append((candidate.path, "; ".join(failures) if world > 1 else why))
+                verdict, why = _verdict(exc), str(exc)
+            said = ranks.gather((verdict, why))
+            failed = [(r, v, w) for r, (v, w) in enumerate(said) if v]
+            if failed:
+                worst = max(failed, key=lambda f: _WORST[f[1]])[1]
+                reason = "; ".join(
+                    (f"rank {r}: {w}" if world > 1 else w) for r, v, w in failed if v == worst
+                )
+                _refuse(candidate.path, worst, reason, given=given)
+                skipped.append((candidate.path, reason))
                 continue
             manifest = typing.cast("CheckpointManifest", manifest)  # set when nothing failed
             if loader is not None and loader_state is not None:
@@ -242,8 +487,17 @@ def load_latest(
     if not skipped:
         what = f" {kind}" if kind else ""
         raise NoCheckpointError(f"no{what} checkpoint in {folder}", skipped)
-    reasons = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in skipped[:5])
-    raise NoCheckpointError(
-        f"no intact checkpoint in {folder}: {len(skipped)} found, none loads ({reasons})",
-        skipped,
-    )
+    raise all_damaged(folder, skipped)
+
+
+def _refuse(path: str, verdict: str, reason: str, *, given: bool) -> None:
+    """Raise for a checkpoint that failed to load, unless it is one to skip (damaged, and
+    not the one checkpoint asked for)."""
+    if verdict == "unavailable":
+        raise CheckpointUnavailableError(
+            errno.EIO, f"checkpoint {path} cannot be read now (not damaged; retry): {reason}"
+        )
+    if verdict == "refused":
+        raise CheckpointError(errno.EINVAL, f"checkpoint {path} not loaded: {reason}")
+    if given:
+        raise CheckpointError(errno.EIO, f"checkpoint {path} is damaged: {reason}")

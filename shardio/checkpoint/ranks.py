@@ -15,6 +15,7 @@ from shardio.errors import UsageError
 
 __all__ = [
     "agree",
+    "check_environ",
     "gather",
     "new_shared_token",
     "rank_and_world",
@@ -74,12 +75,15 @@ def resolve_identity(environ: Mapping[str, str], group: Any = None) -> Identity:
     """This rank's identity: rank, world, every rank's host, rank 0's job id.
 
     Raises:
-        UsageError: ``SLURM_JOB_ID`` is malformed.
+        UsageError: ``environ`` is not a mapping of str to str, or ``SLURM_JOB_ID`` is
+            malformed.
     """
     rank, world = rank_and_world(group)
     if world == 1:
+        check_environ(environ)
         _refuse_ranks_without_a_group(environ)
     try:
+        check_environ(environ)
         mine: tuple[str, str | None, str | None] = (this_host(), job_id_from(environ), None)
     except ValueError as exc:  # every rank must reach the gather, then all raise
         mine = (this_host(), None, str(exc))
@@ -91,6 +95,26 @@ def resolve_identity(environ: Mapping[str, str], group: Any = None) -> Identity:
     return Identity(
         rank=rank, world_size=world, hosts=tuple(h for h, _, _ in everyone), job_id=job or ""
     )
+
+
+def check_environ(environ: object) -> Mapping[str, str]:
+    """``environ`` when it maps str to str, as ``os.environ`` does.
+
+    Raises:
+        UsageError: it does not; the message names the first wrong entry.
+    """
+    if not isinstance(environ, Mapping):
+        raise UsageError(
+            f"environ must be a mapping of str to str (like os.environ), not "
+            f"{type(environ).__name__}"
+        )
+    for key, value in environ.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise UsageError(
+                f"environ must map str to str (like os.environ): environ[{key!r}] is "
+                f"{type(value).__name__} {value!r}"[:300]
+            )
+    return environ
 
 
 def side_group() -> Any:

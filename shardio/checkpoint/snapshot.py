@@ -41,9 +41,13 @@ def to_host(state: Any, buffers: list[Any] | None = None) -> Any:
             return typing.cast("torch.Tensor", memo[key])
         src = t.detach()
         n = len(memo)
+        if src.layout != torch.strided:  # sparse: its indices and values, copied anew
+            memo[key] = src.to("cpu", copy=True)
+            return typing.cast("torch.Tensor", memo[key])
         old = spare[n] if n < len(spare) else None
         if (
             old is not None
+            and old.layout == torch.strided
             and old.shape == src.shape
             and old.dtype == src.dtype
             and old.is_contiguous()
@@ -81,18 +85,21 @@ def to_host(state: Any, buffers: list[Any] | None = None) -> Any:
 
 def _tensors(state: Any) -> Iterator[Any]:
     """The tensors in ``state`` (in dicts, lists and tuples), in the order :func:`to_host`
-    meets them, each as often as it is found."""
+    meets them, each as often as it is found (in each container once)."""
     import torch
 
     stack = [state]
+    seen: set[int] = set()  # each container once: a state that contains itself ends
     while stack:
         value = stack.pop()
         if isinstance(value, torch.Tensor):
             yield value
-        elif isinstance(value, dict):
-            stack.extend(reversed(list(value.values())))
-        elif isinstance(value, (list, tuple)):
-            stack.extend(reversed(value))
+        elif isinstance(value, (dict, list, tuple)):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend(reversed(list(items)))
 
 
 def copied_tensors(copy_of_state: Any) -> list[Any]:
@@ -117,12 +124,31 @@ def snapshot_bytes(state: Any) -> int:
     seen: set[tuple[int, int]] = set()
     total = 0
     for t in _tensors(state):
-        storage = t.untyped_storage()
-        key = (storage.data_ptr(), storage.nbytes())
-        if key not in seen:
-            seen.add(key)
-            total += storage.nbytes()
+        for part in _dense_parts(t):
+            storage = part.untyped_storage()
+            key = (storage.data_ptr(), storage.nbytes())
+            if key not in seen:
+                seen.add(key)
+                total += storage.nbytes()
     return total
+
+
+def _dense_parts(t: Any) -> list[Any]:
+    """The strided tensors that hold ``t``'s bytes: itself, or a sparse tensor's indices
+    and values."""
+    import torch
+
+    layout = t.layout
+    if layout == torch.strided:
+        return [t]
+    if layout == torch.sparse_coo:
+        whole = t if t.is_coalesced() else t.coalesce()  # an estimate: the coalesced size
+        return [whole.indices(), whole.values()]
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [t.crow_indices(), t.col_indices(), t.values()]
+    if layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [t.ccol_indices(), t.row_indices(), t.values()]
+    return []  # refused before it is saved (see loadable)
 
 
 _SAMPLE_BYTES = 256 << 10  # from each tensor sampled
@@ -139,7 +165,8 @@ def estimate_ratio(state: Any, *, level: int) -> float:
     from shardio.checkpoint.codec import load_zstandard
 
     by_dtype: dict[Any, list[tuple[int, Any]]] = {}
-    for t in {id(t): t for t in _tensors(state)}.values():
+    parts = (p for t in _tensors(state) for p in _dense_parts(t))
+    for t in {id(t): t for t in parts}.values():
         by_dtype.setdefault(t.dtype, []).append((t.numel() * t.element_size(), t))
     total = sum(size for group in by_dtype.values() for size, _ in group)
     if total < (4 << 20):  # small: compressing it costs nothing worth measuring

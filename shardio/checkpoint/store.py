@@ -26,6 +26,7 @@ from typing import Any
 
 from shardio._version import __version__
 from shardio.checkpoint.codec import check_file, write_payload
+from shardio.checkpoint.lease import claim
 from shardio.checkpoint.manifest import (
     MAX_MANIFEST_BYTES,
     CheckpointManifest,
@@ -44,7 +45,14 @@ from shardio.checkpoint.naming import (
     step_of_name,
     temp_dir_name,
 )
-from shardio.errors import CheckpointError, FormatError, ShardioError, StorageError
+from shardio.errors import (
+    CheckpointError,
+    CheckpointUnavailableError,
+    FormatError,
+    IntegrityError,
+    ShardioError,
+    StorageError,
+)
 from shardio.storage.atomic import (
     TEMP_MARK,
     atomic_write,
@@ -60,12 +68,14 @@ from shardio.storage.stall import IoThreads, call_with_deadline
 __all__ = [
     "Listed",
     "Plan",
+    "all_damaged",
     "commit",
     "discard_temp",
     "list_checkpoints",
     "make_directory",
     "make_temp_dir",
     "prune",
+    "unavailable",
     "verify_files",
     "write_rank",
 ]
@@ -155,6 +165,7 @@ def make_temp_dir(plan: Plan, *, layout: Callable[[str], None] | None) -> None:
         try:
             if layout is not None:
                 layout(staging)
+            claim(plan.directory, plan.identity)  # no other live job saves here
             rename_noreplace(staging, tmp)
         except BaseException as exc:
             rmdir_inside(plan.directory, os.path.basename(staging))  # ours, and still empty
@@ -364,11 +375,41 @@ def commit(
 
 @dataclasses.dataclass(frozen=True)
 class Listed:
-    """One checkpoint directory found: its manifest, or why it has none that parses."""
+    """One checkpoint directory found: its manifest, or why it has none that parses
+    (``unreadable``: its manifest could not be read now, which says nothing of its state)."""
 
     path: str
     manifest: CheckpointManifest | None
     problem: str | None
+    unreadable: bool = False
+
+
+# A file that is not there, or not a file shardio wrote (a symlink, a FIFO): damage, not an
+# outage. Any other error of the storage may pass (a server back, a permission restored).
+_DAMAGE_ERRNOS = frozenset((errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR, errno.EINVAL))
+
+
+def all_damaged(folder: str, skipped: list[tuple[str, str]]) -> CheckpointError:
+    """The one-line error for a directory whose checkpoints are all damaged: each named,
+    with why (the first five)."""
+    reasons = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in skipped[:5])
+    more = f" (and {len(skipped) - 5} more)" if len(skipped) > 5 else ""
+    return CheckpointError(
+        errno.EIO,
+        f"every checkpoint in {folder} is damaged: {len(skipped)} found, none loads "
+        f"({reasons}){more}; not a fresh start: restore or remove them",
+    )
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc``, raised reading a checkpoint, says the storage could not be read now
+    (a server down, a stalled read, a permission) rather than that the checkpoint is damaged
+    (bytes or sizes that do not match, a malformed manifest, a missing or foreign file)."""
+    if isinstance(exc, (IntegrityError, FormatError)) or not isinstance(exc, StorageError):
+        return False
+    if isinstance(exc, CheckpointError) and not isinstance(exc, CheckpointUnavailableError):
+        return False  # a verdict on the checkpoint itself (torch.load refused it, ...)
+    return exc.errno not in _DAMAGE_ERRNOS
 
 
 def read_manifest(path: str) -> CheckpointManifest:
@@ -400,37 +441,90 @@ def list_checkpoints(
         StorageError: ``directory`` cannot be listed.
     """
     try:
-        entries = list(os.scandir(directory))
+        if pool is None:
+            dirs = _scan(directory)
+        else:  # a dead metadata server holds a listing as long as a read
+            dirs = call_with_deadline(
+                pool, functools.partial(_scan, directory), timeout_s,
+                f"listing the checkpoints in {directory}",
+            )  # fmt: skip
     except FileNotFoundError:
         return [], []
     except OSError as exc:
-        raise StorageError(
-            exc.errno or errno.EIO, f"cannot list checkpoints in {directory}: {exc.strerror}"
+        reason = str(exc) if isinstance(exc, ShardioError) else exc.strerror
+        raise CheckpointUnavailableError(
+            exc.errno or errno.EIO,
+            f"the checkpoints in {directory} cannot be read now (not damaged; retry): {reason}",
         ) from exc
     found: list[Listed] = []
     temps: list[str] = []
-    for entry in sorted(entries, key=lambda e: e.name):
-        try:
-            real = entry.is_dir(follow_symlinks=False)
-        except OSError:
-            real = False
-        if not real:
-            continue
-        if is_temp_dir_name(entry.name):
-            temps.append(entry.path)
-        elif is_checkpoint_name(entry.name):
-            try:
-                if pool is None:
-                    manifest = read_manifest(entry.path)
-                else:
-                    manifest = call_with_deadline(
-                        pool, functools.partial(read_manifest, entry.path), timeout_s,
-                        f"reading the manifest of {entry.path}",
-                    )  # fmt: skip
-                found.append(Listed(entry.path, manifest, None))
-            except ShardioError as exc:
-                found.append(Listed(entry.path, None, str(exc)))
+    for name in dirs:
+        path = os.path.join(directory, name)
+        if is_temp_dir_name(name):
+            temps.append(path)
+        elif is_checkpoint_name(name):
+            found.append(_listed(path, pool, timeout_s))
     return sorted(found, key=_order_key, reverse=True), temps
+
+
+def _scan(directory: str) -> list[str]:
+    """The names of the real directories (no symlinks) in ``directory``, sorted."""
+    names = []
+    with os.scandir(directory) as it:
+        for entry in it:
+            try:
+                real = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                real = False
+            if real:
+                names.append(entry.name)
+    return sorted(names)
+
+
+def _dir_at(path: str) -> bool | None:
+    """As :func:`_real_dir`, but an error other than "nothing there" is raised."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _listed(path: str, pool: IoThreads | None, timeout_s: float) -> Listed:
+    """The checkpoint at ``path``, its manifest read (under the deadline, with ``pool``)."""
+    try:
+        if pool is None:
+            manifest = read_manifest(path)
+        else:
+            manifest = call_with_deadline(
+                pool, functools.partial(read_manifest, path), timeout_s,
+                f"reading the manifest of {path}",
+            )  # fmt: skip
+    except ShardioError as exc:
+        return Listed(path, None, str(exc), unreadable=unavailable(exc))
+    return Listed(path, manifest, None)
+
+
+def one_checkpoint(path: str, *, pool: IoThreads, timeout_s: float) -> Listed | None:
+    """The one checkpoint at ``path`` (None: nothing is there), its manifest read under the
+    deadline.
+
+    Raises:
+        CheckpointUnavailableError: whether it is there cannot be told now.
+    """
+    try:
+        found = call_with_deadline(
+            pool, functools.partial(_dir_at, path), timeout_s, f"looking for {path}"
+        )
+    except OSError as exc:
+        raise CheckpointUnavailableError(
+            exc.errno or errno.EIO,
+            f"checkpoint {path} cannot be read now (not damaged; retry): {exc}",
+        ) from exc
+    if found is None:
+        return None
+    if found is False:
+        return Listed(path, None, "not a directory (or not one shardio wrote)")
+    return _listed(path, pool, timeout_s)
 
 
 def _order_key(x: Listed) -> tuple[int, int]:
@@ -466,19 +560,43 @@ def verify_files(
     return problems
 
 
-def prune(directory: str, kind: str, keep: int, *, protect: str) -> list[str]:
-    """Remove the oldest checkpoints of ``kind`` beyond the newest ``keep`` (never
-    ``protect``, the one just written and checked). Only what a checkpoint's manifest names
-    is removed; a directory holding anything else is left with a warning. Returns the
-    paths removed."""
-    listed, _ = list_checkpoints(directory)
-    mine = [x for x in listed if x.manifest is not None and x.manifest.kind == kind]
+def prune(
+    directory: str, kind: str, keep: int, *, protect: str, timeout_s: float = 120.0
+) -> list[str]:
+    """Remove the checkpoints of ``kind`` older than the newest ``keep`` intact ones (``protect``,
+    the one just written and checked, counts as one and is never removed).
+
+    Only a checkpoint whose files were read and matched counts: a damaged one, or one that
+    cannot be read now, is kept and not counted, so the last intact fallback is never removed
+    in favour of one that would not load. Only what a checkpoint's manifest names is removed;
+    a directory holding anything else is left with a warning. Nothing is removed when the
+    directory cannot be listed. Returns the paths removed."""
+    pool = IoThreads(max_abandoned=2)
     removed = []
-    for old in mine[keep:]:
-        if os.path.abspath(old.path) == os.path.abspath(protect):
-            continue
-        if _remove(old):
-            removed.append(old.path)
+    try:
+        try:
+            listed, _ = list_checkpoints(directory, pool=pool, timeout_s=timeout_s)
+        except StorageError as exc:
+            logger.warning("old checkpoints not pruned: %s", exc)
+            return []
+        intact = 0
+        for old in listed:
+            if old.manifest is None or old.manifest.kind != kind:
+                continue
+            if os.path.abspath(old.path) == os.path.abspath(protect):
+                intact += 1
+            elif intact >= keep:
+                if _remove(old):
+                    removed.append(old.path)
+            elif not (problems := verify_files(old, ranks=None, timeout_s=timeout_s, pool=pool)):
+                intact += 1
+            else:
+                logger.warning(
+                    "checkpoint %s kept, not counted among the %d %s kept: %s",
+                    old.path, keep, kind, problems[0],
+                )  # fmt: skip
+    finally:
+        pool.close()
     return removed
 
 

@@ -15,10 +15,11 @@ import logging
 import math
 import os
 import threading
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shardio._check import require_int
+from shardio._check import require_bool, require_int
 from shardio.checkpoint.codec import DEFAULT_LEVEL, MAX_LEVEL
 from shardio.checkpoint.store import (
     Plan,
@@ -37,6 +38,7 @@ from shardio.storage.stall import IoThreads, call_with_deadline
 __all__ = [
     "PAYLOAD_VERSION",
     "SaveOptions",
+    "check_payload",
     "check_seconds",
     "dataset_id_of",
     "loader_state_of",
@@ -127,11 +129,12 @@ class SaveOptions:
                     f"fs_type must be one of {', '.join(sorted(KNOWN_FS_TYPES))}, "
                     f"not {self.fs_type!r}"
                 )
-        if not isinstance(self.verify, bool):  # "no" is truthy: it would verify
-            raise UsageError(f"verify must be True or False, not {self.verify!r}")
+        require_bool(self.verify, "verify")  # "no" is truthy: it would verify
         check_seconds("commit_timeout_s", self.commit_timeout_s)
         check_seconds("write_timeout_s", self.write_timeout_s)
         check_seconds("read_timeout_s", self.read_timeout_s)
+        if not callable(self.runner):
+            raise UsageError(f"runner must be callable (see run_command), not {self.runner!r}")
         if self.compression == "zstd":
             from shardio.checkpoint.codec import load_zstandard
 
@@ -154,6 +157,8 @@ class SaveOptions:
 def resolve_options(options: SaveOptions | None, values: Mapping[str, Any]) -> SaveOptions:
     """``options``, or a :class:`SaveOptions` of ``values``; a UsageError for both (the
     keywords would be silently ignored)."""
+    if options is not None and not isinstance(options, SaveOptions):
+        raise UsageError(f"options must be a SaveOptions, not {type(options).__name__}")
     if options is None:
         known = {f.name for f in dataclasses.fields(SaveOptions)}
         unknown = sorted(set(values) - known)
@@ -200,9 +205,29 @@ def make_payload(state: Any, loader_state: Any, dataset_id: str | None = None) -
     }  # fmt: skip
 
 
+def check_payload(payload: Mapping[str, Any]) -> None:
+    """Refuse a payload (:func:`make_payload`) that ``torch.load(weights_only=True)`` would
+    not load back: the state and the loader's state are walked, not their tensors' bytes.
+
+    Raises:
+        UsageError: one line naming the key and the type.
+    """
+    from shardio.checkpoint.loadable import check_loadable
+
+    check_loadable(payload["state"], "state")
+    check_loadable(payload["loader"], "the loader's state_dict()")
+
+
 def dataset_id_of(loader: Any) -> str | None:
-    """The id of the dataset ``loader`` reads, when it says (shardio's loaders do)."""
-    value = getattr(loader, "dataset_id", None) if loader is not None else None
+    """The id of the dataset ``loader`` reads, when it says: shardio's loaders (ShardLoader,
+    MixedLoader, GPUPrefetcher, shardio.dali's), a MixedDataset, and a ShardDataset given
+    itself as the loader (its reader's id: the one its loader records)."""
+    if loader is None:
+        return None
+    value = getattr(loader, "dataset_id", None)
+    if value is None:  # a ShardDataset: the id its own reader resolved
+        resolver = getattr(getattr(loader, "packed", None), "resolver", None)
+        value = getattr(resolver, "dataset_id", None)
     return value if isinstance(value, str) else None
 
 
@@ -239,29 +264,41 @@ def run_save_bounded(
     per_rank: bool,
     size_hint: int,
     keep: int | None,
+    check_state: bool = True,
 ) -> str | None:
     """:func:`run_save` on an I/O thread, abandoned after ``options.write_timeout_s``.
 
+    Args:
+        check_state: refuse a state that ``torch.load(weights_only=True)`` would refuse
+            (False: the caller checked it already, see :func:`check_payload`).
+
     Raises:
+        UsageError: ``per_rank`` is not a bool.
         CheckpointError: it stalled (a dead data server holding a write); the abandoned save
             is discarded rather than committed should its write ever return.
     """
+    require_bool(per_rank, "per_rank")
     cancelled = threading.Event()
+    # The I/O thread keeps its last call (and what that refers to) until its next one: the
+    # payload is handed over in a box emptied here, so no idle daemon thread holds tensors
+    # that the interpreter would then free while shutting down.
+    box = [payload]
+
+    def call() -> str | None:
+        try:
+            return run_save(
+                plan, box[0], options, per_rank=per_rank, size_hint=size_hint, keep=keep,
+                cancelled=cancelled, check_state=check_state,
+            )  # fmt: skip
+        except BaseException as exc:  # its traceback's frames would hold the payload too
+            _clear_frames(exc)
+            raise
+
     try:
         path: str | None = call_with_deadline(
-            pool,
-            lambda: run_save(
-                plan,
-                payload,
-                options,
-                per_rank=per_rank,
-                size_hint=size_hint,
-                keep=keep,
-                cancelled=cancelled,
-            ),
-            options.write_timeout_s,
+            pool, call, options.write_timeout_s,
             f"saving checkpoint step {plan.step} into {plan.directory}",
-        )
+        )  # fmt: skip
         return path
     except ReadStalledError as exc:
         cancelled.set()
@@ -272,6 +309,22 @@ def run_save_bounded(
             f"saving checkpoint step {plan.step} into {plan.directory} stalled for "
             f"{options.write_timeout_s:g} s (a dead data server?): abandoned",
         ) from exc
+    finally:
+        box.clear()
+
+
+def _clear_frames(exc: BaseException) -> None:
+    """Drop the local variables of the finished frames in ``exc``'s tracebacks (and its
+    causes'): the lines stay, the payload they referred to is not kept alive by them."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        err = todo.pop()
+        if err is None or id(err) in seen:
+            continue
+        seen.add(id(err))
+        traceback.clear_frames(err.__traceback__)
+        todo += [err.__cause__, err.__context__]
 
 
 def _record_failure(plan: Plan, exc: BaseException) -> None:
@@ -293,6 +346,7 @@ def run_save(
     size_hint: int,
     keep: int | None,
     cancelled: threading.Event | None = None,
+    check_state: bool = True,
 ) -> str | None:
     """Write this rank's part of a save; on rank 0 commit it. Returns the checkpoint's path
     on rank 0 (None on the others). A save ``cancelled`` (abandoned as stalled) before its
@@ -310,6 +364,8 @@ def run_save(
         _record_failure(plan, exc)
         raise
     try:
+        if check_state:
+            check_payload(payload)
         entry = write_rank(
             plan, payload, has_state=has_state, has_loader=payload["loader"] is not None,
             level=options.zstd_level_for(payload), threads=options.threads,

@@ -14,7 +14,9 @@ from shardio.units import format_size
 if TYPE_CHECKING:
     from shardio.checkpoint.check import CheckedCheckpoint
 
-__all__ = ["add_checkpoint_parser", "cmd_checkpoint"]
+__all__ = ["EXIT_UNAVAILABLE", "add_checkpoint_parser", "cmd_checkpoint"]
+
+EXIT_UNAVAILABLE = 75  # EX_TEMPFAIL: the checkpoints cannot be read now; ask again later
 
 
 def add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -32,13 +34,24 @@ def add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
     ls.add_argument("dir", help="a checkpoint directory")
     ls.add_argument("--json", action="store_true", help="JSON on stdout")
     ver = actions.add_parser(
-        "verify", help="read every file and check it (exit 0 intact, 3 damaged)"
+        "verify",
+        help="read every file and check it (exit 0 intact, 3 damaged, 75: cannot be read "
+        "now, retry)",
     )
     ver.add_argument("dir", help="a checkpoint directory, or one checkpoint in it")
+    ver.add_argument(
+        "--read-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="seconds one read may stall before the checkpoint is reported unreadable "
+        "(default 120)",
+    )
     ver.add_argument("--json", action="store_true", help="JSON on stdout")
     lat = actions.add_parser(
         "latest",
-        help="print the newest intact checkpoint's path (exit 1: none; 3: none intact)",
+        help="print the newest intact checkpoint's path (exit 1: none; 3: all damaged; 75: "
+        "cannot be read now, retry)",
     )
     lat.add_argument("dir", help="a checkpoint directory")
     lat.add_argument("--kind", choices=("full", "light"), help="only this kind")
@@ -48,7 +61,7 @@ def add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
 def _when(ns: int | None) -> str:
     if ns is None:
         return "?"
-    moment = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.UTC)
+    moment = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
     return moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
@@ -56,6 +69,8 @@ def _line(item: CheckedCheckpoint) -> str:
     m = item.manifest
     name = os.path.basename(item.path)
     if m is None:
+        if item.unreadable and not item.problems:
+            return one_line(f"{name}  UNREADABLE now (not damaged; retry): {item.unreadable[0]}")
         return one_line(f"{name}  BROKEN: {item.problems[0] if item.problems else '?'}")
     ratio = m.raw_bytes / m.size_bytes if m.size_bytes else 1.0
     loader = ""
@@ -70,8 +85,40 @@ def _line(item: CheckedCheckpoint) -> str:
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     """Run ``shardio checkpoint ls|verify|latest``."""
-    from shardio.checkpoint.check import latest_intact, list_dir, verify_checkpoints
-    from shardio.errors import NoCheckpointError
+    from shardio.checkpoint.check import latest_intact
+    from shardio.errors import CheckpointError, CheckpointUnavailableError, NoCheckpointError
+
+    if args.checkpoint_action in ("ls", "verify"):
+        try:
+            return _list_or_verify(args)
+        except CheckpointUnavailableError as exc:  # not damaged, not empty: ask again later
+            print_error(one_line(f"shardio: {exc}"))
+            return EXIT_UNAVAILABLE
+    try:
+        found, skipped = latest_intact(args.dir, kind=args.kind)
+    except NoCheckpointError as exc:
+        print_error(one_line(f"shardio: {exc}"))
+        if args.json:
+            print(json.dumps({"path": None, "skipped": []}))
+        return EXIT_FAIL
+    except CheckpointUnavailableError as exc:  # not "none": the caller must not start afresh
+        print_error(one_line(f"shardio: {exc}"))
+        return EXIT_UNAVAILABLE
+    except CheckpointError as exc:  # every one found is damaged
+        print_error(one_line(f"shardio: {exc}"))
+        return EXIT_DAMAGED
+    for path, reason in skipped:
+        print_error(one_line(f"skipped {path}: {reason}"))
+    if args.json:
+        print(json.dumps({**found.to_json(), "skipped": skipped}, indent=1))
+    else:
+        print(found.path)
+    return EXIT_OK
+
+
+def _list_or_verify(args: argparse.Namespace) -> int:
+    """``shardio checkpoint ls`` or ``verify``: read only, no lease asked for or taken."""
+    from shardio.checkpoint.check import list_dir, verify_checkpoints
 
     if args.checkpoint_action == "ls":
         items, temps = list_dir(args.dir)
@@ -86,37 +133,30 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
         if not items and not temps:
             print(one_line(f"no checkpoints in {args.dir}"))
         return EXIT_OK
-    if args.checkpoint_action == "verify":
-        items = verify_checkpoints(args.dir)
-        damaged = [i for i in items if not i.intact]
-        args.exit_code = EXIT_DAMAGED if damaged else EXIT_OK
-        if args.json:
-            print(json.dumps({"checkpoints": [i.to_json() for i in items]}, indent=1))
-            return int(args.exit_code)
-        for item in items:
-            status = "OK" if item.intact else "DAMAGED"
-            print(f"{status:7s} {_line(item)}")
-            for problem in item.problems:
-                print_error(one_line(f"DAMAGED {item.path}: {problem}"))
-        print(
-            f"{len(items) - len(damaged)} of {len(items)} checkpoint(s) intact"
-            if items
-            else one_line(f"no checkpoints in {args.dir}")
-        )
-        return int(args.exit_code)
-    try:
-        found, skipped = latest_intact(args.dir, kind=args.kind)
-    except NoCheckpointError as exc:
-        for path, reason in exc.skipped:
-            print_error(one_line(f"skipped {path}: {reason}"))
-        print_error(one_line(f"shardio: {exc}"))
-        if args.json:
-            print(json.dumps({"path": None, "skipped": exc.skipped}))
-        return EXIT_DAMAGED if exc.skipped else EXIT_FAIL
-    for path, reason in skipped:
-        print_error(one_line(f"skipped {path}: {reason}"))
+    items = verify_checkpoints(args.dir, read_timeout_s=args.read_timeout)
+    damaged = [i for i in items if i.problems]
+    unreadable = [i for i in items if i.unreadable and not i.problems]
+    # Damage found is said first (3); else a checkpoint that could not be read now is
+    # neither intact nor damaged: ask again later (75).
+    args.exit_code = EXIT_DAMAGED if damaged else EXIT_UNAVAILABLE if unreadable else EXIT_OK
     if args.json:
-        print(json.dumps({**found.to_json(), "skipped": skipped}, indent=1))
-    else:
-        print(found.path)
-    return EXIT_OK
+        print(json.dumps({"checkpoints": [i.to_json() for i in items]}, indent=1))
+        return int(args.exit_code)
+    for item in items:
+        status = {"intact": "OK", "damaged": "DAMAGED"}.get(item.status, "UNREADABLE")
+        print(one_line(f"{status:7s} {_line(item)}"))
+        for problem in item.problems:
+            print_error(one_line(f"DAMAGED {item.path}: {problem}"))
+        for problem in item.unreadable:
+            print_error(one_line(f"UNREADABLE {item.path} (not damaged; retry): {problem}"))
+    intact = len(items) - len(damaged) - len(unreadable)
+    print(
+        one_line(
+            f"{intact} of {len(items)} checkpoint(s) intact"
+            + (f", {len(damaged)} damaged" if damaged else "")
+            + (f", {len(unreadable)} cannot be read now" if unreadable else "")
+        )
+        if items
+        else one_line(f"no checkpoints in {args.dir}")
+    )
+    return int(args.exit_code)

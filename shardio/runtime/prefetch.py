@@ -609,6 +609,14 @@ class GPUPrefetcher:
         return self._staging.stats()
 
     # -- resumable state -------------------------------------------------------------------------
+    @property
+    def dataset_id(self) -> str | None:
+        """The id of the dataset the wrapped loader reads (its ``dataset_id``; None when it
+        has none): what a checkpoint of the position records, as for the loader itself, so
+        that the position resumes no other dataset."""
+        found = getattr(self.loader, "dataset_id", None)
+        return found if isinstance(found, str) else None
+
     def _loader_state(self) -> dict[str, Any] | None:
         state_dict = getattr(self.loader, "state_dict", None)
         return state_dict() if state_dict is not None else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -66,7 +67,7 @@ def test_latest_when_there_is_none(run_cli, tmp_path: pathlib.Path) -> None:
     only = save(state_of(1), d, step=1, environ=JOB)
     (pathlib.Path(only) / "manifest.json").write_text("{")
     r = run_cli("checkpoint", "latest", d)
-    assert r.rc == 3 and "no intact checkpoint" in r.stderr and "not JSON" in r.stderr
+    assert r.rc == 3 and "every checkpoint in" in r.stderr and "not JSON" in r.stderr
 
 
 def test_hostile_directories(run_cli, tmp_path: pathlib.Path) -> None:
@@ -87,3 +88,129 @@ def test_hostile_directories(run_cli, tmp_path: pathlib.Path) -> None:
     (tmp_path / "f").write_text("x")
     r = run_cli("checkpoint", "verify", tmp_path / "f")
     assert r.rc == 2 and "is not a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_parity_add_and_drop_keep_the_dataset_id_and_the_resume(
+    run_cli, packed_small, tmp_path: pathlib.Path
+) -> None:
+    pytest.importorskip("pyeclib")
+    import shutil
+
+    from shardio import ShardDataset
+    from shardio.checkpoint import load_latest
+    from shardio.format.identity import dataset_id
+    from shardio.format.manifest import load_manifest
+
+    ds = tmp_path / "ds"
+    shutil.copytree(packed_small("tar", "256KiB", 1)[0], ds)
+    before = dataset_id(ds)
+
+    def loader():  # type: ignore[no-untyped-def]
+        return ShardDataset(ds, seed=1).loader(batch_size=8, num_workers=0)
+
+    first = loader()
+    it = iter(first)
+    next(it)
+    ckdir = tmp_path / "ckpt"
+    save({"w": 1}, ckdir, step=1, loader=first, environ=JOB)
+    rest = [k for b in it for k in b["__key__"]]
+    r = run_cli("parity", "add", ds, "--parity", "2+1")
+    assert r.rc == 0, r.stderr
+    assert load_manifest(ds / "manifest.json").parity is not None
+    assert dataset_id(ds) == before  # the samples did not change
+    again = loader()
+    assert load_latest(ckdir, loader=again, environ=JOB).step == 1  # resumed, not refused
+    assert [k for b in again for k in b["__key__"]] == rest
+    assert run_cli("parity", "drop", ds).rc == 0
+    assert dataset_id(ds) == before
+
+
+def test_latest_says_all_damaged_apart_from_none(run_cli, ckdir) -> None:
+    d, paths = ckdir
+    for p in paths:
+        (victim,) = pathlib.Path(p).glob("*.pt*")
+        os.truncate(victim, 100)
+    r = run_cli("checkpoint", "latest", d)
+    assert r.rc == 3 and r.stdout == ""
+    assert "every checkpoint in" in r.stderr and "3 found, none loads" in r.stderr
+    assert all(os.path.basename(p) in r.stderr for p in paths)
+    r = run_cli("checkpoint", "latest", d.parent / "empty")
+    assert r.rc == 1 and "no checkpoint in" in r.stderr
+
+
+def test_latest_says_cannot_be_read_now_apart_from_none_and_damaged(
+    ckdir, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardio.cli.main import main
+
+    d, paths = ckdir
+
+    def dead_server(fd: int, n: int, offset: int) -> bytes:
+        raise OSError(errno.ENXIO, "No such device or address")
+
+    monkeypatch.setattr(os, "pread", dead_server)
+    assert main(["checkpoint", "latest", str(d)]) == 75  # EX_TEMPFAIL: ask again later
+    out, err = capsys.readouterr()
+    assert out == "" and f"checkpoint {paths[2]} cannot be read now (not damaged; retry)" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_verify_says_cannot_be_read_now_apart_from_damaged(
+    ckdir, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardio.cli.main import main
+
+    d, paths = ckdir
+    real_pread = os.pread
+
+    def dead_server(fd: int, n: int, offset: int) -> bytes:
+        raise OSError(errno.ENXIO, "No such device or address")
+
+    monkeypatch.setattr(os, "pread", dead_server)
+    assert main(["checkpoint", "verify", str(d)]) == 75  # EX_TEMPFAIL, as `latest`
+    out, err = capsys.readouterr()
+    assert "DAMAGED" not in out + err and out.count("UNREADABLE") == 3
+    assert "0 of 3 checkpoint(s) intact, 3 cannot be read now" in out
+    assert f"UNREADABLE {paths[2]} (not damaged; retry)" in err and "No such device" in err
+    assert main(["checkpoint", "verify", "--json", paths[1]]) == 75
+    (item,) = json.loads(capsys.readouterr().out)["checkpoints"]
+    assert item["status"] == "unreadable" and item["problems"] == [] and item["unreadable"]
+    # Real damage is still said as such, first, when both are found.
+    monkeypatch.setattr(os, "pread", real_pread)
+    (victim,) = pathlib.Path(paths[0]).glob("*.pt*")
+    os.truncate(victim, 100)
+    assert main(["checkpoint", "verify", str(d)]) == 3
+    out, _ = capsys.readouterr()
+    assert "2 of 3 checkpoint(s) intact, 1 damaged" in out
+
+
+def test_verify_bounds_a_stalled_manifest_read_and_file_read(
+    ckdir, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import threading
+    import time
+
+    from shardio.checkpoint import store
+    from shardio.cli.main import main
+
+    d, paths = ckdir
+    release = threading.Event()
+    real_read = store.read_manifest
+
+    def stalled_manifest(path: str):  # type: ignore[no-untyped-def]
+        if path == paths[2]:
+            release.wait(30)  # a dead metadata server: released when the test ends
+        return real_read(path)
+
+    monkeypatch.setattr(store, "read_manifest", stalled_manifest)
+    began = time.monotonic()
+    try:
+        rc = main(["checkpoint", "verify", "--read-timeout", "0.3", str(d)])
+        rc_one = main(["checkpoint", "verify", "--read-timeout", "0.3", paths[2]])
+    finally:
+        release.set()
+    assert time.monotonic() - began < 20
+    assert (rc, rc_one) == (75, 75)
+    out, err = capsys.readouterr()
+    assert "DAMAGED" not in out + err and "stalled for 0.3 s" in err
+    assert "2 of 3 checkpoint(s) intact, 1 cannot be read now" in out

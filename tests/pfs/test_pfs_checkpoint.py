@@ -79,3 +79,93 @@ def test_a_save_with_its_data_server_dead_fails_clearly_and_the_previous_loads(
         proc.communicate(timeout=300)
     names = [p.name for p in ckdir.iterdir() if not p.name.startswith(".")]
     assert names == [pathlib.Path(first["path"]).name]  # nothing of step 2 under a final name
+
+
+_LOAD = """
+import json, os, sys, time
+d = sys.argv[1]
+if sys.argv[2] == "1":  # drop the cached pages only: what is read comes from the servers
+    for root, _, names in os.walk(d):
+        for name in names:
+            if os.path.islink(os.path.join(root, name)):  # the lease: metadata only
+                continue
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+    print("{}", flush=True)
+    os._exit(0)
+from shardio.checkpoint import load_latest
+began = time.monotonic()
+try:
+    ck = load_latest(d, read_timeout_s=5)
+    out = {"step": ck.step}
+except Exception as exc:
+    out = {"type": type(exc).__name__, "error": str(exc),
+           "retryable": getattr(exc, "retryable", False)}
+out["load_s"] = time.monotonic() - began
+print(json.dumps(out), flush=True)
+os._exit(0)  # not waiting for the reads a dead server holds
+"""
+
+
+def _load(
+    ckdir: pathlib.Path, *, dead: bool, uncache: bool = False
+) -> tuple[subprocess.Popen[str], dict]:
+    """load_latest in a child; ``uncache``: only drop the cached pages of the checkpoints (a
+    walk of the directory: only while the metadata server is up)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LOAD, str(ckdir), "1" if uncache else "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read() if proc.stderr else ""
+    result = json.loads(line)
+    if dead:
+        print(f"\n[checkpoint load, server dead] {result}")
+    return proc, result
+
+
+def test_a_dead_server_makes_load_latest_retryable_never_a_fresh_start(
+    private_bed: Callable[..., Bed],
+) -> None:
+    """A data server, then the metadata server, down: load_latest says "cannot be read now"
+    (retryable) within its deadline, never NoCheckpointError (which restart code reads as
+    "start afresh"), and loads the checkpoint once the server is back."""
+    bed = private_bed(chunkservers=1, goal=1)
+    ckdir = bed.mount / "ckpt"
+    proc, first = _save(ckdir, 1)
+    proc.communicate(timeout=60)
+    assert "error" not in first and first["step"] == 1
+    procs, stopped = [], []
+    try:
+        _load(ckdir, dead=False, uncache=True)[0].communicate(timeout=60)
+        bed.stop_chunkserver(1)
+        stopped.append("cs")
+        proc, seen = _load(ckdir, dead=True)
+        procs.append(proc)
+        # the lease, the manifest or the file: whichever is read first names what stalled
+        assert seen["type"] == "CheckpointUnavailableError" and seen["retryable"]
+        assert "cannot be read now (not damaged; retry)" in seen["error"]
+        assert str(ckdir) in seen["error"] and seen["load_s"] < 30
+        bed.start_chunkserver(1)
+        stopped.remove("cs")
+        proc, back = _load(ckdir, dead=False)
+        procs.append(proc)
+        assert back.get("step") == 1, back
+        bed.stop_master()
+        stopped.append("master")
+        time.sleep(2)  # past the client's attribute and entry caches
+        proc, seen = _load(ckdir, dead=True)
+        procs.append(proc)
+        assert seen["type"] == "CheckpointUnavailableError" and seen["retryable"]
+        assert "cannot be read now (not damaged; retry)" in seen["error"]
+        assert "stalled for 5 s" in seen["error"] and seen["load_s"] < 30
+    finally:
+        if "master" in stopped:
+            bed.start_master()
+        if "cs" in stopped:
+            bed.start_chunkserver(1)
+        for p in procs:
+            p.communicate(timeout=300)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import pathlib
 import threading
 
@@ -11,7 +12,9 @@ from checkpointing import JOB, assert_state, state_of
 
 from shardio.checkpoint import Checkpointer, load_latest
 from shardio.checkpoint import saver as saver_module
-from shardio.errors import CheckpointError, UsageError
+from shardio.checkpoint import writing as writing_module
+from shardio.checkpoint.lease import LEASE_NAME
+from shardio.errors import CheckpointError, StorageError, UsageError
 
 
 class Clock:
@@ -52,18 +55,27 @@ def test_save_returns_before_the_write_and_saves_the_state_of_the_call(
     assert_state(load_latest(ckdir).state, 1)
 
 
-def test_a_background_failure_is_raised_by_the_next_call(ckdir: pathlib.Path) -> None:
+def test_a_background_failure_is_raised_by_the_next_call(
+    ckdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = writing_module.write_rank
+
+    def fails_once(*args, **kwargs):
+        monkeypatch.setattr(writing_module, "write_rank", real)
+        raise StorageError(errno.EIO, "writing the rank file failed: EIO")
+
     with Checkpointer(ckdir, environ=JOB) as saver:
         saver.save(state_of(1), step=1)
         saver.wait()
-        saver.save({"f": lambda: 0}, step=2)  # torch.save fails in the background
+        monkeypatch.setattr(writing_module, "write_rank", fails_once)
+        saver.save(state_of(2), step=2)  # fails in the background
         with pytest.raises(CheckpointError, match="step 2 failed") as info:
             saver.wait()
-        assert isinstance(info.value.__cause__, CheckpointError)
-        assert "cannot save the state" in str(info.value.__cause__)
+        assert isinstance(info.value.__cause__, StorageError)
+        assert "EIO" in str(info.value.__cause__)
         saver.save(state_of(3), step=3)  # raised once: the saver goes on
     assert load_latest(ckdir).step == 3
-    assert not [p for p in ckdir.iterdir() if p.name.startswith(".")]
+    assert not [p for p in ckdir.iterdir() if p.name.startswith(".checkpoint")]
 
 
 def test_the_cadence_full_and_light(ckdir: pathlib.Path) -> None:
@@ -84,7 +96,7 @@ def test_the_cadence_full_and_light(ckdir: pathlib.Path) -> None:
     assert kinds == [(30, "light"), (60, "light"), (90, "light"), (100, "full"),
                      (130, "light"), (160, "light"), (190, "light"), (200, "full"),
                      (230, "light")]  # fmt: skip
-    names = sorted(p.name for p in ckdir.iterdir())
+    names = sorted(p.name for p in ckdir.iterdir() if p.name != LEASE_NAME)
     assert len(names) == 3 and sum("_full_" in n for n in names) == 2
     ck = load_latest(ckdir)
     assert (ck.step, ck.kind) == (230, "light") and ck.state == {"light": 230}

@@ -113,10 +113,10 @@ def test_nothing_intact_raises_with_every_reason(ckdir: pathlib.Path) -> None:
     only = save(state_of(1), ckdir, step=1, environ=JOB)
     (f,) = _files(only)
     os.truncate(f, 10)
-    with pytest.raises(NoCheckpointError, match="none loads") as info:
+    with pytest.raises(CheckpointError, match="none loads") as info:
         load_latest(ckdir)
-    assert [p for p, _ in info.value.skipped] == [only]
-    assert "bytes" in info.value.skipped[0][1]
+    assert not isinstance(info.value, NoCheckpointError)  # one exists: never a fresh start
+    assert os.path.basename(only) in str(info.value) and "bytes" in str(info.value)
     assert f.exists()  # the only one is never deleted, damaged or not
 
 
@@ -134,10 +134,19 @@ class Custom:
     """An object torch.load(weights_only=True) refuses."""
 
 
-def test_a_state_weights_only_refuses_says_so(ckdir: pathlib.Path) -> None:
+def test_a_state_weights_only_refuses_says_so(
+    ckdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardio.checkpoint import load, writing
+
+    # A save refuses such a state now (test_save_state_types.py): one from an older version.
+    monkeypatch.setattr(writing, "check_payload", lambda payload: None)
+    monkeypatch.setattr(load, "check_payload", lambda payload: None)
     save({"obj": Custom()}, ckdir, step=1, environ=JOB)
-    with pytest.raises(NoCheckpointError, match="weights_only=False"):
+    monkeypatch.undo()
+    with pytest.raises(CheckpointError, match="weights_only=False") as info:
         load_latest(ckdir)
+    assert not isinstance(info.value, NoCheckpointError)  # it exists: never a fresh start
 
 
 def test_keep_prunes_only_old_checkpoints_of_that_kind(ckdir: pathlib.Path) -> None:
@@ -152,7 +161,7 @@ def test_prune_leaves_a_file_it_did_not_write(ckdir: pathlib.Path) -> None:
     pathlib.Path(old, "notes.txt").write_text("mine")
     save(state_of(2), ckdir, step=2, environ=JOB, keep=1)
     assert not os.path.exists(old)
-    (left,) = [p for p in ckdir.iterdir() if p.name.startswith(".")]
+    (left,) = [p for p in ckdir.iterdir() if p.name.startswith(".checkpoint")]
     assert sorted(os.listdir(left)) == ["notes.txt"]
 
 
@@ -215,9 +224,10 @@ def test_a_file_where_the_directory_should_be(tmp_path: pathlib.Path) -> None:
 
 def test_a_state_torch_cannot_save_is_a_clear_error(ckdir: pathlib.Path) -> None:
     save(state_of(1), ckdir, step=1, environ=JOB)
-    with pytest.raises(CheckpointError, match="cannot save the state"):
+    with pytest.raises(UsageError, match=r"cannot save state\['f'\] \(function\)"):
         save({"f": lambda: 1}, ckdir, step=2, environ=JOB)
-    assert [p.name for p in ckdir.iterdir()] == [os.path.basename(load_latest(ckdir).path)]
+    saved = [p.name for p in ckdir.iterdir() if "checkpoint" in p.name]  # not the lease
+    assert saved == [os.path.basename(load_latest(ckdir).path)]
 
 
 @pytest.mark.parametrize(("dtype", "compressed"), [(torch.float32, False), (torch.bfloat16, True)])
@@ -283,8 +293,9 @@ def test_without_the_checkpoint_extra(ckdir: pathlib.Path, monkeypatch: pytest.M
     import shutil
 
     shutil.rmtree(raw)
-    with pytest.raises(NoCheckpointError, match=r"shardio\[checkpoint\]"):
+    with pytest.raises(CheckpointError, match=r"shardio\[checkpoint\]") as info:
         load_latest(ckdir)  # the compressed one cannot be read without the extra: said so
+    assert not isinstance(info.value, NoCheckpointError)  # never "none": a fresh start
 
 
 def test_auto_weighs_each_dtype_by_its_bytes() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from shardio.checkpoint.lease import LEASE_NAME
 from shardio.checkpoint.naming import Identity
 from shardio.checkpoint.store import Plan, make_temp_dir
 from shardio.errors import CheckpointError
@@ -97,7 +98,8 @@ def test_the_others_see_it_only_once_its_layout_is_set(tmp_path: pathlib.Path) -
     assert seen_by_rank1 == [True]
     plan = _plan(tmp_path, 0)
     assert os.path.isdir(plan.temp_dir) and laid == [plan.temp_dir + ".new"]
-    assert sorted(os.listdir(tmp_path)) == [os.path.basename(plan.temp_dir)]
+    # the directory's lease (rank 0's job) and the temp directory, nothing else
+    assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(plan.temp_dir), LEASE_NAME])
 
 
 def test_a_failed_layout_leaves_nothing_behind(tmp_path: pathlib.Path) -> None:

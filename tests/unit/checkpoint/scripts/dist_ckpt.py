@@ -19,7 +19,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 from shardio.checkpoint import Checkpointer, load_latest, save
-from shardio.errors import NoCheckpointError
+from shardio.errors import CheckpointError
 
 
 def rank_state(step: int, rank: int) -> dict:
@@ -57,8 +57,8 @@ def main() -> None:
         for name, folder in (("per_rank", per_rank), ("replicated", replicated)):
             try:
                 ck = load_latest(folder)
-            except NoCheckpointError as exc:
-                result[name] = {"error": str(exc), "skipped": exc.skipped}
+            except CheckpointError as exc:  # not NoCheckpointError: they exist, none loads
+                result[name] = {"error": str(exc), "type": type(exc).__name__}
                 continue
             result[name] = {
                 "step": ck.step, "state_rank": ck.state["rank"], "state_step": ck.state["step"],
