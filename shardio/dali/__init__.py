@@ -68,6 +68,7 @@ from shardio.dali._pipeline import (  # noqa: E402  (after the check above)
 
 if TYPE_CHECKING:
     from shardio.dali._loader import DALILoader
+    from shardio.order.ranks import RankInfo
     from shardio.order.spec import OrderSpec
 
 __all__ = [
@@ -99,6 +100,7 @@ def pipeline(
     cache: str | os.PathLike[str] | None = None,
     prefetch_queue_depth: int = 2,
     exts: Sequence[str] = ("jpeg",),
+    ranks: RankInfo | None = None,
 ) -> ShardPipeline:
     """Build a DALI pipeline yielding ``(data, label)`` batches of a packed dataset.
 
@@ -116,6 +118,8 @@ def pipeline(
             (from the verified source), moved with the batch by the caller.
         shard_id: this rank; with ``num_shards``. Both None: detected as ShardDataset does
             (torch.distributed, SLURM, RANK/WORLD_SIZE), so the split matches its world.
+            Given, the nodes are still the environment's (``LOCAL_WORLD_SIZE`` or SLURM's
+            tasks per node), so ``partition=node`` reads this node's share.
         num_shards: the number of ranks.
         seed: the order is a function of (seed, epoch), as ShardDataset's (default 0).
         shuffle: shuffle each epoch; False reads in dataset order.
@@ -143,6 +147,8 @@ def pipeline(
         prefetch_queue_depth: batches DALI prepares ahead.
         exts: the payload member's extensions, first match per sample (e.g. ``("jpeg",
             "png")``).
+        ranks: the whole rank and node layout, as ShardDataset's ``ranks`` (instead of
+            ``shard_id``/``num_shards``).
 
     Returns:
         A :class:`ShardPipeline` holding the built DALI pipeline (``.pipe``).
@@ -169,6 +175,7 @@ def pipeline(
         cache=os.fspath(cache) if cache is not None else None,
         prefetch_queue_depth=prefetch_queue_depth,
         exts=tuple(exts),
+        rank_layout=ranks,
     )
     return ShardPipeline(dataset_path, options)
 

@@ -63,6 +63,14 @@ class DALILoader:
         """Select the epoch of the next loop (see :meth:`ShardPipeline.set_epoch`)."""
         self.pipeline.set_epoch(epoch)
 
+    @property
+    def dataset_id(self) -> str | None:
+        """The id of the dataset it reads (the xxh3-128 of its manifest's bytes, as
+        ShardLoader's): what a checkpoint of its position records (:mod:`shardio.checkpoint`),
+        so that it resumes no other dataset."""
+        found = getattr(self.pipeline, "dataset_id", None)
+        return found if isinstance(found, str) else None
+
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch stands (see :meth:`ShardPipeline.state_dict`)."""
         return self.pipeline.state_dict()

@@ -21,7 +21,7 @@ from shardio.errors import ShardioError, UsageError
 from shardio.format.manifest import Manifest
 from shardio.metrics.read import ReadMetrics
 from shardio.order.cursor import EpochCursor
-from shardio.order.ranks import RankInfo, detect_ranks
+from shardio.order.ranks import RankInfo, detect_ranks, given_ranks
 from shardio.order.spec import OrderSpec, resolve_spec
 from shardio.read.packed import PackedDataset
 from shardio.topology.place import local_gpu
@@ -45,15 +45,12 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _local_device(detect: bool) -> int | None:
-    """``device_id="auto"``: this local rank's GPU (its local rank modulo the GPUs this
-    process sees, after ``CUDA_VISIBLE_DEVICES``; read from sysfs, ``SHARDIO_SYSFS`` for
-    another tree), None (a CPU-only pipeline) when it sees none. With explicit ranks
-    (``shard_id``) and no ``LOCAL_RANK``, local rank 0."""
-    env = os.environ
-    sysfs = env.get(SYSFS_ENV) or "/sys"
+def _local_device(local: int) -> int | None:
+    """``device_id="auto"``: the GPU of local rank ``local`` (modulo the GPUs this process
+    sees, after ``CUDA_VISIBLE_DEVICES``; read from sysfs, ``SHARDIO_SYSFS`` for another
+    tree), None (a CPU-only pipeline) when it sees none."""
+    sysfs = os.environ.get(SYSFS_ENV) or "/sys"
     try:
-        local = detect_ranks().local_rank if detect or "LOCAL_RANK" in env else 0
         topology = read_topology(sysfs)
         if topology.gpus and not os.path.isdir(os.path.join(sysfs, "module", "nvidia")):
             logger.info("device_id='auto': GPUs but no NVIDIA driver loaded; CPU-only")
@@ -86,23 +83,19 @@ class DALIOptions:
     cache: str | None = None
     prefetch_queue_depth: int = 2
     exts: tuple[str, ...] = ("jpeg",)
+    rank_layout: RankInfo | None = None  # ShardDataset's ``ranks``, given whole
     spec: OrderSpec = field(init=False)  # the order, from the fields above
+    layout: RankInfo = field(init=False)  # the ranks and nodes, from the fields above
 
     def __post_init__(self) -> None:
         require_int(self.batch_size, "batch_size", minimum=1)
         require_int(self.num_threads, "num_threads", minimum=1)
         require_int(self.prefetch_queue_depth, "prefetch_queue_depth", minimum=1)
+        object.__setattr__(self, "layout", self._layout())
         if self.device_id == "auto":
-            object.__setattr__(self, "device_id", _local_device(self.shard_id is None))
+            object.__setattr__(self, "device_id", _local_device(self.layout.local_rank))
         elif self.device_id is not None:
             require_int(self.device_id, "device_id", minimum=0)
-        if (self.shard_id is None) != (self.num_shards is None):
-            raise UsageError("give shard_id and num_shards together (or neither: detected)")
-        if self.shard_id is not None and self.num_shards is not None:
-            RankInfo(
-                rank=require_int(self.shard_id, "shard_id", minimum=0),
-                world_size=require_int(self.num_shards, "num_shards", minimum=1),
-            )
         # The order as ShardDataset's (map mode): a name, a spec string or an OrderSpec.
         spec = resolve_spec(
             "map", self.order, shuffle=self.shuffle, seed=self.seed,
@@ -131,11 +124,32 @@ class DALIOptions:
             if not isinstance(ext, str) or not ext or ext.startswith(".") or ";" in ext:
                 raise UsageError(f"invalid extension {ext!r} in exts (write 'jpeg', not '.jpeg')")
 
-    def ranks(self) -> RankInfo:
-        """shard_id/num_shards as a rank layout, or the detected one (ShardDataset's)."""
+    def _layout(self) -> RankInfo:
+        """The rank and node layout, as ShardDataset's: ``rank_layout`` as given; else
+        ``shard_id``/``num_shards`` in the environment's node layout (``LOCAL_WORLD_SIZE``
+        or SLURM's tasks per node, so ``partition=node`` reads this node's share); else the
+        detected one (torch.distributed, SLURM, RANK/WORLD_SIZE)."""
+        if self.rank_layout is not None:
+            if not isinstance(self.rank_layout, RankInfo):
+                raise UsageError(
+                    f"ranks must be a shardio.order.RankInfo (ShardDataset's), not "
+                    f"{type(self.rank_layout).__name__}"
+                )
+            if self.shard_id is not None or self.num_shards is not None:
+                raise UsageError("give ranks, or shard_id and num_shards, not both")
+            return self.rank_layout
+        if (self.shard_id is None) != (self.num_shards is None):
+            raise UsageError("give shard_id and num_shards together (or neither: detected)")
         if self.shard_id is None or self.num_shards is None:
             return detect_ranks()
-        return RankInfo(rank=self.shard_id, world_size=self.num_shards, source="given")
+        return given_ranks(
+            require_int(self.shard_id, "shard_id", minimum=0),
+            require_int(self.num_shards, "num_shards", minimum=1),
+        )
+
+    def ranks(self) -> RankInfo:
+        """The rank and node layout the pipeline reads with (:attr:`layout`)."""
+        return self.layout
 
     def op_seed(self, rank: int, salt: int) -> int:
         """A seed in [0, 2**31) for a DALI operator, distinct per rank and use."""
@@ -154,10 +168,13 @@ class ShardPipeline:
     Attributes:
         pipe: the built ``nvidia.dali.Pipeline`` (replaced by :meth:`rebuild`).
         verified: True when shardio checks every member before DALI sees it.
-        ranks: the rank split (``shard_id``/``num_shards``, or detected like ShardDataset's).
+        ranks: the rank and node layout (``ranks``, ``shard_id``/``num_shards`` with the
+            environment's ranks per node, or detected like ShardDataset's).
         reader_name: the DALI reader's name on the unverified path (for DALI's iterators),
             None on the verified path (its epochs end with ``StopIteration``).
         manifest: the dataset's manifest.
+        dataset_id: the dataset's id (the xxh3-128 of its manifest's bytes: ShardLoader's
+            over the same dataset), which a checkpoint of its position records.
     """
 
     def __init__(self, path: str | os.PathLike[str], options: DALIOptions) -> None:
@@ -166,7 +183,7 @@ class ShardPipeline:
         self._graph = _graph
         self.path = os.fspath(path)
         self.options = options
-        self.ranks = options.ranks()
+        self.ranks = options.layout
         tar = False
         self.verified = options.verify
         self.reader_name: str | None = None
@@ -175,11 +192,13 @@ class ShardPipeline:
         if options.verify:
             self._source = self._start_source()
             self.manifest: Manifest = self._source.packed.manifest
+            found = self._source.packed.resolver.dataset_id
             tar = self.manifest.shard_format == "tar"
         else:
             opened = PackedDataset(self.path, cache=options.cache)
             try:
                 self.manifest = opened.manifest
+                found = opened.resolver.dataset_id
                 tar = self.manifest.shard_format == "tar"
                 if tar:
                     self.reader_name = _graph.READER_NAME
@@ -188,6 +207,10 @@ class ShardPipeline:
                 opened.close()
             if not tar:
                 self._source = self._start_source()
+        # The id ShardLoader records over the same dataset (its manifest's xxh3-128): a
+        # checkpoint of this pipeline's position resumes no other dataset, nor a torch
+        # loader over another one.
+        self.dataset_id: str | None = found if isinstance(found, str) else None
         if not options.verify:
             warnings.warn(
                 UnverifiedReadWarning(

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from shardio._env import env_int, parse_tasks_per_node
 from shardio.errors import UsageError
 
-__all__ = ["RankInfo", "detect_ranks"]
+__all__ = ["RankInfo", "detect_ranks", "given_ranks"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,3 +178,25 @@ def detect_ranks(environ: Mapping[str, str] | None = None) -> RankInfo:
             ranks_per_node=per_node,
         )
     return RankInfo()
+
+
+def given_ranks(rank: int, world_size: int, environ: Mapping[str, str] | None = None) -> RankInfo:
+    """A rank and world size the caller gave (DALI's ``shard_id``/``num_shards``), in the
+    node layout of the environment, read as :func:`detect_ranks` reads it: ranks per node
+    from ``LOCAL_WORLD_SIZE`` or ``SLURM_NTASKS_PER_NODE`` (unknown: one node), the local
+    rank from ``LOCAL_RANK`` or ``SLURM_LOCALID`` (default 0).
+
+    Raises:
+        UsageError: a rank outside the world, or a malformed or inconsistent variable.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise UsageError(f"invalid rank {rank} of world size {world_size}")
+    env = os.environ if environ is None else environ
+    per_node = _ranks_per_node(env, world_size)
+    return RankInfo(
+        rank=rank,
+        world_size=world_size,
+        local_rank=_local_rank(env, ("LOCAL_RANK", "SLURM_LOCALID"), per_node, world_size),
+        source="given",
+        ranks_per_node=per_node,
+    )

@@ -24,6 +24,16 @@ The epoch (a pure function of seed, epoch, weights and the sources' own epoch or
   :class:`~shardio.order.cursor.EpochCursor` over those ``N`` positions, so exact and elastic
   resume behave as ShardDataset's: the consumed prefix of the mix is done, the rest is shared
   out among the ranks of the resumed job.
+- **Lazily**: nothing of the size of the epoch is built. The source and draw of a position
+  are computed when it is read (:class:`~shardio.order.mix.MixSchedule`), and the draw's
+  sample from the source's lazy epoch order, so a mix of billions of samples starts as fast
+  as one dataset does.
+
+Provenance: a mix is one dataset to the model, so its sources must be distinct datasets
+(told by dataset id and real path, not by Python object: a dataset opened twice would be
+drawn twice an epoch) and their labels must mean the same classes: labelled sources with
+different label maps (``ds.classes``) are refused unless ``classes=`` gives the mix's map,
+into which each source's labels are then remapped by class name.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ from __future__ import annotations
 import errno
 import json
 import math
+import numbers
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -38,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 import xxhash
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from shardio._check import require_int
 from shardio.errors import StorageError, UsageError
@@ -46,12 +58,14 @@ from shardio.format.spec import LABEL_EXT
 from shardio.metrics.read import ReadMetrics
 from shardio.metrics.snapshots import MetricsSnapshot, snapshot
 from shardio.metrics.steps import StepTimer
-from shardio.order.mix import MixCursor, check_weight, mix_counts, mix_schedule
+from shardio.order.mix import MixCursor, MixOrder, check_weight, mix_counts, mix_schedule
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import OrderSpec
+from shardio.order.streams import RankStream
 from shardio.read.deadline import check_read_timeout
 from shardio.runtime.dataset import ShardDataset, collate_samples
 from shardio.runtime.loader import default_watchdog_s, kill_workers
+from shardio.runtime.reaping import stop_workers
 
 __all__ = [
     "METRICS_KEY",
@@ -67,6 +81,9 @@ SOURCE_KEY = "__source__"  # each sample's source index (its keys are the source
 MIXED_STATE_VERSION = 1
 METRICS_KEY = "__mix_metrics__"  # a worker's read figures per source, with its batch
 _SEED_LIMIT = 2**64
+_CHUNK = 1 << 16  # positions of a rank's share computed at once (8 bytes each)
+_BLOCK = 256  # positions located at once by ``locate``
+_SHOWN_CLASSES = 6  # class names of a label map shown in a message
 
 
 class MixedDataset(Dataset[dict[str, Any]]):
@@ -75,15 +92,22 @@ class MixedDataset(Dataset[dict[str, Any]]):
 
     Args:
         sources: ``(dataset, weight)`` pairs: ShardDatasets (any mode; a ResilientDataset
-            is one), each object once, with positive finite weights (normalised) and one
-            rank layout; their orders must be global (no ``partition=node``).
+            is one), each dataset once (by dataset id and real path: not opened twice, nor
+            with a recovering copy or a staging area of it), with positive finite weights
+            (normalised) and one rank layout; their orders must be global (no
+            ``partition=node``).
         seed: the mix's seed (the sources keep theirs); an integer in [0, 2**64).
         drop_last: per rank, cut the mix's remainder instead of padding it by repeating
             positions from the epoch's start (either way every rank gets the same count).
         names: a name per source (metrics, ``source_names``); default ``"0"``, ``"1"``, ...
+        classes: the mix's label map (class names, index = position), into which the labels
+            of every labelled source are remapped by class name: what mixes sources whose
+            label maps differ. None (default): the labelled sources must share one label map
+            (sources without labels mix with any). The map in force is ``mixed.classes``.
 
     Raises:
-        UsageError: one line naming what is wrong with ``sources``, a weight or ``seed``.
+        UsageError: one line naming what is wrong with ``sources`` (a dataset given twice,
+            label maps that differ), a weight, ``seed`` or ``classes``.
     """
 
     mode = "map"
@@ -95,6 +119,7 @@ class MixedDataset(Dataset[dict[str, Any]]):
         seed: int = 0,
         drop_last: bool = False,
         names: Sequence[str] | None = None,
+        classes: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(sources, Sequence) or isinstance(sources, str | bytes):
             raise UsageError(
@@ -113,11 +138,6 @@ class MixedDataset(Dataset[dict[str, Any]]):
                     f"source {s} of the mix must be a ShardDataset (or ResilientDataset), "
                     f"got {type(ds).__name__}"
                 )
-            if any(ds is other for other in datasets):
-                raise UsageError(
-                    f"source {s} of the mix is the same object as an earlier one: give each "
-                    "dataset once, with the sum of its weights"
-                )
             if ds.spec.partitioned:
                 raise UsageError(
                     f"source {s} of the mix reads partition={ds.spec.partition!r}: a mix needs "
@@ -125,6 +145,9 @@ class MixedDataset(Dataset[dict[str, Any]]):
                 )
             datasets.append(ds)
             weights.append(check_weight(weight, s))
+        _refuse_repeats(datasets)
+        self.classes, self._relabel = _label_maps(datasets, classes)
+        self.remaps_labels = classes is not None  # classes= given: the labels are the mix's
         if not isinstance(drop_last, bool):
             raise UsageError(f"drop_last must be True or False, got {drop_last!r}")
         self.seed = require_int(seed, "seed", minimum=0, maximum=_SEED_LIMIT - 1)
@@ -147,7 +170,9 @@ class MixedDataset(Dataset[dict[str, Any]]):
         self.cursor = MixCursor(spec, self.num_samples, [ds.cursor for ds in datasets])
         self.cursor.ranks()  # the layouts agree, or one line now
         self.cursor.set_epoch(datasets[0].epoch)
-        self._schedule: tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = None
+        self._order: MixOrder | None = None  # the epoch's, computed position by position
+        self._block: tuple[tuple[int, int], np.ndarray[Any, Any], np.ndarray[Any, Any]] | None
+        self._block = None  # the block of positions located last (see locate)
         self._ship_metrics = False  # set by MixedLoader: its workers send their read figures
 
     # -- the epoch ---------------------------------------------------------------------------
@@ -174,11 +199,30 @@ class MixedDataset(Dataset[dict[str, Any]]):
         return self.cursor.spec.drop_last
 
     def schedule(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-        """The epoch's mix: (source of each position, its draw number in that source)."""
+        """The whole epoch's mix as arrays: (source of each position, its draw number in that
+        source); memory: 12 bytes a position (reading never builds it: see :meth:`locate`)."""
+        return mix_schedule(self.counts, self.seed, self.cursor.epoch)
+
+    def _epoch_order(self) -> MixOrder:
+        """The epoch's mix down to samples, lazy (O(sources + shards) to set up)."""
         epoch = self.cursor.epoch
-        if self._schedule is None or self._schedule[0] != epoch:
-            self._schedule = (epoch, *mix_schedule(self.counts, self.seed, epoch))
-        return self._schedule[1], self._schedule[2]
+        if self._order is None or self._order.epoch != epoch:
+            self._order = MixOrder(
+                self.counts,
+                self.seed,
+                epoch,
+                [(ds.cursor.shard_sizes, ds.spec) for ds in self.sources],
+            )
+        return self._order
+
+    def locate_many(self, positions: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """(source, sample index in that source) of each of ``positions`` of the mix, computed
+        for those positions alone.
+
+        Raises:
+            IndexError: a position is out of range.
+        """
+        return self._epoch_order().take(positions)
 
     def locate(self, position: int) -> tuple[int, int]:
         """(source, sample index in that source) of position ``position`` of the mix.
@@ -189,9 +233,14 @@ class MixedDataset(Dataset[dict[str, Any]]):
         p = require_int(position, "mix position")
         if not 0 <= p < self.num_samples:
             raise IndexError(f"position {p} out of range for a mix of {self.num_samples}")
-        source, draw = self.schedule()
-        s = int(source[p])
-        return s, int(self.sources[s].epoch_order()[int(draw[p])])
+        # Located a block at a time: ``mixed[p]`` for p in a row costs one computation.
+        at = (self.cursor.epoch, p // _BLOCK)
+        if self._block is None or self._block[0] != at:
+            start = at[1] * _BLOCK
+            positions = np.arange(start, min(start + _BLOCK, self.num_samples), dtype=np.int64)
+            self._block = (at, *self.locate_many(positions))
+        _, source, index = self._block
+        return int(source[p % _BLOCK]), int(index[p % _BLOCK])
 
     def rank_indices(self, *, consumed: int | None = None) -> np.ndarray[Any, Any]:
         """The positions of the mix this rank reads in the rest of the epoch (a sampler for
@@ -207,8 +256,12 @@ class MixedDataset(Dataset[dict[str, Any]]):
         return self.num_samples
 
     def __getitem__(self, position: int) -> dict[str, Any]:
-        """Position ``position`` of the epoch's mix: its source's sample, with ``__source__``."""
-        s, index = self.locate(position)
+        """Position ``position`` of the epoch's mix: its source's sample, with ``__source__``
+        (and its label in the mix's label map)."""
+        return self._read(*self.locate(position))
+
+    def _read(self, s: int, index: int) -> dict[str, Any]:
+        """Sample ``index`` of source ``s``, marked with its source, its label remapped."""
         sample = self.sources[s][index]
         if not isinstance(sample, dict):
             raise UsageError(
@@ -217,13 +270,39 @@ class MixedDataset(Dataset[dict[str, Any]]):
             )
         if SOURCE_KEY in sample:
             raise UsageError(f"a sample of source {s} already has a {SOURCE_KEY!r} field")
+        table = self._relabel[s]
+        if table is not None and LABEL_EXT in sample:
+            sample[LABEL_EXT] = self._remapped(s, sample, table)
         sample[SOURCE_KEY] = s
         return sample
+
+    def _remapped(self, s: int, sample: dict[str, Any], table: tuple[int, ...]) -> int:
+        label = sample[LABEL_EXT]
+        key = sample.get("__key__")
+        if isinstance(label, bool) or not isinstance(label, numbers.Integral):
+            raise UsageError(
+                f"sample {key!r} of source {s} of the mix has a {LABEL_EXT!r} of type "
+                f"{type(label).__name__}: classes= remaps integer labels (a transform must "
+                "keep it one)"
+            )
+        if not 0 <= int(label) < len(table):
+            raise UsageError(
+                f"sample {key!r} of source {s} of the mix has label {int(label)}, outside its "
+                f"label map of {len(table)} classes"
+            )
+        return table[int(label)]
 
     def __getitems__(self, positions: Sequence[int]) -> dict[str, Any]:
         """A batch: the samples collated, ``__source__`` an int64 tensor; in a worker, the
         read figures of the sources it read go along."""
-        batch = collate_mixed([self[int(p)] for p in positions])
+        wanted = [require_int(p, "mix position") for p in positions]
+        if any(not 0 <= p < self.num_samples for p in wanted):
+            bad = next(p for p in wanted if not 0 <= p < self.num_samples)
+            raise IndexError(f"position {bad} out of range for a mix of {self.num_samples}")
+        source, index = self.locate_many(np.asarray(wanted, dtype=np.int64))
+        batch = collate_mixed(
+            [self._read(s, i) for s, i in zip(source.tolist(), index.tolist(), strict=True)]
+        )
         batch[SOURCE_KEY] = torch.tensor(batch[SOURCE_KEY], dtype=torch.int64)
         if self._ship_metrics and get_worker_info() is not None:
             read = {int(s) for s in batch[SOURCE_KEY].tolist()}
@@ -237,11 +316,32 @@ class MixedDataset(Dataset[dict[str, Any]]):
         cursor = self.cursor
         cursor.begin()
         world = cursor.ranks().world_size
-        for p in cursor.stream().materialise().tolist():
-            sample = self[p]
-            cursor.advance(world)
-            yield sample
+        stream = cursor.stream()
+        for start in range(0, len(stream), _CHUNK):
+            part = stream.take(start, start + _CHUNK)
+            source, index = self.locate_many(part)
+            for s, i in zip(source.tolist(), index.tolist(), strict=True):
+                sample = self._read(s, i)
+                cursor.advance(world)
+                yield sample
         cursor.finish()
+
+    @property
+    def dataset_id(self) -> str | None:
+        """The id of the mix (the xxh3-128 of its seed, its sources' dataset ids and weights,
+        and the label map given as ``classes=``): what a checkpoint of its position records
+        (:mod:`shardio.checkpoint`), so that it resumes no other mix; None when a source's id
+        is unknown. Its loader's (:attr:`MixedLoader.dataset_id`) is the same."""
+        parts = [
+            (ds.packed.resolver.dataset_id, weight)
+            for ds, weight in zip(self.sources, self.weights, strict=True)
+        ]
+        if not all(isinstance(found, str) for found, _ in parts):
+            return None
+        what: list[Any] = ["mix", self.seed, parts]
+        if self.remaps_labels:  # (the id of a mix without classes= is unchanged)
+            what.append(list(self.classes or ()))
+        return xxhash.xxh3_128_hexdigest(json.dumps(what).encode())
 
     # -- resumable state ---------------------------------------------------------------------
     def _identity(self) -> list[dict[str, Any]]:
@@ -267,6 +367,7 @@ class MixedDataset(Dataset[dict[str, Any]]):
             "kind": "mixed",
             "sources": self._identity(),
             "cursor": self.cursor.state(),
+            "classes": list(self.classes) if self.classes is not None else None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -300,11 +401,128 @@ class MixedDataset(Dataset[dict[str, Any]]):
                     f"state was saved for another mix: source {s} differs in "
                     f"{', '.join(differ)}: cannot resume"
                 )
+        mine_classes = list(self.classes) if self.classes is not None else None
+        if "classes" in state and state["classes"] != mine_classes:  # absent: an older state
+            raise UsageError(
+                "state was saved for a mix whose labels mean other classes "
+                f"({_described(state['classes'])}; this mix: {_described(mine_classes)}): "
+                "cannot resume"
+            )
         self.cursor.load(state.get("cursor"))  # type: ignore[arg-type]
 
     def loader(self, batch_size: int, num_workers: int = 0, **kwargs: Any) -> MixedLoader:
         """A DataLoader over this rank's share of the mix, resumable with ``state_dict``."""
         return MixedLoader(self, batch_size=batch_size, num_workers=num_workers, **kwargs)
+
+
+def _refuse_repeats(datasets: Sequence[ShardDataset]) -> None:
+    """Refuse a dataset given twice (as two objects, a recovering copy, a staging area of it
+    or a byte-for-byte copy): its samples would be drawn twice an epoch.
+
+    Raises:
+        UsageError: naming both sources and the dataset.
+    """
+    seen: list[tuple[str | None, str]] = []
+    for s, ds in enumerate(datasets):
+        resolver = ds.packed.resolver
+        ident = resolver.identity()
+        real = os.path.realpath(resolver.source_root)
+        for t, (other_id, other_real) in enumerate(seen):
+            if (
+                ident.dataset_id is not None and ident.dataset_id == other_id
+            ) or real == other_real:
+                raise UsageError(
+                    f"source {s} of the mix is the same dataset as source {t} "
+                    f"({ident.describe()}): its samples would be drawn twice an epoch; give "
+                    "each dataset once, with the sum of its weights"
+                )
+        seen.append((ident.dataset_id, real))
+
+
+def _show_classes(classes: Sequence[str]) -> str:
+    """A label map for a one-line message: its first names and its size."""
+    shown = ", ".join(repr(c) for c in classes[:_SHOWN_CLASSES])
+    more = ", ..." if len(classes) > _SHOWN_CLASSES else ""
+    return f"[{shown}{more}] ({len(classes)} classes)"
+
+
+def _described(classes: object) -> str:
+    """A saved or current label map for a message."""
+    if classes is None:
+        return "no labels"
+    if isinstance(classes, list) and all(isinstance(c, str) for c in classes):
+        return f"label map {_show_classes(classes)}"
+    return f"label map {type(classes).__name__}"
+
+
+def _first_difference(a: Sequence[str], b: Sequence[str]) -> str:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"class {i} is {x!r} in one, {y!r} in the other"
+    return f"one has {len(a)} classes, the other {len(b)}"
+
+
+def _label_maps(
+    datasets: Sequence[ShardDataset], classes: Sequence[str] | None
+) -> tuple[tuple[str, ...] | None, tuple[tuple[int, ...] | None, ...]]:
+    """The mix's label map and, per source, the table from its labels to the mix's (None:
+    unchanged).
+
+    Raises:
+        UsageError: labelled sources with different maps and no ``classes``; a bad
+            ``classes``, or one that lacks a class of a source.
+    """
+    maps = [ds.classes for ds in datasets]
+    labelled = [(s, found) for s, found in enumerate(maps) if found is not None]
+    if classes is None:
+        for s, mine in labelled[1:]:
+            t, first = labelled[0]
+            if mine != first:
+                raise UsageError(
+                    f"sources {t} ({datasets[t].path}) and {s} ({datasets[s].path}) of the mix "
+                    f"have different label maps, {_show_classes(first)} and "
+                    f"{_show_classes(mine)} ({_first_difference(first, mine)}): one cls would "
+                    "mean two classes; give the mix's map as classes=[...] to remap them"
+                )
+        return (labelled[0][1] if labelled else None), (None,) * len(datasets)
+    wanted = _check_classes(classes)
+    if not labelled:
+        raise UsageError("classes= remaps the sources' labels, but no source of the mix has any")
+    position = {name: i for i, name in enumerate(wanted)}
+    tables: list[tuple[int, ...] | None] = []
+    for s, found in enumerate(maps):
+        if found is None:
+            tables.append(None)
+            continue
+        missing = [name for name in found if name not in position]
+        if missing:
+            raise UsageError(
+                f"source {s} of the mix ({datasets[s].path}) has classes that classes= lacks: "
+                f"{_show_classes(missing)}"
+            )
+        table = tuple(position[name] for name in found)
+        tables.append(None if table == tuple(range(len(table))) else table)
+    return wanted, tuple(tables)
+
+
+def _check_classes(classes: object) -> tuple[str, ...]:
+    """``classes`` as a label map: a non-empty list of distinct, non-empty strings.
+
+    Raises:
+        UsageError: naming what is wrong.
+    """
+    if not isinstance(classes, Sequence) or isinstance(classes, str | bytes):
+        raise UsageError(f"classes must be a list of class names, got {type(classes).__name__}")
+    if not classes:
+        raise UsageError("classes must name at least one class, got none")
+    seen: set[str] = set()
+    for i, name in enumerate(classes):
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"classes[{i}] must be a non-empty string, got {name!r}")
+        if name in seen:
+            raise UsageError(f"classes holds {name!r} twice")
+        seen.add(name)
+    return tuple(classes)
 
 
 def _unknown_id(key: str, theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> bool:
@@ -326,6 +544,21 @@ def collate_mixed(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _identity_collate(batch: Any) -> Any:
     return batch
+
+
+class _PositionSampler(Sampler[int]):
+    """A rank's positions of the mix, computed a chunk at a time (a Python list of a rank's
+    share of a billion-sample mix would take tens of GB)."""
+
+    def __init__(self, positions: RankStream) -> None:
+        self.positions = positions
+
+    def __iter__(self) -> Iterator[int]:
+        for start in range(0, len(self.positions), _CHUNK):
+            yield from self.positions.take(start, start + _CHUNK).tolist()
+
+    def __len__(self) -> int:
+        return len(self.positions)
 
 
 class MixedLoader:
@@ -398,20 +631,17 @@ class MixedLoader:
         cursor = self.dataset.cursor
         cursor.begin()  # an epoch read to its end is read again, as a DataLoader does
         world = cursor.ranks().world_size
-        positions = cursor.stream().materialise()
+        positions = cursor.stream()
         if self.drop_last:
-            positions = positions[: len(positions) // self.batch_size * self.batch_size]
-        # Computed here, before the workers start: forked ones inherit the epoch's mix and
-        # the sources' epoch orders instead of computing them each.
-        self.dataset.schedule()
-        for ds in self.dataset.sources:
-            ds.epoch_order()
+            positions = positions.head(len(positions) // self.batch_size * self.batch_size)
+        # Nothing of the epoch's size is computed: each process locates the positions of its
+        # batches when it reads them (MixSchedule), a few microseconds a sample.
         self.dataset._ship_metrics = self.num_workers > 0
         watchdog = self._watchdog_s()
         loader = DataLoader(
             self.dataset,
             batch_size=self.batch_size,
-            sampler=positions.tolist(),
+            sampler=_PositionSampler(positions),
             num_workers=self.num_workers,
             collate_fn=_identity_collate,
             timeout=watchdog,
@@ -452,9 +682,7 @@ class MixedLoader:
         finally:
             # Now, not when the garbage collector finds the iterator: batches in flight of a
             # run left early must not arrive later.
-            shutdown = getattr(batches, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
+            stop_workers(batches)
             self.dataset._ship_metrics = False
 
     def metrics(self) -> MetricsSnapshot:
@@ -474,16 +702,8 @@ class MixedLoader:
 
     @property
     def dataset_id(self) -> str | None:
-        """The id of the mix (the xxh3-128 of its sources' dataset ids and weights): what a
-        checkpoint of its position records (:mod:`shardio.checkpoint`), so that it resumes no
-        other mix; None when a source's id is unknown."""
-        parts = [
-            (ds.packed.resolver.dataset_id, weight)
-            for ds, weight in zip(self.dataset.sources, self.dataset.weights, strict=True)
-        ]
-        if not all(isinstance(found, str) for found, _ in parts):
-            return None
-        return xxhash.xxh3_128_hexdigest(json.dumps(["mix", self.dataset.seed, parts]).encode())
+        """The id of the mix it reads (:attr:`MixedDataset.dataset_id`)."""
+        return self.dataset.dataset_id
 
     def state_dict(self) -> dict[str, Any]:
         """Where the mix stands (:meth:`MixedDataset.state_dict`)."""

@@ -163,3 +163,41 @@ def test_switches() -> None:
     for bad in ("2", "maybe", " 0", "", "\uff10"):  # the last: a fullwidth zero
         with pytest.raises(UsageError, match=r"^S="):
             env_flag({"S": bad}, "S", default=True)
+
+
+@pytest.mark.parametrize(
+    ("env", "per_node", "local"),
+    [
+        ({}, 0, 0),  # unknown: one node
+        ({"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"}, 2, 1),
+        ({"SLURM_NTASKS_PER_NODE": "2(x2)", "SLURM_LOCALID": "1"}, 2, 1),
+        ({"LOCAL_WORLD_SIZE": "3"}, 0, 0),  # 4 ranks do not split into nodes of 3
+    ],
+)
+def test_given_ranks_take_the_node_layout_of_the_environment(
+    env: dict[str, str], per_node: int, local: int
+) -> None:
+    from shardio.order.ranks import given_ranks
+
+    got = given_ranks(3, 4, env)
+    assert (got.rank, got.world_size, got.ranks_per_node, got.local_rank) == (3, 4, per_node, local)
+    assert got.source == "given"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        ((4, 4), {}, "invalid rank 4 of world size 4"),
+        ((0, 0), {}, "invalid rank 0 of world size 0"),
+        ((0, 2), {"LOCAL_WORLD_SIZE": "abc"}, "LOCAL_WORLD_SIZE"),
+        ((0, 2), {"LOCAL_WORLD_SIZE": "4"}, "LOCAL_WORLD_SIZE=4 is more than the world size 2"),
+        ((0, 4), {"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "2"}, "LOCAL_RANK=2"),
+    ],
+)
+def test_given_ranks_refuse_a_bad_layout(
+    args: tuple[int, int], env: dict[str, str], needle: str
+) -> None:
+    from shardio.order.ranks import given_ranks
+
+    with pytest.raises(UsageError, match=needle):
+        given_ranks(*args, env)

@@ -53,10 +53,19 @@ def _epoch(loader: Iterable[dict[str, Any]]) -> tuple[list[bytes], list[int], li
 
 
 def _expected(
-    packed: Packed, *, seed: int, epoch: int, ranks: RankInfo, drop_last: bool = False
+    packed: Packed,
+    *,
+    seed: int,
+    epoch: int,
+    ranks: RankInfo,
+    drop_last: bool = False,
+    spec: str | None = None,
 ) -> tuple[list[bytes], list[int]]:
     """What ShardDataset delivers to ``ranks`` in ``epoch``: (bytes, labels) in order."""
-    ds = ShardDataset(packed.path, seed=seed, ranks=ranks, drop_last=drop_last)
+    if spec is not None:
+        ds = ShardDataset(packed.path, order=spec, ranks=ranks)
+    else:
+        ds = ShardDataset(packed.path, seed=seed, ranks=ranks, drop_last=drop_last)
     try:
         ds.set_epoch(epoch)
         samples = [ds[int(i)] for i in ds.rank_indices()]
@@ -212,6 +221,79 @@ def test_a_node_partition_reads_what_shard_dataset_reads_per_rank(
         assert data == want, f"rank {rank}"
         by_node[rank // 2] |= set(data)
     assert not by_node[0] & by_node[1]  # the nodes read disjoint shards
+
+
+def _clear_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name in [n for n in os.environ if n.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+
+
+def _node_share(packed: Packed, spec: str, node: int, epoch: int) -> set[int]:
+    """The shards ``shardio stage --node NODE/2`` stages for 2 ranks per node."""
+    from shardio.cache.options import StageOptions
+    from shardio.cache.plan import node_shard_order
+    from shardio.format.manifest import load_manifest
+    from shardio.order.spec import resolve_spec
+
+    options = StageOptions(node=node, num_nodes=2, ranks_per_node=2, epoch=epoch,
+                           spec=resolve_spec("map", spec))  # fmt: skip
+    return set(node_shard_order(load_manifest(packed.path / "manifest.json"), options))
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {"LOCAL_WORLD_SIZE": "2"},  # torchrun's
+        {"SLURM_NTASKS_PER_NODE": "2"},  # SLURM's
+        {"SLURM_NTASKS_PER_NODE": "2(x2)"},
+        "ranks",  # ShardDataset's RankInfo, given whole
+    ],
+)
+def test_given_ranks_keep_the_node_layout_under_a_node_partition(
+    packed_tar: Packed, monkeypatch: pytest.MonkeyPatch, layout: Any
+) -> None:
+    """shard_id/num_shards with the environment's ranks per node (or ``ranks=``): on each
+    rank of 2 nodes of 2 ranks, DALI reads ShardDataset's samples, and the node's ranks
+    together read exactly the node's staged share, not every shard on every node."""
+    spec = "order=random,seed=5,partition=node"
+    _clear_rank_env(monkeypatch)
+    if isinstance(layout, dict):
+        for name, value in layout.items():
+            monkeypatch.setenv(name, value)
+    first_shard = np.cumsum([0, *packed_tar.shard_sizes])[:-1]
+    read: dict[int, set[int]] = collections.defaultdict(set)
+    for rank in range(4):
+        ranks = RankInfo(rank=rank, world_size=4, ranks_per_node=2)
+        how = {"ranks": ranks} if layout == "ranks" else {"shard_id": rank, "num_shards": 4}
+        with sdali.loader(packed_tar.path, batch_size=BATCH, order=spec, device_id=None,
+                          **how) as loader:  # fmt: skip
+            assert (loader.pipeline.ranks.node, loader.pipeline.ranks.num_nodes) == (rank // 2, 2)
+            loader.set_epoch(1)
+            indices = loader.pipeline.rank_indices()
+            data, labels, _ = _epoch(loader)
+        assert (data, labels) == _expected(packed_tar, seed=5, epoch=1, ranks=ranks,
+                                           spec=spec), f"rank {rank}"  # fmt: skip
+        read[rank // 2] |= set((np.searchsorted(first_shard, indices, side="right") - 1).tolist())
+    for node in (0, 1):
+        assert read[node] == _node_share(packed_tar, spec, node, epoch=1), f"node {node}"
+    assert not read[0] & read[1]
+
+
+def test_a_node_layout_that_does_not_fit_the_given_world_is_refused(
+    packed_tar: Packed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _clear_rank_env(monkeypatch)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    with pytest.raises(UsageError, match="LOCAL_WORLD_SIZE=8 is more than the world size 4"):
+        sdali.pipeline(packed_tar.path, batch_size=4, shard_id=0, num_shards=4, device_id=None)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    with pytest.raises(UsageError, match="not both"):
+        sdali.pipeline(packed_tar.path, batch_size=4, shard_id=0, num_shards=4,
+                       ranks=RankInfo(), device_id=None)  # fmt: skip
+    with pytest.raises(UsageError, match="RankInfo"):
+        sdali.pipeline(packed_tar.path, batch_size=4, ranks=(0, 4), device_id=None)  # type: ignore[arg-type]
 
 
 def test_a_partition_on_dalis_own_reader_is_refused(packed_tar: Packed) -> None:

@@ -10,8 +10,11 @@ import math
 import os
 import pathlib
 import random
+import shutil
 import subprocess
 import sys
+import tracemalloc
+import types
 
 import numpy as np
 import pytest
@@ -23,6 +26,8 @@ from shardio import ResilientDataset
 from shardio.errors import UsageError
 from shardio.metrics.snapshots import MetricsSnapshot
 from shardio.order import RankInfo
+from shardio.order.cursor import EpochCursor
+from shardio.order.spec import OrderSpec
 from shardio.packing.run import PackOptions, pack
 from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.mixed import MixedDataset, mix_counts, mix_schedule
@@ -423,7 +428,7 @@ def test_bad_sources_are_refused(sources):
         MixedDataset([])
     with pytest.raises(UsageError, match="source 1 of the mix must be a ShardDataset"):
         MixedDataset([(a, 1.0), ("data/", 1.0)])
-    with pytest.raises(UsageError, match="source 1 of the mix is the same object"):
+    with pytest.raises(UsageError, match="source 1 of the mix is the same dataset as source 0"):
         MixedDataset([(a, 1.0), (a, 2.0)])
     with pytest.raises(UsageError, match=r"source 0 of the mix must be a \(dataset, weight\) pair"):
         MixedDataset([a])
@@ -438,3 +443,250 @@ def test_bad_sources_are_refused(sources):
         MixedDataset([(a, 1.0)], names=3)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="names must be distinct"):
         MixedDataset([(a, 1.0), (ShardDataset(sources[1]), 1.0)], names=("x", "x"))
+
+
+# ------------------------------------------------------------------ label maps
+
+
+def _pack_labelled(root: pathlib.Path, classes: tuple[str, ...], files: int, **opts) -> str:
+    """Pack ``files`` small files spread over the class directories ``classes`` (keys
+    ``<class>/<root name>_NN``); with ``labels="none"`` in ``opts``, unlabelled."""
+    rng = random.Random(root.name)
+    tree = {
+        f"{classes[i % len(classes)]}/{root.name}_{i:02d}.jpg".encode(): rng.randbytes(200)
+        for i in range(files)
+    }
+    write_tree(root / "src", tree)
+    pack(
+        os.fspath(root / "src"),
+        os.fspath(root / "ds"),
+        PackOptions(shard_format="tar", durable=False, **opts),
+    )
+    return os.fspath(root / "ds")
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Three small datasets: "pets" (cat, dog), "roads" (cat, truck), "plain" (no labels)."""
+    root = tmp_path_factory.mktemp("labels")
+    return {
+        "pets": _pack_labelled(root / "pets", ("cat", "dog"), 12),
+        "roads": _pack_labelled(root / "roads", ("cat", "truck"), 12),
+        "plain": _pack_labelled(root / "plain", ("x",), 12, labels="none"),
+    }
+
+
+def test_sources_with_different_label_maps_are_refused_in_one_line(labelled):
+    pets, roads = ShardDataset(labelled["pets"]), ShardDataset(labelled["roads"])
+    assert pets.classes == ("cat", "dog") and roads.classes == ("cat", "truck")
+    with pytest.raises(UsageError) as info:
+        MixedDataset([(pets, 1.0), (roads, 1.0)])
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"sources 0 ({labelled['pets']}) and 1 ({labelled['roads']})" in message
+    assert "['cat', 'dog'] (2 classes) and ['cat', 'truck'] (2 classes)" in message
+    assert "class 1 is 'dog' in one, 'truck' in the other" in message
+    assert "classes=" in message
+
+
+def test_identical_or_missing_label_maps_mix_as_before(labelled, tmp_path):
+    again = _pack_labelled(tmp_path / "more_pets", ("cat", "dog"), 6)
+    mix = MixedDataset([(ShardDataset(labelled["pets"]), 1), (ShardDataset(again), 1)])
+    assert mix.classes == ("cat", "dog")
+    for batch in mix.loader(4):
+        for key, label in zip(batch["__key__"], batch["cls"].tolist(), strict=True):
+            assert mix.classes[label] == key.split("/")[0]  # labels as packed
+    # A source without labels mixes with any map (its samples have no cls).
+    plain = MixedDataset(
+        [(ShardDataset(labelled["plain"]), 1), (ShardDataset(labelled["roads"]), 1)]
+    )
+    assert plain.classes == ("cat", "truck")
+    got = [s for b in plain.loader(4) for s in zip(b["__source__"].tolist(), b["cls"], strict=True)]
+    assert {label is None for s, label in got if s == 0} == {True}
+    assert {plain.classes[label] for s, label in got if s == 1} == {"cat", "truck"}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_classes_remaps_every_source_into_the_mix_map(labelled, workers):
+    classes = ("truck", "dog", "cat")  # neither source's order
+    mix = MixedDataset(
+        [(ShardDataset(labelled["pets"]), 1.0), (ShardDataset(labelled["roads"]), 1.0)],
+        classes=list(classes),
+    )
+    assert mix.classes == classes
+    seen = collections.Counter()
+    for batch in mix.loader(5, workers):
+        assert batch["cls"].dtype == torch.int64
+        for key, label in zip(batch["__key__"], batch["cls"].tolist(), strict=True):
+            assert classes[label] == key.split("/")[0], key  # the class the sample was packed as
+            seen[classes[label]] += 1
+    assert set(seen) == {"truck", "dog", "cat"} and sum(seen.values()) == 24
+    # Direct iteration and indexing remap alike.
+    assert all(classes[s["cls"]] == s["__key__"].split("/")[0] for s in mix)
+    assert all(classes[mix[p]["cls"]] == mix[p]["__key__"].split("/")[0] for p in range(24))
+
+
+def test_classes_leaves_unlabelled_sources_alone(labelled):
+    mix = MixedDataset(
+        [(ShardDataset(labelled["plain"]), 1.0), (ShardDataset(labelled["roads"]), 1.0)],
+        classes=("truck", "cat", "bus"),
+    )
+    got = [(s["__source__"], s.get("cls"), s["__key__"]) for s in mix]
+    assert {label for s, label, _ in got if s == 0} == {None}
+    assert all(mix.classes[label] == key.split("/")[0] for s, label, key in got if s == 1)
+
+
+@pytest.mark.parametrize(
+    ("classes", "message"),
+    [
+        ("cat", "classes must be a list of class names, got str"),
+        ([], "classes must name at least one class, got none"),
+        (["cat", "dog", "cat", "truck"], "classes holds 'cat' twice"),
+        (["cat", "", "dog"], r"classes\[1\] must be a non-empty string, got ''"),
+        (["cat", 3], r"classes\[1\] must be a non-empty string, got 3"),
+        (["cat", "dog"], r"source 1 of the mix \(.*roads.*\) has classes that classes= lacks: "),
+    ],
+)
+def test_bad_classes_are_refused(labelled, classes, message):
+    pets, roads = ShardDataset(labelled["pets"]), ShardDataset(labelled["roads"])
+    with pytest.raises(UsageError, match=message):
+        MixedDataset([(pets, 1.0), (roads, 1.0)], classes=classes)
+
+
+def test_classes_without_any_labelled_source_is_refused(labelled, tmp_path):
+    other = _pack_labelled(tmp_path / "plain2", ("x",), 4, labels="none")
+    with pytest.raises(UsageError, match="no source of the mix has any"):
+        MixedDataset(
+            [(ShardDataset(labelled["plain"]), 1), (ShardDataset(other), 1)], classes=["a"]
+        )
+
+
+def test_a_transform_that_changes_the_label_type_is_refused_when_remapping(labelled):
+    def stringly(sample):
+        return {**sample, "cls": str(sample["cls"])}
+
+    mix = MixedDataset(
+        [(ShardDataset(labelled["pets"], transform=stringly), 1.0)], classes=["dog", "cat"]
+    )
+    with pytest.raises(UsageError, match=r"has a 'cls' of type str: classes= remaps integer"):
+        mix[0]
+
+
+# ------------------------------------------------------------------ one dataset, once
+
+
+def test_one_dataset_given_twice_is_refused_however_it_was_opened(sources, tmp_path):
+    from shardio.cache.stage import StageOptions, stage_dataset
+
+    path = sources[0]
+    ds = ShardDataset(path, seed=1)
+    link = tmp_path / "link"
+    link.symlink_to(path, target_is_directory=True)
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)  # byte for byte: the same dataset id
+    area = tmp_path / "area"
+    stage_dataset(os.fspath(path), os.fspath(area), StageOptions())
+    twins = {
+        "object": ds,
+        "path": ShardDataset(path, seed=2),
+        "recovering": ds.with_recovery("skip"),
+        "resilient": ResilientDataset(ShardDataset(path), policy="skip"),
+        "stream": ShardDataset(os.fspath(path) + "/", mode="stream"),
+        "symlink": ShardDataset(link),
+        "copy": ShardDataset(copy),
+        "area": ShardDataset(area),
+        "cached": ShardDataset(path, cache=area),
+    }
+    for how, twin in twins.items():
+        with pytest.raises(UsageError) as info:
+            MixedDataset([(ds, 0.5), (ShardDataset(sources[1]), 1.0), (twin, 0.5)])
+        message = str(info.value)
+        assert "source 2 of the mix is the same dataset as source 0" in message, how
+        assert "drawn twice an epoch" in message and "\n" not in message, how
+    # Distinct datasets still mix, whatever their objects.
+    assert len(MixedDataset([(ds, 1), (ShardDataset(sources[1]), 1)])) == 400
+
+
+# ------------------------------------------------------------------ start-up cost
+
+
+class _HugeSource(ShardDataset):
+    """A source of 10^10 samples (10^5 shards) with no data anywhere: sample i is its key."""
+
+    def __init__(self, name: str) -> None:  # no manifest to open: nothing of ShardDataset's
+        self.name = name
+        self.path = f"/nowhere/{name}"
+        self.spec = OrderSpec(order="random", seed=len(name))
+        self.cursor = EpochCursor(self.spec, np.full(100_000, 100_000), ranks=RankInfo())
+        self.num_samples = 10**10
+        self.read_timeout_s = 0.0
+        ident = types.SimpleNamespace(dataset_id=name * 8, describe=lambda: name)
+        self._fake = types.SimpleNamespace(
+            resolver=types.SimpleNamespace(
+                identity=lambda: ident, source_root=self.path, dataset_id=name * 8
+            )
+        )
+
+    @property
+    def packed(self):
+        return self._fake
+
+    @property
+    def classes(self):
+        return None
+
+    def __getitem__(self, index):
+        return {"__key__": f"{self.name}/{index}"}
+
+
+def test_a_mix_of_two_huge_sources_starts_without_their_size(tmp_path):
+    """Start-up does not grow with the sources: no array or list of the epoch is built (a
+    mix of 2 x 10^10 would need hundreds of GB), and resume works as before."""
+    tracemalloc.start()
+    try:
+        mix = MixedDataset([(_HugeSource("aaaa"), 0.5), (_HugeSource("bbbb"), 0.5)], seed=3)
+        loader = mix.loader(64)
+        batches = iter(loader)
+        first = next(batches)
+        state = loader.state_dict()
+        second = next(batches)
+        last = mix[len(mix) - 1]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20, peak
+    assert len(mix) == 2 * 10**10 and last["__key__"].startswith(("aaaa/", "bbbb/"))
+    # Each source gives the first samples of its own epoch order, in order.
+    for s, ds in enumerate(mix.sources):
+        mine = [
+            k
+            for k, src in zip(first["__key__"], first["__source__"].tolist(), strict=True)
+            if src == s
+        ]
+        expected = ds.cursor.stream(consumed=0).take(0, len(mine)).tolist()
+        assert mine == [f"{ds.name}/{i}" for i in expected]
+        assert abs(len(mine) - 32) <= 2
+    again = MixedDataset([(_HugeSource("aaaa"), 0.5), (_HugeSource("bbbb"), 0.5)], seed=3)
+    resumed_loader = again.loader(64)
+    resumed_loader.load_state_dict(json.loads(json.dumps(state)))
+    assert next(iter(resumed_loader))["__key__"] == second["__key__"]
+
+
+def test_a_state_resumes_only_a_mix_whose_labels_mean_the_same_classes(labelled):
+    def mix(classes):
+        datasets = [ShardDataset(labelled["pets"]), ShardDataset(labelled["roads"])]
+        return MixedDataset([(d, 1.0) for d in datasets], classes=classes)
+
+    loader = mix(["cat", "dog", "truck"]).loader(4)
+    head = take(loader, 2)
+    state = saved(loader.state_dict())
+    assert state["classes"] == ["cat", "dog", "truck"]
+    with pytest.raises(UsageError, match=r"labels mean other classes \(label map \['cat', 'dog'"):
+        mix(["truck", "dog", "cat"]).load_state_dict(state)
+    assert mix(["truck", "dog", "cat"]).loader(4).dataset_id != loader.dataset_id
+    whole = keys(mix(["cat", "dog", "truck"]).loader(4))
+    again = resumed(lambda: mix(["cat", "dog", "truck"]).loader(4), state)
+    assert_resumed_exactly(head, keys(again), whole)
+    # A state of an earlier release (no "classes") still resumes.
+    older = {k: v for k, v in state.items() if k != "classes"}
+    assert keys(resumed(lambda: mix(["truck", "dog", "cat"]).loader(4), older)) == whole[8:]
