@@ -31,7 +31,13 @@ from shardio.cache.protocol import (
     stamp_rel,
     write_stamp,
 )
-from shardio.errors import IntegrityError, ShardioError, StorageError, UsageError
+from shardio.errors import (
+    FormatError,
+    IntegrityError,
+    ShardioError,
+    StorageError,
+    UsageError,
+)
 from shardio.format.checksum import fd_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry
 from shardio.format.spec import MANIFEST_FILENAME
@@ -313,15 +319,6 @@ def _open_source(reader: Opener, src: str, what: str, bound: _Bound) -> int:
     return fin
 
 
-def _sync_small_file(src: str, dst: str, durable: bool, *, max_bytes: int) -> None:
-    """Make dst a copy of a small file (no checksum in the manifest: compare the bytes)."""
-    data = read_regular(src, max_bytes=max_bytes, what="DALI index")
-    if _staged_equals(dst, data, "staged DALI index"):
-        return
-    with atomic_write(dst, durable=durable) as out:
-        out.write(data)
-
-
 # --------------------------------------------------------------------------- one shard
 
 
@@ -359,6 +356,7 @@ def stage_one(
     read_timeout_s: float = 0.0,
     opener: Opener | None = None,
     rebuild: Callable[[ShardEntry], object] | None = None,
+    dali_text: Callable[[ShardEntry], bytes] | None = None,
 ) -> tuple[str, str, int]:
     """Stage one shard (and its DALI index) under its lock; return (rel, outcome, bytes).
 
@@ -370,9 +368,13 @@ def stage_one(
             still the file staged (a copy another process re-staged meanwhile is kept).
         read_timeout_s: the copy's read deadline (:func:`copy_verified`); 0: none.
         opener: what reads the source (:func:`copy_verified`); default: POSIX calls.
-        rebuild: when the source shard is bad (damaged, missing, stalled), rebuild it at the
-            source (from its parity: :func:`source_rebuild`) and copy it again; None: the
-            source's fault is raised.
+        rebuild: when the source shard is bad (damaged or missing), rebuild it from its
+            parity straight into the staging area (:func:`source_rebuild`; the source is
+            never written), verified; None: the source's fault is raised.
+        dali_text: the DALI ``.idx`` of a shard, derived from the dataset's verified index
+            (:func:`shardio.cache.dali_index.dali_index_reader`): written beside the staged copy
+            instead of copying the source's. None: the source's is copied; either way a
+            ``.idx`` that cannot be had is a warning, never a failure of the shard.
     """
     rel, expected = entry.path, entry.xxh3_128
     final = os.path.join(dest, rel)
@@ -410,24 +412,93 @@ def stage_one(
                 except StorageError as exc:
                     if rebuild is None or not _source_fault(exc):
                         raise
-                    logger.warning("source shard %s is bad (%s): rebuilding it", rel, exc)
-                    try:
-                        rebuild(entry)
-                    except ShardioError as again:
-                        raise IntegrityError(
-                            exc.errno or errno.EIO, f"{exc}; rebuilding it failed: {again}"
-                        ) from again
-                    copied = copy()
+                    copied = _rebuild_here(entry, final, rebuild, exc, opener)
+                    counters.add(0, copied)
                 write_stamp(dest, rel, expected, durable)
         if entry.dali_index is not None:  # DALI wants the .idx beside the staged tar
-            _sync_small_file(
-                os.path.join(src_root, entry.dali_index),
-                os.path.join(dest, entry.dali_index),
-                durable,
-                max_bytes=_IDX_BASE_BYTES + _IDX_BYTES_PER_SAMPLE * entry.num_samples,
-            )
+            _stage_dali_index(src_root, dest, entry, durable=durable, dali_text=dali_text)
     counters.add(1, 0)
     return rel, outcome, copied
+
+
+def _rebuild_here(
+    entry: ShardEntry,
+    final: str,
+    rebuild: Callable[[ShardEntry], object],
+    exc: StorageError,
+    opener: Opener | None,
+) -> int:
+    """Rebuild a bad source shard straight into the staging area at ``final`` (the source is
+    only read: it may be read-only shared data) and check the copy's own bytes; return its
+    size. Called under the shard's lock.
+
+    Raises:
+        IntegrityError: the rebuild failed, or what it wrote does not verify (removed).
+    """
+    logger.warning("source shard %s is bad (%s): rebuilding it from parity into %s",
+                   entry.path, exc, final)  # fmt: skip
+    try:
+        rebuild(entry)
+    except ShardioError as again:
+        raise IntegrityError(
+            exc.errno or errno.EIO, f"{exc}; rebuilding it failed: {again}"
+        ) from again
+    digest = _staged_digest(final, "rebuilt copy", opener)
+    if digest != entry.xxh3_128:
+        if digest is not None:  # a regular file the rebuild wrote: never left to be read
+            with contextlib.suppress(OSError):
+                os.unlink(final)
+        raise IntegrityError(
+            exc.errno or errno.EIO,
+            f"{exc}; the copy rebuilt from parity at {final} does not match its manifest "
+            f"checksum (got {digest})",
+        )
+    return entry.size_bytes
+
+
+def _stage_dali_index(
+    src_root: str,
+    dest: str,
+    entry: ShardEntry,
+    *,
+    durable: bool,
+    dali_text: Callable[[ShardEntry], bytes] | None,
+) -> None:
+    """Put the shard's DALI ``.idx`` beside its staged copy (the shard is staged already).
+
+    With ``dali_text`` (the index derived from the dataset's verified index), that is
+    written, and the source's ``.idx`` is not read at all. Without it, the source's is
+    copied; a source ``.idx`` that is missing or unreadable only costs a warning: PyTorch
+    reads need no ``.idx``, and ``shardio verify --repair`` on the source writes it again.
+    """
+    if entry.dali_index is None:  # an HDF5 shard
+        return
+    dst = os.path.join(dest, entry.dali_index)
+    if dali_text is not None:
+        try:
+            data = dali_text(entry)
+        except ShardioError as exc:
+            logger.warning("DALI index of %s not staged: %s", entry.path, exc)
+            return
+        if not _staged_equals(dst, data, "staged DALI index"):
+            with atomic_write(dst, durable=durable) as out:
+                out.write(data)
+        return
+    src = os.path.join(src_root, entry.dali_index)
+    max_bytes = _IDX_BASE_BYTES + _IDX_BYTES_PER_SAMPLE * entry.num_samples
+    try:
+        data = read_regular(src, max_bytes=max_bytes, what="DALI index")
+    except (StorageError, FormatError) as exc:
+        logger.warning(
+            "%s: %s is staged without its DALI index (DALI cannot read it, PyTorch can); "
+            "shardio verify --repair on the source writes it again",
+            exc,
+            entry.path,
+        )
+        return
+    if not _staged_equals(dst, data, "staged DALI index"):
+        with atomic_write(dst, durable=durable) as out:
+            out.write(data)
 
 
 def _source_fault(exc: StorageError) -> bool:
@@ -437,9 +508,12 @@ def _source_fault(exc: StorageError) -> bool:
     return isinstance(exc, IntegrityError) or exc.errno in (errno.ENOENT, errno.EIO)
 
 
-def source_rebuild(src_root: str, manifest: Manifest) -> Callable[[ShardEntry], object] | None:
+def source_rebuild(
+    src_root: str, manifest: Manifest, dest: str, *, durable: bool = False
+) -> Callable[[ShardEntry], object] | None:
     """The rebuild for :func:`stage_one` of a source with parity (None without): the shard
-    is rebuilt at the source from its group, under the group's lock."""
+    is rebuilt from its group's other files, read at the source, and written into the
+    staging area ``dest`` (never into the source, which may be read-only shared data)."""
     section = manifest.parity
     if section is None:
         return None
@@ -449,7 +523,9 @@ def source_rebuild(src_root: str, manifest: Manifest) -> Callable[[ShardEntry], 
         from shardio.parity.dataset import rebuild_files
 
         group = section.group_of(numbers[entry.path])
-        return rebuild_files(src_root, manifest, group, [entry.path])
+        return rebuild_files(
+            src_root, manifest, group, [entry.path], out_root=dest, durable=durable
+        )
 
     return rebuild
 

@@ -23,6 +23,7 @@ from shardio.cache.copy import (
     temps_of,
     write_local_metadata,
 )
+from shardio.cache.dali_index import dali_index_reader
 from shardio.cache.evict import evict_for
 from shardio.cache.identity import DatasetIdentity
 from shardio.cache.options import (
@@ -156,7 +157,10 @@ def stage_dataset(
                 options.capacity_bytes,
             )
         counters = Counters(shared=False)
-        rebuild = source_rebuild(src_root, manifest)  # a source with parity heals itself
+        # A source with parity heals the copy: rebuilt into DEST, the source only read.
+        rebuild = source_rebuild(src_root, manifest, dest_root, durable=options.durable)
+        # DALI's .idx of each tar shard comes from the index staged (verified) above.
+        dali_text = dali_index_reader(dest_root, manifest)
         tracker = (
             ProgressThread(
                 counters,
@@ -179,6 +183,7 @@ def stage_dataset(
                     counters=counters,
                     read_timeout_s=options.read_timeout_s,
                     rebuild=rebuild,
+                    dali_text=dali_text,
                 )
                 for e in chosen
             ]

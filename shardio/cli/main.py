@@ -330,15 +330,24 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     index_bad = sum(1 for p in report.problems if p.path == report.index_path)
     parity_bad = sum(1 for p in report.problems if p.parity)
     shards_bad = len(report.problems) - index_bad - parity_bad
+    shards_bad -= sum(1 for p in report.problems if p.state == "rewritable")
     parity_text = (
         f"{parity_bad} of {report.parity_checked:,} parity files damaged or missing"
         if parity_bad
         else ""
     )
+    rewritable = sum(1 for p in report.problems if p.state == "rewritable")
+    if report.status == "degraded" and rewritable and not parity_bad:
+        print_error(
+            f"DEGRADED: {rewritable} DALI index(es) missing beside intact shards; every data "
+            f"shard is intact, and shardio verify --repair {args.dst} writes them again"
+        )
+        return int(args.exit_code)
     if report.status == "degraded":  # parity alone: every byte of training data is intact
         print_error(
             f"DEGRADED: {parity_text}; every data shard is intact, but its group is less "
             f"protected until shardio verify --repair {args.dst} rebuilds them"
+            + (f" (and {rewritable} DALI index(es) are missing)" if rewritable else "")
         )
         return int(args.exit_code)
     print_error(
@@ -393,6 +402,8 @@ def _print_problems(report: VerifyReport) -> None:
             print_error(f"{p.state.upper()} {p.path} (staged copy): {p.reason}")
         elif p.parity:
             print_error(f"DAMAGED {p.path} (parity): {p.reason}")
+        elif p.state in ("rewritable", "foreign"):  # a DALI .idx: no training byte lost
+            print_error(f"{p.state.upper()} {p.path}: {p.reason}")
         else:
             print_error(f"DAMAGED {p.path}: {p.reason}")
         for b in p.bad_members[:_MEMBERS_SHOWN]:

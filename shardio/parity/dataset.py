@@ -465,6 +465,7 @@ def rebuild_files(
     opener: Opener | None = None,
     durable: bool = True,
     lock_timeout_s: float = 600.0,
+    out_root: str | None = None,
 ) -> GroupRebuild:
     """Rebuild the files ``bad`` (paths relative to ``root``, as the manifest lists them:
     data shards, parity files, the cell table) of parity group ``group``.
@@ -473,10 +474,21 @@ def rebuild_files(
     (its digest now matches) is left as it is. A rebuilt file is published over the bad one
     only when its xxh3-128 matches the manifest's.
 
+    Args:
+        out_root: write each rebuilt file under this directory instead (at the same relative
+            path: a staging area), and write nothing at all under ``root``, which may be
+            read-only (shared training data): no lock, no temp, no cell table there. The
+            caller holds the lock of each file written (staging holds the shard's); a cell
+            table is never written this way (``bad`` names data shards or parity files).
+
     Raises:
         IntegrityError: the group lost more than its parity can rebuild (nothing written).
         StorageError: a path to write is a symlink or special file, or writing failed.
     """
+    if out_root is not None:
+        return _rebuild_elsewhere(
+            root, manifest, group, bad, out_root, opener=opener, durable=durable
+        )
     section = _section(manifest)
     entry = section.groups[group]
     codec = codec_for(section.k, section.m, section.cell_bytes)
@@ -528,6 +540,49 @@ def rebuild_files(
             if digest_or_none(cells_dest, opener=reader, size=size) != entry.cells.xxh3_128:
                 written += _rewrite_table(root, manifest, group, opener=reader, durable=durable)
         return GroupRebuild(group, tuple(written))
+
+
+def _rebuild_elsewhere(
+    root: str,
+    manifest: Manifest,
+    group: int,
+    bad: Sequence[str],
+    out_root: str,
+    *,
+    opener: Opener | None,
+    durable: bool,
+) -> GroupRebuild:
+    """:func:`rebuild_files` into ``out_root``: only reads under ``root``."""
+    section = _section(manifest)
+    entry = section.groups[group]
+    codec = codec_for(section.k, section.m, section.cell_bytes)
+    reader = opener if opener is not None else PosixOpener()
+    index_of: dict[str, tuple[int, str, int]] = {}
+    for n, i in enumerate(entry.shards):
+        s = manifest.shards[i]
+        index_of[s.path] = (n, s.xxh3_128, s.size_bytes)
+    for j, p in enumerate(entry.parity):
+        index_of[p.path] = (section.k + j, p.xxh3_128, p.size_bytes)
+    unknown = [p for p in bad if p not in index_of]
+    if unknown:
+        raise UsageError(f"{unknown[0]} is no data shard or parity file of parity group {group}")
+    lost: dict[int, str] = {}
+    out: dict[int, str] = {}
+    for rel in bad:
+        idx, digest, size = index_of[rel]
+        dest = os.path.join(make_dirs_inside(out_root, os.path.dirname(rel)),
+                            os.path.basename(rel))  # fmt: skip
+        check_replaceable(dest, what="rebuilt file")
+        if digest_or_none(dest, size=size) == digest:
+            continue  # already there, intact
+        lost[idx] = digest
+        out[idx] = dest
+    if not lost:
+        return GroupRebuild(group, ())
+    files = group_files(manifest, group, data_root=root)
+    table = load_table(root, manifest, group, opener=reader)
+    rebuild_group(files, codec, lost, table=table, opener=reader, durable=durable, out=out)
+    return GroupRebuild(group, tuple(rel for rel in bad if index_of[rel][0] in lost))
 
 
 def _rewrite_table(

@@ -690,7 +690,9 @@ class PackedDataset:
         return out
 
     def close(self) -> None:
-        """Close shard files and the index mapping."""
+        """Close shard files and the index mapping (and free the copies of shards rebuilt
+        from parity outside a read-only dataset)."""
         self.pool.close()
         self.maps.close()
         self.index.close()
+        self.resolver.close()

@@ -9,17 +9,24 @@ again only into an area that holds this very dataset. A copy that fails a read i
 under the shard's lock, so that however many workers and ranks of a node hit it at the same
 moment it is copied once. Decisions are cached per process; a forked worker starts afresh,
 except for the copies its parent found staged when the epoch began (:meth:`ShardResolver.decide`).
+
+A shard rebuilt from parity outside its read-only source (:mod:`shardio.read.rebuild`) is
+served from then on, in this process and those it forks afterwards, from the rebuilt copy
+this resolver holds open (:meth:`ShardResolver.serve_rebuilt`); the copy has no name left in
+any directory, so nothing is left behind when the processes end, however they end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from shardio.cache.copy import stage_one
+from shardio.cache.copy import source_rebuild, stage_one
 from shardio.cache.identity import (
     DatasetIdentity,
     area_dataset_id,
@@ -49,6 +56,10 @@ logger = logging.getLogger(__name__)
 # The identity of a staged copy that could not even be opened: nothing to compare against, so
 # a file found there later (re-staged by another process) is kept.
 NOT_OPENED = (-1, -1)
+
+# The most shards a process reads from copies rebuilt outside a read-only source (each holds
+# a descriptor and the shard's size on the scratch disk until the reader is closed).
+MAX_REBUILT_COPIES = 64
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,12 @@ class ShardResolver:
         self._stamps = StampCache()  # each stamp read once while it is unchanged
         self._pid = os.getpid()
         self.metrics = metrics if metrics is not None else ReadMetrics()
+        # Shards rebuilt from parity outside the source: shard -> descriptor of the verified,
+        # unlinked copy, read through /proc/PID/fd, and that file's (st_dev, st_ino).
+        self._rebuilt: dict[int, int] = {}
+        self._rebuilt_ids: dict[int, tuple[int, int]] = {}
+        self._rebuilt_owner = [os.getpid()]  # the process whose descriptors they are
+        weakref.finalize(self, _close_all, self._rebuilt, self._rebuilt_owner)
 
     def identity(self) -> DatasetIdentity:
         """The identity of the dataset read (its manifest's id, or its area's)."""
@@ -148,6 +165,8 @@ class ShardResolver:
         self._area_ours = True
 
     def _cache(self) -> dict[int, Location]:
+        if self._rebuilt_owner[0] != os.getpid():
+            self._adopt_rebuilt()
         if self._pid != os.getpid():
             self._where.clear()
             self._stamps_checked.clear()
@@ -166,6 +185,9 @@ class ShardResolver:
     def locate(self, shard: int) -> Location:
         """Where shard ``shard`` is read from now."""
         where = self._cache()
+        fd = self._rebuilt.get(shard)
+        if fd is not None:
+            return Location(_fd_path(fd), staged=False)
         loc = where.get(shard)
         if loc is None:
             entry = self.manifest.shards[shard]
@@ -243,6 +265,58 @@ class ShardResolver:
         where = self._cache()
         for shard in [k for k, loc in where.items() if not loc.staged]:
             del where[shard]
+
+    def _adopt_rebuilt(self) -> None:
+        """In a forked process: keep serving the parent's rebuilt copies through the
+        descriptors inherited, each only while it is still open on that very file (code of
+        this process may have closed and reused the number); the others are forgotten."""
+        self._rebuilt_owner[0] = os.getpid()
+        for shard, fd in list(self._rebuilt.items()):
+            try:
+                st = os.fstat(fd)
+                same = (st.st_dev, st.st_ino) == self._rebuilt_ids.get(shard) and not st.st_nlink
+            except OSError:
+                same = False
+            if not same:
+                del self._rebuilt[shard]
+                self._rebuilt_ids.pop(shard, None)
+
+    def serve_rebuilt(self, shard: int, fd: int) -> str:
+        """Read ``shard`` from now on (in this process) from the open file ``fd``: a copy
+        rebuilt from parity and verified against the manifest, with no name left in any
+        directory (:class:`shardio.read.rebuild.ParityRebuild`). The resolver owns ``fd``
+        from now on (closed by :meth:`close`, or when the resolver is collected); a copy it
+        served before for the shard is closed. Return the path the shard is read from."""
+        self._cache()
+        st = os.fstat(fd)
+        old = self._rebuilt.pop(shard, None)
+        self._rebuilt[shard] = fd
+        self._rebuilt_ids[shard] = (st.st_dev, st.st_ino)
+        closing = [old] if old is not None and old != fd else []
+        while len(self._rebuilt) > MAX_REBUILT_COPIES:
+            # The oldest copy goes (its space with it): that shard is read from its source
+            # again, and rebuilt again should it still fail.
+            evicted = next(iter(self._rebuilt))
+            closing.append(self._rebuilt.pop(evicted))
+            self._rebuilt_ids.pop(evicted, None)
+            self._where.pop(evicted, None)
+            logger.info("rebuilt copy of shard %d closed: over %d held", evicted,
+                        MAX_REBUILT_COPIES)  # fmt: skip
+        for stale in closing:
+            with contextlib.suppress(OSError):
+                os.close(stale)
+        return _fd_path(fd)
+
+    def rebuilt(self, shard: int) -> bool:
+        """Whether ``shard`` is read from a copy rebuilt outside the source (this process)."""
+        self._cache()
+        return shard in self._rebuilt
+
+    def close(self) -> None:
+        """Close the rebuilt copies held (their space is freed; the shards are read from
+        their source again, should the resolver be used after all)."""
+        _close_all(self._rebuilt, self._rebuilt_owner)
+        self._rebuilt_ids.clear()
 
     def forget(self, shard: int) -> None:
         """Decide again on the next :meth:`locate` (a copy may have been staged meanwhile)."""
@@ -326,6 +400,9 @@ class ShardResolver:
                 durable=False,
                 counters=Counters(shared=False),
                 bad_copy=None if identity == NOT_OPENED else identity,
+                # A bad source shard is rebuilt from the source's parity into the area (the
+                # source, often read-only shared data, is only read).
+                rebuild=source_rebuild(self.source_root, self.manifest, self.cache_root),
             )
         except ShardioError:
             self._cache()[shard] = Location(self.source_path(shard), staged=False)
@@ -335,3 +412,21 @@ class ShardResolver:
             self.metrics.add("restages")
             return "copied"
         return "present"
+
+
+def _fd_path(fd: int) -> str:
+    """The path that opens what ``fd`` is open on (a file with no name left); it names this
+    process, so that it means one file on the node (as the stall registry needs)."""
+    return f"/proc/{os.getpid()}/fd/{fd}"
+
+
+def _close_all(fds: dict[int, int], owner: list[int]) -> None:
+    """Close the descriptors ``fds`` holds, in the process ``owner`` names only (a forked
+    one may have closed and reused their numbers)."""
+    if owner[0] != os.getpid():
+        fds.clear()
+        return
+    for fd in list(fds.values()):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()

@@ -40,7 +40,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardio._pool import check_workers
-from shardio.cache.copy import copy_verified, leftover_temps, stage_one, temps_of
+from shardio.cache.copy import (
+    copy_verified,
+    leftover_temps,
+    source_rebuild,
+    stage_one,
+    temps_of,
+)
+from shardio.cache.dali_index import dali_index_reader
 from shardio.cache.identity import check_area_holds, source_identity
 from shardio.cache.protocol import STAGE_DIR, drop_if_same, read_area_marker, shard_lock
 from shardio.errors import FormatError, IntegrityError, ShardioError, StorageError, UsageError
@@ -48,11 +55,17 @@ from shardio.format.checksum import digest_or_none, file_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.metrics.progress import Counters, ProgressCallback
-from shardio.storage.atomic import atomic_write, storage_error
+from shardio.storage.atomic import (
+    create_temp,
+    fsync_dir,
+    rename_noreplace,
+    storage_error,
+    temp_path_for,
+)
 from shardio.storage.dirlock import lock_directory
-from shardio.storage.files import describe_kind, make_dirs_inside, read_regular
+from shardio.storage.files import describe_kind, make_dirs_inside
 from shardio.storage.opener import Opener, PosixOpener
-from shardio.tools.verify import ShardProblem, VerifyReport, verify_dataset
+from shardio.tools.verify import REWRITABLE, ShardProblem, VerifyReport, verify_dataset
 
 __all__ = ["PARITY_SOURCE", "Rebuild", "RepairReport", "Repaired", "Unrepaired", "repair_dataset"]
 
@@ -66,7 +79,6 @@ of its own (parity): the dataset's own shard, or, for a staging area, its source
 whether it did; the result is verified before it is trusted."""
 
 _CHUNK = 16 * 1024 * 1024
-_MAX_DALI_BYTES = 256 * 1024 * 1024  # a DALI .idx holds one short line per sample
 
 
 @dataclass(frozen=True)
@@ -297,9 +309,17 @@ class _Repair:
         self.source = source
         self.rebuild = rebuild
         self._by_parity: set[str] = set()  # bad data shards handed to their parity group
-        if rebuild is None and manifest.parity is not None:
-            self.rebuild = self._parity_rebuild
         self.durable = durable
+        # A staging area whose source has parity: a bad source shard is rebuilt from the
+        # source's parity straight into the area (the source, often read-only shared data,
+        # is only read), inside stage_one.
+        self._area_rebuild = None
+        if rebuild is None and manifest.parity is not None:
+            if manifest.staged_from is not None:
+                self._area_rebuild = source_rebuild(source, manifest, root, durable=durable)
+            else:
+                self.rebuild = self._parity_rebuild
+        self._dali_reader: Callable[[ShardEntry], bytes] | None = None
         self.after: VerifyReport | None = None
         self.repaired: list[Repaired] = []
         self.unrepaired: list[Unrepaired] = []
@@ -327,8 +347,13 @@ class _Repair:
                 touched |= {numbers[p.path] for p in problems if p.path in numbers}
                 parity_touched |= {p.path for p in problems if p.path not in numbers}
                 self._rebuild_group(g, problems)
+        dali_of = {e.dali_index: k for k, e in enumerate(self.manifest.shards) if e.dali_index}
         for problem in found.problems:
             if problem.parity or (not staged and self._parity_handled(problem.path)):
+                continue
+            if problem.state == REWRITABLE and problem.path in dali_of:
+                touched.add(dali_of[problem.path])
+                self._rewrite_dali(dali_of[problem.path], problem.state)
                 continue
             shard = numbers.get(problem.path)
             if shard is None:  # the index: repaired first, or reported there
@@ -344,6 +369,9 @@ class _Repair:
                 )
             else:
                 self._replace_shard(shard, problem)
+        if not staged:  # a shard repaired above gets its DALI index back too, if it lost it
+            for shard in sorted(touched):
+                self._rewrite_dali(shard, "missing", quiet=True)
         if touched or index_touched or parity_touched:
             after = verify_dataset(
                 self.root,
@@ -397,15 +425,14 @@ class _Repair:
         return out
 
     def _parity_rebuild(self, shard: int) -> bool:
-        """The default rebuild hook of a dataset with parity: rebuild the shard from its
-        group, at the dataset that holds the parity (a staging area's source)."""
+        """The default rebuild hook of a dataset with parity: rebuild the shard in place
+        from its group (a staging area's copies are rebuilt into it by stage_one)."""
         from shardio.parity.dataset import rebuild_files
 
         section = self.manifest.parity
         assert section is not None
-        home = self.source if self.manifest.staged_from is not None else self.root
         entry = self.manifest.shards[shard]
-        rebuild_files(home, self.manifest, section.group_of(shard), [entry.path],
+        rebuild_files(self.root, self.manifest, section.group_of(shard), [entry.path],
                       opener=self.opener, durable=self.durable)  # fmt: skip
         return True
 
@@ -440,6 +467,41 @@ class _Repair:
             else:
                 why = f"{p.reason} (found again; its bytes match: nothing to rebuild)"
                 self.unrepaired.append(Unrepaired(p.path, why, damage=not p.parity))
+
+    # -- DALI indexes ----------------------------------------------------------------------
+
+    def _dali_text(self, entry: ShardEntry) -> bytes:
+        """The DALI ``.idx`` of ``entry`` from ``root``'s index (opened on first use, after
+        the index was repaired, with the manifest read under the dataset's lock)."""
+        if self._dali_reader is None:
+            self._dali_reader = dali_index_reader(self.root, self.manifest)
+        return self._dali_reader(entry)
+
+    def _rewrite_dali(self, shard: int, state: str, *, quiet: bool = False) -> None:
+        """Write the missing DALI ``.idx`` of shard ``shard`` of a packed dataset again, from
+        its index records, once the shard itself verifies; atomically, where nothing is (a
+        symlink or anything else there is never replaced). ``quiet``: a shard that does not
+        verify is not reported here (its own problem is)."""
+        entry = self.manifest.shards[shard]
+        rel = entry.dali_index
+        if rel is None or os.path.lexists(os.path.join(self.root, rel)):
+            return
+        shard_path = os.path.join(self.root, entry.path)
+        if digest_or_none(shard_path, opener=self.opener, size=entry.size_bytes) != entry.xxh3_128:
+            if not quiet:
+                why = (
+                    f"DALI index not written: its shard {entry.path} does not verify (it is "
+                    "written only beside an intact shard)"
+                )
+                self.unrepaired.append(Unrepaired(rel, why, damage=False))
+            return
+        try:
+            _write_new(self.root, rel, self._dali_text(entry), durable=self.durable)
+        except ShardioError as exc:
+            self.unrepaired.append(Unrepaired(rel, f"DALI index not written: {exc}", False))
+            return
+        how = f"written again from the index records of the intact {entry.path}"
+        self.repaired.append(Repaired(rel, state, how))
 
     # -- the index -------------------------------------------------------------------------
 
@@ -486,6 +548,9 @@ class _Repair:
             if not (source_bad or isinstance(exc, IntegrityError)):  # here, not the source
                 self.unrepaired.append(Unrepaired(entry.path, str(exc), damage=False))
                 return
+            if self._area_rebuild is not None:  # stage_one tried the source's parity already
+                self.unrepaired.append(Unrepaired(entry.path, str(exc), damage=True))
+                return
             note = self._rebuild(shard)
             if note:
                 self.unrepaired.append(Unrepaired(entry.path, f"{exc}; {note}", damage=True))
@@ -522,6 +587,8 @@ class _Repair:
             durable=self.durable,
             counters=Counters(shared=False),
             opener=self.opener,
+            rebuild=self._area_rebuild,
+            dali_text=self._dali_text,
         )
         if outcome == "present":  # intact (or staged by another process meanwhile)
             return "its bytes are intact: verified and stamped again"
@@ -552,11 +619,6 @@ class _Repair:
             how = ""
             if digest_or_none(final, opener=self.opener) != entry.xxh3_128:
                 how = self._copy_from_source(shard, entry)
-            if entry.dali_index is not None and not os.path.lexists(
-                os.path.join(self.root, entry.dali_index)
-            ):
-                _copy_small(self.source, self.root, entry.dali_index, durable=self.durable)
-                how = f"{how}; DALI index restored" if how else "DALI index restored"
         except ShardioError as exc:
             self.unrepaired.append(Unrepaired(entry.path, str(exc), damage=True))
             return
@@ -661,12 +723,37 @@ def _replace_verified(
     logger.info("replaced %s by the verified copy %s", final, src)
 
 
-def _copy_small(src_root: str, root: str, rel: str, *, durable: bool) -> None:
-    """Restore a missing small file (a DALI index: no checksum in the manifest) from the
-    source, published atomically, never through a symlink."""
-    data = read_regular(os.path.join(src_root, rel), max_bytes=_MAX_DALI_BYTES, what="DALI index")
-    final = os.path.join(root, rel)
-    make_dirs_inside(root, os.path.dirname(rel))
-    _refuse_non_regular(final)
-    with atomic_write(final, durable=durable) as fh:
-        fh.write(data)
+def _write_new(root: str, rel: str, data: bytes, *, durable: bool) -> None:
+    """Write ``root/rel`` atomically where nothing is: a temp file, then a rename that
+    replaces nothing (something put there meanwhile, a symlink included, is never replaced).
+
+    Raises:
+        UsageError: something is at ``root/rel`` (or a folder on the way is a symlink).
+        StorageError: writing failed.
+    """
+    final = os.path.join(make_dirs_inside(root, os.path.dirname(rel)), os.path.basename(rel))
+    tmp = temp_path_for(final)
+    try:
+        fd = create_temp(tmp)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        rename_noreplace(tmp, final)
+    except FileExistsError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise UsageError(
+            f"{final} appeared while it was being written, and shardio replaces nothing it did "
+            "not write: check what is there"
+        ) from exc
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise storage_error(exc, final, "writing") from exc
+    if durable:
+        fsync_dir(os.path.dirname(final))

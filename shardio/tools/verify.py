@@ -40,6 +40,7 @@ from shardio.storage.files import describe_kind, refuse_irregular
 from shardio.storage.opener import Opener, open_named, read_fully
 
 __all__ = [
+    "REWRITABLE",
     "AreaReport",
     "BadMember",
     "ShardProblem",
@@ -49,6 +50,9 @@ __all__ = [
 
 # The states of a problem (a staged copy's, or a shard's of a packed dataset).
 MISSING, DAMAGED, STALE, FOREIGN = "missing", "damaged", "stale", "foreign"
+# A DALI ``.idx`` that is missing beside an intact shard: a function of the shard and the
+# index, written again by ``verify --repair`` (no training byte is lost; DALI needs it).
+REWRITABLE = "rewritable"
 # A shard never staged (or evicted) in a partly staged area: no copy and no stamp. Not a
 # problem (``--node I/N`` and ``--capacity`` stage a share); its source is checked instead.
 UNSTAGED = "unstaged"
@@ -75,8 +79,10 @@ class ShardProblem:
         reason: one line saying what is wrong.
         bad_members: the members whose bytes do not match the index.
         state: "missing", "damaged", "stale" (a staged copy changed since it was staged,
-            bytes intact) or "foreign" (a symlink or special file where a staged copy
-            belongs: never read, replaced or removed).
+            bytes intact), "foreign" (a symlink or special file where a staged copy
+            belongs: never read, replaced or removed) or "rewritable" (a DALI ``.idx``
+            missing beside its intact shard: ``path`` is the ``.idx``'s; written again from
+            the shard's index records by ``verify --repair``).
         staged: the problem is a staged copy's in a staging area (the source may be fine).
         identity: (device, inode) of the file found with wrong bytes, so that a repair drops
             that file only and keeps one another process has replaced it with meanwhile.
@@ -147,7 +153,8 @@ class VerifyReport:
 
     ``status`` sums it up: "intact"; "degraded" (a staging area whose copies are missing,
     damaged or stale while the source shards readers fall back to are intact: training gets
-    every byte, from the parallel filesystem; or a dataset whose parity files alone are bad);
+    every byte, from the parallel filesystem; or a dataset whose parity files or DALI
+    indexes alone are bad);
     "damaged" (bytes are lost: a shard or the index of a dataset, or a staged copy whose
     source is bad too). ``rebuildable`` lists the damaged shards parity can rebuild.
     """
@@ -171,10 +178,11 @@ class VerifyReport:
 
     @property
     def damaged(self) -> bool:
-        """Whether bytes are lost: damage outside staged copies, or a bad source for one."""
-        return any(not p.staged and not p.parity for p in self.problems) or bool(
-            self.area is not None and self.area.source_problems
-        )
+        """Whether bytes are lost: damage outside staged copies, or a bad source for one (a
+        rewritable DALI index loses none)."""
+        return any(
+            not p.staged and not p.parity and p.state != REWRITABLE for p in self.problems
+        ) or bool(self.area is not None and self.area.source_problems)
 
     @property
     def status(self) -> str:
@@ -390,12 +398,10 @@ def _verify_shard(root: str, shard: int, quick: bool) -> tuple[ShardProblem | No
         return problem, 0
     if size != entry.size_bytes:
         reasons.append(f"size {size} bytes, expected {entry.size_bytes}")
-    if entry.dali_index and not os.path.exists(os.path.join(root, entry.dali_index)):
-        reasons.append(f"DALI index {entry.dali_index} missing")
     if quick or size == 0:
         empty = lost if size == 0 and entry.size_bytes > 0 else 0
         found = ShardProblem(entry.path, "; ".join(reasons), samples_lost=empty)
-        return (found if reasons else None), 0
+        return (found if reasons else _dali_problem(root, entry)), 0
     try:
         fd = _open_shard(ds, path, "shard")
     except StorageError as exc:
@@ -410,7 +416,33 @@ def _verify_shard(root: str, shard: int, quick: bool) -> tuple[ShardProblem | No
         ds.opener.close(fd)
     if reasons or bad:
         return ShardProblem(entry.path, "; ".join(reasons), tuple(bad), identity=identity), checked
-    return None, checked
+    return _dali_problem(root, entry), checked
+
+
+def _dali_problem(root: str, entry: ShardEntry) -> ShardProblem | None:
+    """A DALI ``.idx`` missing beside a shard found intact (or, with ``--quick``, of its
+    size): "rewritable", from the shard's index records. (Beside a bad shard it is not
+    reported: repairing the shard writes it too.)"""
+    if entry.dali_index is None:
+        return None
+    path = os.path.join(root, entry.dali_index)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        why = (
+            f"DALI index missing beside the intact shard {entry.path} (DALI cannot read the "
+            "shard; PyTorch can): shardio verify --repair writes it again from the index"
+        )
+        return ShardProblem(entry.dali_index, why, state=REWRITABLE)
+    except OSError as exc:
+        return ShardProblem(entry.dali_index, f"DALI index: cannot stat: {exc.strerror}")
+    if not stat.S_ISREG(mode):
+        why = (
+            f"a {describe_kind(mode)} is where the DALI index belongs, not a file shardio "
+            "wrote: it is never replaced (remove it yourself, then shardio verify --repair)"
+        )
+        return ShardProblem(entry.dali_index, why, state=FOREIGN)
+    return None
 
 
 def _verify_staged(root: str, shard: int, quick: bool) -> tuple[ShardProblem | None, int]:

@@ -582,10 +582,11 @@ def test_verify_missing_shard(damaged_copy: pathlib.Path, run_cli) -> None:
 
 
 def test_verify_missing_dali_index(damaged_copy: pathlib.Path, run_cli) -> None:
+    """A lost .idx beside an intact shard loses no training byte: "rewritable" (degraded)."""
     (damaged_copy / "shards/shard-000000.idx").unlink()
     rc, _, err = run_cli("verify", damaged_copy, "--quick", *W1)
-    assert rc == 3
-    assert "DALI index shards/shard-000000.idx missing" in err
+    assert rc == 5
+    assert "REWRITABLE shards/shard-000000.idx: DALI index missing beside the intact" in err
 
 
 def test_verify_quick_reads_no_shard_data(damaged_copy: pathlib.Path, run_cli) -> None:

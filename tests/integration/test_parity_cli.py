@@ -8,12 +8,15 @@ dataset's parity."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import pathlib
 import shutil
+import subprocess
 import tarfile
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -259,17 +262,200 @@ def test_part_and_merge_and_resume(small_tree: pathlib.Path, tmp_path: pathlib.P
     assert r.rc != 0 and "plan" in r.stderr  # a part without --parity is another plan
 
 
+def _listing(root: pathlib.Path) -> dict[str, tuple[int, int, int, int]]:
+    """Every path under root (hidden ones, directories included): (size, mtime, ctime, inode).
+    The ctime moves with any write, rename over or chmod."""
+    out = {}
+    for path in [root, *root.rglob("*")]:
+        st = path.lstat()
+        out[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                            st.st_ino)  # fmt: skip
+    return out
+
+
 def test_stage_rebuilds_a_bad_source_shard(ds: pathlib.Path, tmp_path: pathlib.Path,
                                            run_cli: Any) -> None:  # fmt: skip
+    """The rebuild goes into the staging area; nothing under the source is written (no
+    shard, no lock, no temp), even where it could be."""
     original = files(ds)
     man = manifest_of(ds)
     (ds / man.shards[2].path).unlink()
     _damage(ds, man.shards[7].path, "flip")
-    r = run_cli("stage", ds, tmp_path / "area", "--no-progress")
+    before = _listing(ds)
+    area = tmp_path / "area"
+    r = run_cli("stage", ds, area, "--no-progress")
     assert r.rc == 0, r.stderr
-    assert "rebuilding it" in r.stderr
-    assert files(ds) == original  # rebuilt at the source
-    assert run_cli("verify", tmp_path / "area", *W1).rc == 0
+    assert "rebuilding it from parity into" in r.stderr
+    assert _listing(ds) == before  # the source untouched
+    assert run_cli("verify", area, *W1).rc == 0
+    for i in (2, 7):
+        assert (area / man.shards[i].path).read_bytes() == original[man.shards[i].path]
+    assert {k: v for k, v in files(area).items() if k.startswith("shards/")} == {
+        k: v for k, v in original.items() if k.startswith("shards/")
+    }
+
+
+@contextlib.contextmanager
+def _read_only(ds: pathlib.Path, tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """Shared training data: ``ds`` without write permission, seen through a read-only bind
+    mount (root ignores the permission bits, not the mount)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a read-only bind mount needs root and mount(8)")
+    for path in [ds, *ds.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~0o222)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    proc = subprocess.run(["mount", "--bind", "-o", "ro", str(ds), str(ro)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    try:
+        if proc.returncode != 0:
+            pytest.skip(f"cannot make a read-only bind mount: {proc.stderr.strip()}")
+        with pytest.raises(OSError):
+            (ro / "probe").write_bytes(b"")  # the mount refuses writes, even root's
+        yield ro
+    finally:
+        if proc.returncode == 0:
+            subprocess.run(["umount", "-l", str(ro)], check=False)
+        for path in [ds, *ds.rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o200)
+
+
+def test_stage_rebuilds_from_a_read_only_source(ds: pathlib.Path, tmp_path: pathlib.Path,
+                                                run_cli: Any) -> None:  # fmt: skip
+    """Its parity still heals the staged copies of a source nobody may write."""
+    original = files(ds)
+    man = manifest_of(ds)
+    (ds / man.shards[0].path).unlink()
+    _damage(ds, man.shards[5].path, "truncate")
+    with _read_only(ds, tmp_path) as ro:
+        before = _listing(ro)
+        area = tmp_path / "area"
+        r = run_cli("stage", ro, area, "--no-progress")
+        assert r.rc == 0, r.stderr
+        assert _listing(ro) == before
+        assert run_cli("verify", area, *W1).rc == 0
+        for i in (0, 5):
+            assert (area / man.shards[i].path).read_bytes() == original[man.shards[i].path]
+        # A second run finds the rebuilt copies staged: nothing to copy or rebuild.
+        r = run_cli("stage", ro, area, "--no-progress")
+        assert r.rc == 0 and "rebuilding" not in r.stderr, r.stderr
+
+
+def test_a_reader_restages_from_the_parity_of_a_read_only_source(
+    ds: pathlib.Path, tmp_path: pathlib.Path, run_cli: Any
+) -> None:
+    """ResilientDataset over a staging area: a staged copy goes bad and its source shard is
+    gone too; the re-stage rebuilds it from the source's parity into the area."""
+    from shardio import ResilientDataset, ShardDataset
+
+    original = files(ds)
+    man = manifest_of(ds)
+    rel = man.shards[3].path
+    with _read_only(ds, tmp_path) as ro:
+        area = tmp_path / "area"
+        assert run_cli("stage", ro, area, "--no-progress").rc == 0
+        subprocess.run(["umount", "-l", str(ro)], check=True)
+        (ds / rel).unlink()  # lost at the source (written before it is read-only again)
+        subprocess.run(["mount", "--bind", "-o", "ro", str(ds), str(ro)], check=True)
+        _damage(area, rel, "flip")  # bit rot in the staged copy
+        before = _listing(ro)
+        read = ResilientDataset(ShardDataset(area), policy="raise", retries=0)
+        keys = [read[i]["__key__"] for i in range(len(read))]
+        assert len(keys) == man.num_samples and len(set(keys)) == len(keys)
+        assert read.recovery_stats["skip"] == 0
+        assert (area / rel).read_bytes() == original[rel]
+        assert _listing(ro) == before
+        assert not (ro / rel).exists()
+
+
+def _inputs(tree: pathlib.Path) -> dict[str, bytes]:
+    """The packed tree's files by sample key (its path without the suffix)."""
+    return {p.relative_to(tree).with_suffix("").as_posix(): p.read_bytes()
+            for p in tree.rglob("*") if p.is_file()}  # fmt: skip
+
+
+def _scratch_open() -> list[str]:
+    """The files this process holds open in a rebuild's private directory."""
+    from shardio.read.rebuild import SCRATCH_PREFIX
+
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if SCRATCH_PREFIX in (target := os.readlink(f"/proc/self/fd/{fd}")):
+                held.append(target)
+    return held
+
+
+@pytest.fixture
+def scratch(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """$TMPDIR for this test (where a rebuild outside a read-only dataset goes)."""
+    import tempfile
+
+    where = tmp_path / "tmpdir"
+    where.mkdir()
+    monkeypatch.setenv("TMPDIR", str(where))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads $TMPDIR again
+    return where
+
+
+@pytest.mark.parametrize("access", ["told", "refused"])
+def test_a_read_only_source_shard_is_rebuilt_aside_and_read_whole(
+    ds: pathlib.Path, tmp_path: pathlib.Path, small_tree: pathlib.Path, scratch: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch, access: str,
+) -> None:  # fmt: skip
+    """ResilientDataset over a read-only mount of a dataset with a corrupted shard: its
+    parity still gives the whole epoch, byte for byte, and nothing is written under it; the
+    private copy has no name from the start and is freed at close. "refused": the dataset
+    looks writable (os.access is asked, and lies) and the in-place rebuild is refused."""
+    from shardio import ResilientDataset, ShardDataset
+
+    man = manifest_of(ds)
+    _damage(ds, man.shards[3].path, "flip")
+    inputs = _inputs(small_tree)
+    with _read_only(ds, tmp_path) as ro:
+        before = _listing(ro)
+        if access == "refused":
+            monkeypatch.setattr("shardio.read.rebuild.os.access", lambda *a, **k: True)
+        read = ResilientDataset(ShardDataset(ro), policy="raise", retries=0)
+        got = {}
+        for i in range(len(read)):
+            sample = read[i]
+            got[sample["__key__"]] = sample["jpeg"]
+        assert got == inputs  # every sample, every byte
+        assert read.recovery_stats["rebuild"] == 1 and read.recovery_stats["skip"] == 0
+        assert list(scratch.iterdir()) == []  # its name was removed at once
+        held = _scratch_open()  # the copy, held open and read from
+        assert held and all(h.endswith(f"{man.shards[3].path} (deleted)") for h in held), held
+        read.close()
+        assert _scratch_open() == []  # freed at close
+        assert _listing(ro) == before  # size, mtime, ctime and inode of every path
+
+
+def test_a_read_only_source_shard_is_rebuilt_aside_by_each_dataloader_worker(
+    ds: pathlib.Path, tmp_path: pathlib.Path, small_tree: pathlib.Path, scratch: pathlib.Path
+) -> None:
+    """The same through a map-mode DataLoader with 2 workers: each worker that meets the
+    bad shard rebuilds its own private copy; the epoch is whole and the source unwritten."""
+    from shardio import ResilientDataset, ShardDataset, ShardLoader
+
+    man = manifest_of(ds)
+    _damage(ds, man.shards[1].path, "truncate")
+    _damage(ds, man.shards[6].path, "flip")
+    inputs = _inputs(small_tree)
+    with _read_only(ds, tmp_path) as ro:
+        before = _listing(ro)
+        read = ResilientDataset(ShardDataset(ro, mode="map", seed=3), policy="raise", retries=0)
+        loader = ShardLoader(read, batch_size=16, num_workers=2)
+        got = {}
+        for batch in loader:
+            for key, payload in zip(batch["__key__"], batch["jpeg"], strict=True):
+                got[key] = bytes(payload)
+        assert got == inputs
+        stats = read.recovery_stats
+        assert stats["rebuild"] >= 2 and stats["skip"] == 0 and stats["raise"] == 0, stats
+        read.close()
+        assert list(scratch.iterdir()) == []
+        assert _listing(ro) == before
 
 
 def test_resilient_dataset_rebuilds_from_parity(ds: pathlib.Path) -> None:

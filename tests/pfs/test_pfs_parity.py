@@ -95,8 +95,9 @@ def _placed(bed: Bed, tmp_path: pathlib.Path) -> tuple[pathlib.Path, dict[str, s
     everywhere = [root / "manifest.json", root / "index.bin", root / "pack-report.json"]
     everywhere += [root / s.dali_index for s in man.shards if s.dali_index]
     bed.admin("mfssetgoal", "3", *map(str, everywhere))
-    wait_for(lambda: all(bed.copies(p) == [cs] for p, cs in where.items()), "the placement")
-    wait_for(lambda: all(len(bed.copies(p)) == 3 for p in everywhere), "three copies")
+    # MooseFS moves chunks to their storage class in the background, slower on a loaded machine.
+    wait_for(lambda: all(bed.copies(p) == [cs] for p, cs in where.items()), "the placement", 240)
+    wait_for(lambda: all(len(bed.copies(p)) == 3 for p in everywhere), "three copies", 240)
     return root, truth, on_a
 
 

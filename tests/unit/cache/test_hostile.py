@@ -32,6 +32,7 @@ from shardio.cache.protocol import lock_path, stamp_matches, stamp_path
 from shardio.errors import FormatError, IntegrityError, StorageError, UsageError
 from shardio.format.identity import dataset_id
 from shardio.format.manifest import load_manifest
+from shardio.metrics.progress import Counters
 
 CLI_TIMEOUT_S = 60  # a blocked open would hang far longer: the run is killed, the test fails
 OPTIONS = StageOptions(durable=False)
@@ -390,7 +391,12 @@ def test_a_fifo_never_blocks_stage(tiny_src, src_copy, tmp_path, run_cli, assert
     (root / rel).unlink()
     os.mkfifo(root / rel)
     result = run_cli("stage", src_copy, dest, "--no-progress", timeout=CLI_TIMEOUT_S)
-    assert_cli_error(result, str(root / rel), "FIFO")
+    if where == "source-dali-index":
+        # Staging writes each .idx from the verified index: the source's is never opened.
+        assert result.rc == 0, result.stderr
+        assert (dest / rel).read_bytes() == (tiny_src.path / rel).read_bytes()
+    else:
+        assert_cli_error(result, str(root / rel), "FIFO")
     assert stat.S_ISFIFO(os.lstat(root / rel).st_mode), "the FIFO was replaced"
 
 
@@ -431,7 +437,10 @@ def test_a_source_shard_of_the_wrong_size_is_refused_before_copying(
     assert helpers.temp_files(dest) == []
 
 
-def test_an_oversized_dali_index_is_refused(src_copy, tmp_path, run_cli, assert_cli_error):
+def test_an_oversized_dali_index_is_never_read(tiny_src, src_copy, tmp_path, run_cli, caplog):
+    """stage writes the staged .idx from the verified index (the source's is not read); a
+    reader's re-stage, which copies the source's, refuses an oversized one with a warning
+    and stages the shard all the same."""
     manifest = load_manifest(src_copy / "manifest.json")
     entry = manifest.shards[0]
     assert entry.dali_index is not None
@@ -440,9 +449,19 @@ def test_an_oversized_dali_index_is_refused(src_copy, tmp_path, run_cli, assert_
     with open(idx, "r+b") as fh:
         fh.truncate(bound + 1)  # sparse: nothing is written to disk
     result = run_cli("stage", src_copy, tmp_path / "dest", "--no-progress")
-    assert_cli_error(result, str(idx))
-    with pytest.raises(FormatError, match="DALI index"):
-        stage_dataset(src_copy, tmp_path / "dest", OPTIONS)
+    assert result.rc == 0, result.stderr
+    good = (tiny_src.path / entry.dali_index).read_bytes()
+    assert (tmp_path / "dest" / entry.dali_index).read_bytes() == good
+    other = tmp_path / "other"
+    for folder in ("shards", ".shardio-stage/ok", ".shardio-stage/locks"):
+        (other / folder).mkdir(parents=True)
+    with caplog.at_level("WARNING"):
+        _rel, outcome, _n = cache_copy.stage_one(
+            os.fspath(src_copy), os.fspath(other), entry, [], durable=False,
+            counters=Counters(shared=False),
+        )  # fmt: skip
+    assert outcome == "copied" and not (other / entry.dali_index).exists()
+    assert "staged without its DALI index" in caplog.text and str(idx) in caplog.text
 
 
 def test_a_manifest_path_inside_staging_records_is_refused(src_copy, tmp_path):
