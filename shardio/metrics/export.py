@@ -15,8 +15,10 @@ holds figures (``MetricsSnapshot.has_data``) and the sink took it
 reports nothing (no log line of zeros); from the first real report on, one report follows
 every ``interval_s``.
 
-Metrics must never stop training: a source or sink that fails is logged once per distinct
-error (repeats go to the debug level) and the reporter carries on at the next interval.
+Metrics must never stop training: a source or sink that fails, at ``start()`` or later, is
+logged once per distinct error (repeats go to the debug level) and the reporter
+carries on at the next interval; a thread that cannot be started leaves only the last report
+at close. Only arguments wrong in themselves raise, from the constructor.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import ClassVar, TypeVar
 
+from shardio._check import require_path
 from shardio.errors import StorageError, UsageError
 from shardio.metrics.snapshots import MetricsSnapshot
 from shardio.storage.atomic import storage_error
@@ -39,6 +42,7 @@ from shardio.storage.files import describe_kind
 
 __all__ = [
     "FIRST_POLL_S",
+    "MAX_INTERVAL_S",
     "JsonlWriter",
     "LogReporter",
     "PeriodicReporter",
@@ -56,10 +60,12 @@ _MAX_DISTINCT_ERRORS = 64
 CLOSE_TIMEOUT_S = 10.0  # how long close() waits for a report in flight
 # Until a first real report, the thread looks this often (for one interval at most).
 FIRST_POLL_S = 0.5
+MAX_INTERVAL_S = 86400.0  # a day; past threading.TIMEOUT_MAX a wait overflows
 
 
 def check_interval(interval_s: object) -> float:
-    """``interval_s`` as a float, checked to be a finite number of seconds above zero.
+    """``interval_s`` as a float, checked to be a number of seconds above zero and at most
+    :data:`MAX_INTERVAL_S` (a larger one overflowed the thread's wait and ended its reports).
 
     Raises:
         UsageError: it is not.
@@ -67,10 +73,12 @@ def check_interval(interval_s: object) -> float:
     if (
         not isinstance(interval_s, int | float)
         or isinstance(interval_s, bool)
-        or not math.isfinite(interval_s)
-        or interval_s <= 0
+        or not 0 < interval_s <= MAX_INTERVAL_S  # False for NaN; no float() of a huge int
     ):
-        raise UsageError(f"interval_s must be a number of seconds > 0, not {interval_s!r}")
+        raise UsageError(
+            f"interval_s must be a number of seconds > 0 and at most {MAX_INTERVAL_S:g} "
+            f"(a day), not {interval_s!r}"
+        )
     return float(interval_s)
 
 
@@ -110,9 +118,11 @@ class PeriodicReporter:
     def start(self: _R) -> _R:
         """Acquire the sink and start the reporting thread (again: a no-op).
 
+        A sink that cannot be opened is the subclass's to log (see :meth:`open`); a thread
+        that cannot be started is logged, and the reporter reports once more at close.
+
         Raises:
             UsageError: the reporter was closed.
-            StorageError: the sink cannot be opened (subclasses say which).
         """
         if self._state == "closed":
             raise UsageError(f"this metrics {self.kind} reporter is closed; make a new one")
@@ -125,6 +135,9 @@ class PeriodicReporter:
         thread.daemon = True
         try:
             thread.start()
+        except RuntimeError as exc:  # "can't start new thread": the job trains on
+            self.log_failure(f"starting the metrics {self.kind} thread", exc)
+            return self
         except BaseException:
             self._state = "closed"
             self.release()
@@ -248,7 +261,8 @@ class PeriodicReporter:
 
     # -- what subclasses provide ----------------------------------------------------------
     def open(self) -> None:
-        """Acquire what the reports go to (called by :meth:`start`, before the thread)."""
+        """Acquire what the reports go to (called by :meth:`start`, before the thread); a
+        sink that cannot be acquired is logged (:meth:`log_failure`), never raised."""
 
     def emit(self, snap: MetricsSnapshot) -> None:
         """Report one snapshot (called from the thread, or from :meth:`close`)."""
@@ -314,7 +328,9 @@ class JsonlWriter(PeriodicReporter):
 
     The file is opened in :meth:`start` for appending (``O_APPEND | O_CREAT | O_NOFOLLOW``):
     an existing file is never truncated, and a symlink, FIFO, directory or device is refused.
-    Each line is written whole with one ``write`` (no buffering to lose), not fsynced.
+    Each line is written whole with one ``write`` (no buffering to lose), not fsynced. A file
+    that cannot be opened (or written: a full disk) is logged once and tried again at the next
+    interval: training goes on.
 
     Attributes:
         path: the file.
@@ -341,9 +357,7 @@ class JsonlWriter(PeriodicReporter):
             UsageError: an argument is invalid.
         """
         super().__init__(source, interval_s=interval_s)
-        name = os.fspath(path)
-        if not isinstance(name, str) or not name:
-            raise UsageError(f"JsonlWriter needs a file path, not {path!r}")
+        name = require_path(path, "JsonlWriter path")
         if job is not None and not isinstance(job, str):
             raise UsageError(f"job must be a string, not {job!r}")
         self.path = name
@@ -352,17 +366,22 @@ class JsonlWriter(PeriodicReporter):
         self._torn = False  # the last write stopped mid-line: start the next on a new line
 
     def open(self) -> None:
-        """Open the file for appending.
-
-        Raises:
-            StorageError: it is a symlink or not a regular file, or cannot be opened.
-        """
-        self._fd = open_for_append(self.path, what="metrics log")
+        """Open the file for appending; one that cannot be (a symlink, not a regular file,
+        a directory not writable) is logged, and each report tries again."""
+        try:
+            self._fd = open_for_append(self.path, what="metrics log")
+        except StorageError as exc:  # logged as the reports that try again will be: once
+            self.log_failure(f"reporting metrics ({self.kind})", exc)
 
     def emit(self, snap: MetricsSnapshot) -> None:
-        """Append the snapshot as one JSON line."""
-        if self._fd is None:  # pragma: no cover - emit runs only between open and release
-            raise UsageError("JsonlWriter is not open")
+        """Append the snapshot as one JSON line (opening the file first if :meth:`open`
+        could not).
+
+        Raises:
+            StorageError: the file cannot be opened or written (the caller logs it).
+        """
+        if self._fd is None:
+            self._fd = open_for_append(self.path, what="metrics log")
         data = snap.to_dict()
         if self.job is not None:
             data["job"] = self.job

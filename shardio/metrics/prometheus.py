@@ -34,6 +34,20 @@ ship with the package (:func:`shardio.metrics.alerts_path`).
 
 Histogram buckets are 100 µs ... 10 s in 1-2.5-5 steps, each an edge of
 :class:`~shardio.metrics.histogram.LatencyHistogram`, so their counts are exact.
+
+Metrics never stop training: a port that cannot be served (taken by another job on the
+node), a textfile that cannot be written, a spool that cannot be used, a disk that fills up
+are logged (once) and the job trains on without that output. Only an argument that is wrong
+in itself (a port out of range, a path with a NUL) is an error, raised by the constructor.
+
+The final figures of a run that counted something abnormal (any counter an alert rule
+watches: :data:`ALERT_COUNTERS`) that no scrape has read yet are served after
+:meth:`PrometheusExporter.close` until :data:`LINGER_SCRAPES` scrapes have read them, for at
+most ``linger_s``: a run that fails (a sample given up on ends training) would otherwise
+close the port in the same instant and no scrape would ever see the count. It lingers only
+when a scrape came during the run (some Prometheus is listening); ``linger_s=0`` turns it
+off. A textfile keeps the final figures
+anyway (it is rewritten at close and left in place).
 """
 
 from __future__ import annotations
@@ -44,10 +58,13 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
+from shardio._check import require_path
 from shardio.errors import MissingExtraError, StorageError, UsageError
 from shardio.metrics import _spool
 from shardio.metrics._http import MetricsServer
@@ -56,7 +73,15 @@ from shardio.metrics.snapshots import MetricsSnapshot
 from shardio.storage.atomic import atomic_write
 from shardio.storage.files import check_replaceable, open_regular
 
-__all__ = ["BUCKETS_S", "DEFAULT_HOST", "PrometheusExporter", "metric_families"]
+__all__ = [
+    "ALERT_COUNTERS",
+    "BUCKETS_S",
+    "DEFAULT_HOST",
+    "DEFAULT_LINGER_S",
+    "LINGER_SCRAPES",
+    "PrometheusExporter",
+    "metric_families",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +112,27 @@ _MAX_SPOOL_BYTES = 1 << 20  # a snapshot is a few KB; anything larger is not one
 _METRIC_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _LABELS = ("rank", "job")
 _P = TypeVar("_P", bound="PrometheusExporter")
+# The read counters the shipped alert rules watch (any increase alerts): a run that counted
+# one of them serves its final figures after close until they were scraped (see linger_s).
+ALERT_COUNTERS = (
+    "checksum_failures",
+    "read_errors",
+    "stalls",
+    "held_fails",
+    "restages",
+    "rebuilds",
+    "drops",
+    "restage_failures",
+    "drop_failures",
+    "substitutes",
+    "unavailable",
+    "worker_restarts",
+)
+# After close, serve the final figures until this many scrapes read them (or linger_s).
+LINGER_SCRAPES = 2
+# Two scrape intervals at Prometheus's default of one minute.
+DEFAULT_LINGER_S = 120.0
+_MAX_LINGER_S = 3600.0
 
 
 def _client() -> Any:
@@ -153,14 +199,14 @@ def metric_families(labelled: Sequence[tuple[MetricsSnapshot, str]]) -> list[Any
     counters: dict[str, Any] = {}
 
     for snap, job in labelled:
-        labels = [str(snap.rank), job]
+        labels = [str(snap.rank), _label_value(job)]
         delivered.add_metric(labels, snap.samples)
         batches.add_metric(labels, snap.batches)
         read.add_metric(labels, snap.samples_read)
         nbytes.add_metric([*labels, "staged"], snap.bytes_staged)
         nbytes.add_metric([*labels, "source"], snap.bytes_source)
         for name, count in sorted(snap.sources.items()):
-            mixed.add_metric([*labels, name], count)
+            mixed.add_metric([*labels, _label_value(name)], count)
         for field, family in gauges.items():
             family.add_metric(labels, getattr(snap, field))
         for name, value in sorted(snap.counters.items()):
@@ -190,14 +236,60 @@ def metric_families(labelled: Sequence[tuple[MetricsSnapshot, str]]) -> list[Any
     return [*fixed[:5], *counters.values(), *fixed[5:]]
 
 
-class _SnapshotCollector:
-    """A prometheus_client collector of the node's snapshots (see the exporter)."""
+def _label_value(value: str) -> str:
+    """``value`` as UTF-8 can write it: a lone surrogate (a job name from a non-UTF-8
+    environment variable) as ``\\udcff``, so it cannot fail every scrape."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
 
-    def __init__(self, exporter: PrometheusExporter) -> None:
+
+_Alerting = dict[tuple[str, int, str], int]  # (job, rank, counter) -> count
+
+
+def _alerting(labelled: Sequence[tuple[MetricsSnapshot, str]]) -> _Alerting:
+    """The non-zero :data:`ALERT_COUNTERS` of snapshots, by job, rank and name."""
+    return {
+        (job, snap.rank, name): count
+        for snap, job in labelled
+        for name in ALERT_COUNTERS
+        if (count := int(snap.counters.get(name, 0)))
+    }
+
+
+class _SnapshotCollector:
+    """A prometheus_client collector of the node's snapshots (see the exporter); with
+    ``served``, what it collects is noted as served to a scrape."""
+
+    def __init__(
+        self,
+        exporter: PrometheusExporter,
+        served: Callable[[Sequence[tuple[MetricsSnapshot, str]]], None] | None = None,
+    ) -> None:
         self._exporter = exporter
+        self._served = served
 
     def collect(self) -> Iterable[Any]:
-        return metric_families(self._exporter.node_snapshots())
+        labelled = self._exporter.node_snapshots()
+        if self._served is not None:
+            self._served(labelled)
+        return metric_families(labelled)
+
+
+class _CountedBody:
+    """A WSGI response body that calls ``done`` once the server sent it (its close())."""
+
+    def __init__(self, body: Iterable[bytes], done: Callable[[], None]) -> None:
+        self._body = body
+        self._done = done
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._body)
+
+    def close(self) -> None:
+        self._done()
 
 
 class PrometheusExporter(PeriodicReporter):
@@ -220,6 +312,8 @@ class PrometheusExporter(PeriodicReporter):
         spool_dir: where the local ranks leave their snapshots: ``"auto"``, a path, or None
             (no sharing); :attr:`spool_path` is the directory in use.
         spool_root: where ``spool_dir="auto"`` makes its directory.
+        linger_s: how long, at most, the port serves the final figures after close (see
+            the module docstring).
     """
 
     kind: ClassVar[str] = "prometheus"
@@ -237,6 +331,7 @@ class PrometheusExporter(PeriodicReporter):
         spool_dir: str | os.PathLike[str] | None = None,
         spool_root: str | os.PathLike[str] = _spool.DEFAULT_ROOT,
         interval_s: float = 15.0,
+        linger_s: float = DEFAULT_LINGER_S,
     ) -> None:
         """Check the arguments; nothing is served or written before :meth:`start`.
 
@@ -258,6 +353,10 @@ class PrometheusExporter(PeriodicReporter):
                 missing. None: each process reports only itself.
             spool_root: the directory an ``"auto"`` spool is made in (``/dev/shm``).
             interval_s: seconds between snapshots.
+            linger_s: at most this long after :meth:`close`, the HTTP port keeps serving the
+                final figures of a run that counted something an alert watches, until
+                :data:`LINGER_SCRAPES` scrapes read them (0: close at once; see the module
+                docstring). Give at least two scrape intervals.
 
         Raises:
             UsageError: an argument is invalid, or prometheus_client is not installed.
@@ -273,7 +372,17 @@ class PrometheusExporter(PeriodicReporter):
             raise UsageError(f"local_rank must be an integer >= 0, not {local_rank!r}")
         if job is not None and not isinstance(job, str):
             raise UsageError(f"job must be a string, not {job!r}")
-        self.textfile = None if textfile is None else os.fspath(textfile)
+        if (
+            not isinstance(linger_s, int | float)
+            or isinstance(linger_s, bool)
+            or not 0 <= linger_s <= _MAX_LINGER_S  # False for NaN; no float() of a huge int
+        ):
+            raise UsageError(
+                f"linger_s must be a number of seconds from 0 to {_MAX_LINGER_S:g}, "
+                f"not {linger_s!r}"
+            )
+        self.linger_s = float(linger_s)
+        self.textfile = None if textfile is None else require_path(textfile, "textfile")
         if self.textfile is not None and not (
             self.textfile.endswith(".prom") and os.path.basename(self.textfile) != ".prom"
         ):
@@ -284,24 +393,26 @@ class PrometheusExporter(PeriodicReporter):
         self.host = host
         self.job = job
         self.local_rank = local_rank
-        self.spool_dir = None if spool_dir is None else os.fspath(spool_dir)
-        if self.spool_dir is not None and (
-            not isinstance(self.spool_dir, str) or not self.spool_dir
-        ):
-            raise UsageError(f"spool_dir must be 'auto', a directory or None, not {spool_dir!r}")
-        self.spool_root = os.fspath(spool_root)
-        if not isinstance(self.spool_root, str) or not self.spool_root:
-            raise UsageError(f"spool_root must be a directory, not {spool_root!r}")
+        self.spool_dir = None if spool_dir is None else require_path(spool_dir, "spool_dir")
+        self.spool_root = require_path(spool_root, "spool_root")
         self.spool_path: str | None = None  # the spool in use (found later on other ranks)
         self._spool_made = False
         client = _client()
-        self._registry = client.CollectorRegistry(auto_describe=False)
+        self._registry = client.CollectorRegistry(auto_describe=False)  # the textfile's
         self._registry.register(_SnapshotCollector(self))
+        self._http_registry = client.CollectorRegistry(auto_describe=False)  # scrapes'
+        self._http_registry.register(_SnapshotCollector(self, self._note_served))
         self._make_app = client.make_wsgi_app
         self._generate = client.generate_latest
         self._latest: MetricsSnapshot | None = None
         self._server: MetricsServer | None = None
         self._spooled = False  # the last emit left a spool file (where one is to be left)
+        # Scrapes answered: how many, and when the latest began (for the linger at close).
+        self._scrapes = threading.Condition()
+        self._scrape_count = 0
+        self._scrape_starts: deque[float] = deque(maxlen=LINGER_SCRAPES)
+        self._served_alerting: _Alerting = {}  # the alert counters the latest scrape read
+        self._emitted_at = 0.0  # time.monotonic() of the latest snapshot given to emit()
 
     @property
     def serves_node(self) -> bool:
@@ -318,12 +429,12 @@ class PrometheusExporter(PeriodicReporter):
         """Prepare the spool and textfile, serve HTTP, report once at once, then every
         ``interval_s``.
 
-        A spool directory that cannot be used is logged (the node then reports without
-        it), never raised: metrics do not stop training.
+        A port that cannot be served (taken by another job), a textfile or a spool
+        directory that cannot be used is logged (the node then reports without it), never
+        raised: metrics do not stop training.
 
         Raises:
             UsageError: the reporter was closed.
-            StorageError: the textfile cannot be written, or the port cannot be served.
         """
         if self.running:
             return self
@@ -353,29 +464,68 @@ class PrometheusExporter(PeriodicReporter):
                 )
             return
         if self.textfile is not None:
-            check_replaceable(self.textfile, what="metrics textfile", parent=True)
+            try:
+                check_replaceable(self.textfile, what="metrics textfile", parent=True)
+            except (UsageError, StorageError) as exc:  # each report tries again (logged once)
+                self.log_failure(f"reporting metrics ({self.kind})", exc)
         if self.port is not None:
             self._serve(self.port)
 
     def _serve(self, port: int) -> None:
+        """Serve HTTP on ``port``; one that cannot be served is logged, and the job trains
+        on without the endpoint (two jobs on one node asking for one port)."""
+        server: MetricsServer | None = None
         try:
             family = socket.getaddrinfo(
                 self.host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
             )[0][0]
-            server = MetricsServer((self.host, port), family, self._make_app(self._registry))
-        except (OSError, UnicodeError) as exc:
-            code = getattr(exc, "errno", None) or errno.EADDRNOTAVAIL
+            server = MetricsServer((self.host, port), family, self._counting_app())
+            server.start("shardio-metrics-http")
+        except (OSError, UnicodeError, RuntimeError) as exc:  # RuntimeError: no new thread
+            if server is not None:
+                server.server_close()
             reason = getattr(exc, "strerror", None) or exc
-            raise StorageError(
-                code, f"cannot serve metrics on {self.host}:{port}: {reason}"
-            ) from exc
-        server.start("shardio-metrics-http")
+            logger.warning(
+                "cannot serve metrics on %s:%d (%s): training goes on without this endpoint "
+                "(another job on this node may hold the port: give each job its own)",
+                self.host,
+                port,
+                reason,
+            )
+            return
         self._server = server
         logger.info("serving shardio metrics on http://%s:%d/metrics", self.host, self.bound_port)
+
+    def _counting_app(self) -> Callable[..., Any]:
+        """The metrics WSGI app, counting the scrapes it answered (see :meth:`_linger`)."""
+        app = self._make_app(self._http_registry)
+
+        def counted(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+            began = time.monotonic()
+            body = app(environ, start_response)
+            if environ.get("PATH_INFO") == "/favicon.ico":
+                return body
+            return _CountedBody(body, lambda: self._scraped(began))
+
+        return counted
+
+    def _note_served(self, labelled: Sequence[tuple[MetricsSnapshot, str]]) -> None:
+        """A scrape is reading these snapshots."""
+        alerting = _alerting(labelled)
+        with self._scrapes:
+            self._served_alerting = alerting
+
+    def _scraped(self, began: float) -> None:
+        """A scrape that began at ``began`` (time.monotonic()) was answered."""
+        with self._scrapes:
+            self._scrape_count += 1
+            self._scrape_starts.append(began)
+            self._scrapes.notify_all()
 
     def emit(self, snap: MetricsSnapshot) -> None:
         """Keep the snapshot for scrapes, leave it in the spool, rewrite the textfile."""
         self._latest = snap
+        self._emitted_at = time.monotonic()
         self._spooled = False
         if self.spool_dir is not None:
             try:
@@ -383,7 +533,7 @@ class PrometheusExporter(PeriodicReporter):
             except Exception as exc:  # the textfile below still gets written
                 self.log_failure("writing the metrics spool file", exc)
         if self.serves_node and self.textfile is not None:
-            check_replaceable(self.textfile, what="metrics textfile")
+            check_replaceable(self.textfile, what="metrics textfile", parent=True)
             with atomic_write(self.textfile, durable=False) as fh:
                 fh.write(self._generate(self._registry))
 
@@ -394,16 +544,61 @@ class PrometheusExporter(PeriodicReporter):
         return self.serves_node or self.spool_dir is None or self._spooled
 
     def release(self) -> None:
-        """Stop serving HTTP (in bounded time, whatever the clients do); on local rank 0,
-        remove the spool files and the spool directory it made."""
-        server, self._server = self._server, None
+        """Stop serving HTTP (in bounded time, whatever the clients do, once the final
+        figures of an abnormal run were scraped: see ``linger_s``); on local rank 0, remove
+        the spool files and the spool directory it made."""
+        server = self._server
         try:
             if server is not None:
-                server.stop()
+                try:
+                    self._linger()
+                finally:
+                    self._server = None
+                    server.stop()
         finally:
             spool, self.spool_path = self.spool_path, None
             if spool is not None and self.serves_node:
                 _spool.remove_spool(spool, made=self._spool_made)
+
+    def _linger(self) -> None:
+        """Wait until :data:`LINGER_SCRAPES` scrapes began after the final snapshot, for at
+        most ``linger_s``, when the node's figures count something an alert watches that
+        no scrape read yet, and some scraper came during the run."""
+        if self.linger_s <= 0:
+            return
+        final = self._emitted_at
+        alerting = _alerting(self.node_snapshots())
+        with self._scrapes:
+            unseen = sorted(
+                f"{name}={count} (rank {rank})"
+                for (job, rank, name), count in alerting.items()
+                if count > self._served_alerting.get((job, rank, name), 0)
+            )
+            if not unseen:
+                return
+            if not self._scrape_count:
+                logger.debug("metrics: nothing scraped this run; no linger for %s", unseen)
+                return
+            logger.info(
+                "metrics: the run counted %s; serving its final figures on %s:%s until they "
+                "are scraped (at most %g s, linger_s)",
+                ", ".join(unseen),
+                self.host,
+                self.bound_port,
+                self.linger_s,
+            )
+            deadline = time.monotonic() + self.linger_s
+            while sum(began >= final for began in self._scrape_starts) < LINGER_SCRAPES:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    logger.warning(
+                        "metrics: the final figures were not scraped %d times within %g s "
+                        "(linger_s); closing the port",
+                        LINGER_SCRAPES,
+                        self.linger_s,
+                    )
+                    return
+                self._scrapes.wait(left)
 
     # -- the spool -----------------------------------------------------------------------
     def _current_spool(self) -> str | None:

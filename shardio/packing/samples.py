@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from shardio.errors import UsageError
+from shardio.errors import FormatError, UsageError
 from shardio.format.checksum import member_xxh3_64
 from shardio.format.spec import LABEL_EXT
 
@@ -86,7 +86,14 @@ def _payload(value: object, key: str, ext: str) -> bytes:
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)  # a copy: the caller may reuse its buffer once write() returns
     if isinstance(value, str):
-        return value.encode("utf-8")
+        try:
+            return value.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate (e.g. from os.fsdecode)
+            raise FormatError(
+                f"sample {key!r}: member {ext!r} is a str that is not valid Unicode "
+                f"({exc.reason} at character {exc.start:,}, {value[exc.start]!r}): give bytes, "
+                "or a str that UTF-8 can write"
+            ) from exc
     raise UsageError(
         f"sample {key!r}: member {ext!r} is a {type(value).__name__}: give bytes (or a str, "
         "written as UTF-8); encode arrays and images before writing them"
@@ -138,6 +145,8 @@ def check_sample(
         UsageError: not a mapping, a bad key, a reserved or malformed member name, a member
             that is not bytes or str, no member, or a label missing, unexpected or out of
             range; the message names the sample.
+        FormatError: a str member that UTF-8 cannot write (a lone surrogate); the message
+            names the sample and the member.
     """
     if not isinstance(sample, Mapping):
         raise UsageError(

@@ -170,6 +170,7 @@ class ShardWriter:
         self._labelled: bool | None = True if self.classes is not None else None
         self._stack: contextlib.ExitStack | None = None
         self._created = False
+        self._result: WriteResult | None = None  # what close() returned (it is idempotent)
         self._state = "new"  # new -> open -> closed | failed
         self._keys: set[str] = set()
         self._shard: _Shard | None = None
@@ -344,7 +345,9 @@ class ShardWriter:
         """Write one sample: ``{"__key__": key, ext: bytes | str, ..., "cls": label}``.
 
         A sample refused for its content (a bad or duplicate key, a reserved name, a label
-        missing or out of range) raises UsageError and writes nothing: the writer goes on.
+        missing or out of range) raises UsageError, and a str member UTF-8 cannot write (a
+        lone surrogate) FormatError, naming the sample; either writes nothing: the writer
+        goes on.
         A failure to write (ENOSPC, EIO) leaves the writer failed: ``close`` raises and
         the context manager removes what it wrote.
         """
@@ -457,10 +460,15 @@ class ShardWriter:
     def close(self) -> WriteResult:
         """Finish the last shard, publish this part and, with one part, the dataset.
 
+        Idempotent: closing a closed writer (``close()`` inside its ``with`` block, whose end
+        closes again) publishes nothing more and returns the same result.
+
         Raises:
             UsageError: nothing was written (one part), or the writer failed earlier.
             StorageError: writing failed (what this part wrote is removed by ``abort``).
         """
+        if self._state == "closed" and self._result is not None:
+            return self._result
         if self._state == "new":
             self.open()
         if self._state != "open":
@@ -483,7 +491,7 @@ class ShardWriter:
         self._release()
         self._state = "closed"
         assert self._layout is not None  # set by open()
-        return WriteResult(
+        self._result = WriteResult(
             dst=self.dst,
             part=self.part,
             num_parts=self.num_parts,
@@ -495,6 +503,7 @@ class ShardWriter:
             layout=self._layout,
             merged=merged,
         )
+        return self._result
 
     def _publish(self) -> None:
         """Rename the staged shards into ``shards/``, then write their records and the part's."""

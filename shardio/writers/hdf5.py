@@ -63,6 +63,7 @@ class HDF5ShardWriter:
         self._durable = durable
         self._capacity = max(capacity_bytes, 1)
         self._used = 0
+        self._finished: tuple[int, str] | None = None  # what finish() returned
         self._keys: list[str] = []
         self._labels: list[int] = []
         self._first: list[int] = []
@@ -185,7 +186,12 @@ class HDF5ShardWriter:
         return placed
 
     def finish(self) -> tuple[int, str]:
-        """Write the tables, fsync and publish; return (size, xxh3_128)."""
+        """Write the tables, fsync and publish; return (size, xxh3_128).
+
+        Again: the same result, nothing written (idempotent).
+        """
+        if self._finished is not None:
+            return self._finished
         import h5py
 
         try:
@@ -213,7 +219,8 @@ class HDF5ShardWriter:
         except OSError as exc:
             self.abort()
             raise storage_error(exc, self.path, "writing") from exc
-        return size, digest
+        self._finished = (size, digest)
+        return self._finished
 
     def _remove_tmp(self) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -96,6 +96,7 @@ class TarShardWriter:
         self._key = ""
         self._record: list[tuple[str, int, int]] = []
         self._buffer: bytearray | None = None
+        self._finished: tuple[int, str] | None = None  # what finish() returned
         try:
             self._fd = create_temp(self._tmp)
         except OSError as exc:
@@ -206,7 +207,12 @@ class TarShardWriter:
         return placed
 
     def finish(self) -> tuple[int, str]:
-        """Write the end-of-archive blocks, fsync and publish; return (size, xxh3_128)."""
+        """Write the end-of-archive blocks, fsync and publish; return (size, xxh3_128).
+
+        Again: the same result, nothing written (idempotent).
+        """
+        if self._finished is not None:
+            return self._finished
         self._queue(_ZEROS)
         self._flush()
         try:
@@ -216,7 +222,8 @@ class TarShardWriter:
         except OSError as exc:
             self.abort()
             raise storage_error(exc, self.path, "publishing") from exc
-        return self._pos, self._hasher.hexdigest()
+        self._finished = (self._pos, self._hasher.hexdigest())
+        return self._finished
 
     def abort(self) -> None:
         """Close and remove the temp file."""

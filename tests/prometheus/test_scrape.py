@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 
 from shardio.cache.options import StageOptions
 from shardio.cache.stage import stage_dataset
+from shardio.errors import SampleUnavailableError
 from shardio.metrics import MetricsSnapshot, PrometheusExporter, alerts_path
 from shardio.metrics.prometheus import BUCKETS_S
 from shardio.metrics.read import COUNTERS, SOURCES
@@ -159,10 +161,10 @@ def _batches(prom: Any) -> dict[str, float]:
     return prom.values(f'shardio_batches_delivered_total{{job="{JOB}"}}', "rank")
 
 
-def _firing(prom: Any) -> dict[str, set[str]]:
+def _firing(prom: Any, job: str = JOB) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for alert in prom.api("alerts")["alerts"]:
-        if alert["state"] == "firing" and alert["labels"].get("job") == JOB:
+        if alert["state"] == "firing" and alert["labels"].get("job") == job:
             out.setdefault(alert["labels"]["alertname"], set()).add(alert["labels"]["rank"])
     return out
 
@@ -292,3 +294,48 @@ def test_prometheus_scrapes_a_training_run_and_its_figures_are_the_loaders(
     finally:
         for loader in loaders:
             loader.close()  # its DataLoader workers
+
+
+def test_a_run_that_gives_up_on_a_sample_fires_the_critical_alert(
+    run_dataset: tuple[Path, Path, str], start_prometheus: Any
+) -> None:
+    """Recovery policy "raise": the unreadable sample ends training, and the exporter is
+    closed in the same instant by the ``with`` it trains in. Its final figures (the sample
+    given up on) are still served until scraped, so ShardioSamplesUnavailable fires on a
+    real Prometheus that scrapes every second and evaluates the shipped rules."""
+    dataset, _, bad_key = run_dataset
+    job = "shardio-prom-unavailable"
+    ds = ResilientDataset(ShardDataset(dataset), policy="raise", retries=1, backoff_s=0.0)
+    loader = ds.loader(batch_size=16, num_workers=1)
+    exporter = PrometheusExporter(loader.metrics, port=0, job=job, interval_s=HOUR_S, linger_s=60)
+    sel = f'{{job="{job}"}}'
+    try:
+        with pytest.raises(SampleUnavailableError, match=re.escape(bad_key)), exporter:
+            port = exporter.bound_port
+            assert port is not None
+            prom = start_prometheus(_config(port))
+            prom.wait_for(
+                "the run scraped at zero",
+                lambda: prom.values(f"shardio_unavailable_total{sel}", "rank") == {"0": 0.0},
+            )
+            for _ in loader:  # the corrupt member: retried once, then given up on
+                pass
+        assert exporter.bound_port is None and not exporter.running  # closed
+        unavailable = loader.metrics().counters["unavailable"]
+        assert unavailable >= 1
+        # Scraped before the port closed (the series is stale by now: ask over the past).
+        seen = prom.values(f"max_over_time(shardio_unavailable_total{sel}[5m])", "rank")
+        assert seen == {"0": unavailable}
+        prom.wait_for(
+            "ShardioSamplesUnavailable firing",
+            lambda: _firing(prom, job).get("ShardioSamplesUnavailable") == {"0"},
+            show=lambda: _firing(prom, job),
+        )
+        alert = next(
+            a
+            for a in prom.api("alerts")["alerts"]
+            if a["labels"]["alertname"] == "ShardioSamplesUnavailable"
+        )
+        assert alert["labels"]["severity"] == "critical"
+    finally:
+        loader.close()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from shardio.errors import StorageError, UsageError
+from shardio.errors import UsageError
 from shardio.metrics import JsonlWriter, LogReporter, MetricsSnapshot
 from shardio.metrics.export import PeriodicReporter
 
@@ -97,7 +97,9 @@ def test_from_dict_without_histograms_and_with_extra_keys(make_rank: Any) -> Non
 # -- the shared thread ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("interval_s", [0, -1.0, math.nan, math.inf, "1", True, None])
+@pytest.mark.parametrize(
+    "interval_s", [0, -1.0, math.nan, math.inf, "1", True, None, 86400.5, 1e12, 1e308, 10**400]
+)
 def test_interval_must_be_positive(make_rank: Any, interval_s: Any) -> None:
     with pytest.raises(UsageError, match="interval_s"):
         LogReporter(make_rank(0), interval_s=interval_s)
@@ -273,27 +275,58 @@ def test_jsonl_lines_parse_and_close_writes_the_last(make_rank: Any, tmp_path: P
     assert metrics_threads() == []
 
 
-def test_jsonl_refuses_a_symlink_and_leaves_its_target(make_rank: Any, tmp_path: Path) -> None:
+def test_jsonl_refuses_a_symlink_leaves_its_target_and_training_goes_on(
+    make_rank: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     target = tmp_path / "precious.txt"
     target.write_text("keep me\n")
     link = tmp_path / "metrics.jsonl"
     link.symlink_to(target)
-    writer = JsonlWriter(make_rank(0), link, interval_s=0.01)
-    with pytest.raises(StorageError, match=f"{link} is a symlink"):
-        writer.start()
-    assert target.read_text() == "keep me\n"
+    caplog.set_level(logging.WARNING, logger="shardio.metrics.export")
+    rank = make_rank(0)
+    with JsonlWriter(rank, link, interval_s=3600) as writer:  # the with line does not raise
+        assert not writer.report()  # each report tries again, and is refused again
+    assert rank.calls >= 2
+    assert target.read_text() == "keep me\n" and link.is_symlink()
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and f"{link} is a symlink" in warned[0], warned
     assert metrics_threads() == []
-    writer.close()  # never started: nothing to write, nothing raised
-    assert target.read_text() == "keep me\n"
 
 
-def test_jsonl_refuses_a_fifo_and_a_directory(make_rank: Any, tmp_path: Path) -> None:
+def test_jsonl_refuses_a_fifo_and_a_directory_without_stopping_training(
+    make_rank: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     fifo = tmp_path / "pipe.jsonl"
     os.mkfifo(fifo)
-    with pytest.raises(StorageError, match=f"{fifo} is a FIFO"):
-        JsonlWriter(make_rank(0), fifo).start()
     folder = tmp_path / "dir.jsonl"
     folder.mkdir()
-    with pytest.raises(StorageError, match=f"{folder} is a directory"):
-        JsonlWriter(make_rank(0), folder).start()
+    caplog.set_level(logging.WARNING, logger="shardio.metrics.export")
+    for path, kind in ((fifo, "FIFO"), (folder, "directory")):
+        caplog.clear()
+        with JsonlWriter(make_rank(0), path, interval_s=3600):
+            pass
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warned) == 1 and f"{path} is a {kind}" in warned[0], warned
+    assert list(folder.iterdir()) == []
     assert metrics_threads() == []
+
+
+def test_jsonl_that_cannot_be_opened_at_start_is_written_once_it_can(
+    make_rank: Any, tmp_path: Path
+) -> None:
+    """A log directory not there (or not writable) at start: training goes on, and the lines
+    come once it can be written (the close's last one here)."""
+    folder = tmp_path / "later"
+    path = folder / "metrics.jsonl"
+    with JsonlWriter(make_rank(0), path, interval_s=3600, job="j") as writer:
+        assert not writer.report()
+        folder.mkdir()
+        assert writer.report()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 2 and all(line["job"] == "j" for line in lines)
+
+
+@pytest.mark.parametrize("path", [b"m.jsonl", "", "a\0b", 3])
+def test_jsonl_path_must_be_a_str_path(make_rank: Any, path: Any) -> None:
+    with pytest.raises(UsageError, match="JsonlWriter path"):
+        JsonlWriter(make_rank(0), path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -21,8 +22,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shardio.errors import StorageError, UsageError
-from shardio.metrics import PrometheusExporter
+from shardio.errors import UsageError
+from shardio.metrics import PrometheusExporter, alerts_path
+from shardio.metrics.prometheus import ALERT_COUNTERS
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -300,28 +302,54 @@ def test_textfile_alone(make_rank: Any, tmp_path: Path) -> None:
     assert metrics_threads() == []
 
 
-def test_textfile_checks(make_rank: Any, tmp_path: Path) -> None:
+def test_textfile_checks(make_rank: Any, tmp_path: Path, caplog: Any) -> None:
     with pytest.raises(UsageError, match=r"must end in \.prom"):
         PrometheusExporter(make_rank(0), textfile=tmp_path / "metrics.txt")
     target = tmp_path / "precious.prom"
     target.write_text("keep me\n")
     link = tmp_path / "link.prom"
     link.symlink_to(target)
-    with pytest.raises(StorageError, match=f"{link} is a symlink"):
-        PrometheusExporter(make_rank(0), textfile=link).start()
+    missing = tmp_path / "missing" / "m.prom"
+    caplog.set_level(logging.WARNING)
+    # Neither stops training: logged once each, the reports go on, nothing written through.
+    for path, message in ((link, f"{link} is a symlink"), (missing, "no directory")):
+        caplog.clear()
+        rank = make_rank(0)
+        with PrometheusExporter(rank, textfile=path, interval_s=3600) as exporter:
+            assert not exporter.report()
+        assert rank.calls >= 3
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warned) == 1 and message in warned[0], warned
     assert target.read_text() == "keep me\n" and link.is_symlink()
-    with pytest.raises(StorageError, match="no directory"):
-        PrometheusExporter(make_rank(0), textfile=tmp_path / "missing" / "m.prom").start()
+    assert not missing.parent.exists()
+    assert metrics_threads() == []
 
 
-def test_a_busy_port_is_a_storage_error(make_rank: Any) -> None:
+def test_a_busy_port_is_logged_and_training_goes_on(
+    make_rank: Any, tmp_path: Path, caplog: Any
+) -> None:
+    """Two jobs on one node asking for one port (the README's example): the second trains
+    without the endpoint, with one warning naming the port; its textfile is still written."""
+    caplog.set_level(logging.WARNING)
+    textfile = tmp_path / "node.prom"
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        exporter = PrometheusExporter(make_rank(0), port=port, host="127.0.0.1")
-        with pytest.raises(StorageError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
-            exporter.start()
+        rank = make_rank(0)
+        with PrometheusExporter(
+            rank, port=port, host="127.0.0.1", textfile=textfile, interval_s=3600
+        ) as exporter:
+            assert exporter.bound_port is None
+            assert metrics_threads() == ["shardio-metrics-prometheus"]
+            trained = True  # the training loop runs
+            assert exporter.report()
+        assert trained
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in warned[0]
+    assert "training goes on without this endpoint" in warned[0]
+    check_rank(parse(textfile.read_text()), "0", "", scale=1)
     assert metrics_threads() == []
 
 
@@ -334,6 +362,18 @@ def test_a_busy_port_is_a_storage_error(make_rank: Any) -> None:
         ({"host": ""}, "host"),
         ({"job": 3}, "job"),
         ({"interval_s": 0}, "interval_s"),
+        ({"port": "9464"}, "port"),
+        ({"port": -1}, "port"),
+        ({"linger_s": -1}, "linger_s"),
+        ({"linger_s": float("nan")}, "linger_s"),
+        ({"linger_s": 1e9}, "linger_s"),
+        ({"linger_s": 10**400}, "linger_s"),
+        ({"linger_s": True}, "linger_s"),
+        ({"textfile": b"m.prom"}, "textfile"),
+        ({"textfile": "a\0b.prom"}, "textfile"),
+        ({"spool_dir": "sp\0ol"}, "spool_dir"),
+        ({"spool_dir": 7}, "spool_dir"),
+        ({"spool_root": ""}, "spool_root"),
     ],
 )
 def test_arguments_are_checked(make_rank: Any, kwargs: dict[str, Any], message: str) -> None:
@@ -549,3 +589,116 @@ def test_a_user_file_in_the_spool_is_left_alone(make_rank: Any, tmp_path: Path) 
     node.close()
     assert keep.read_text() == "mine"
     assert sorted(p.name for p in keep.parent.iterdir()) == ["notes.txt"]
+
+
+def _closing(exporter: PrometheusExporter) -> threading.Thread:
+    closer = threading.Thread(target=exporter.close, name="test-closer", daemon=True)
+    closer.start()
+    return closer
+
+
+def test_an_unscraped_abnormal_count_is_served_after_close_until_scraped(
+    make_rank: Any, caplog: Any
+) -> None:
+    """A sample given up on ends training and closes the exporter at once: the port stays
+    up with the final figures until two scrapes read them, then closes."""
+    caplog.set_level(logging.INFO, logger="shardio.metrics.prometheus")
+    rank = make_rank(0)
+    node = PrometheusExporter(rank, port=0, interval_s=3600, linger_s=GENEROUS_S)
+    node.start()
+    port = node.bound_port
+    assert port is not None
+    assert value(parse(scrape(port)), "shardio_unavailable_total", rank="0", job="") == 0
+    rank.read.add("unavailable")  # the failure; training ends in the same instant
+    closer = _closing(node)
+    time.sleep(0.3)
+    assert closer.is_alive()  # lingering: the count was never scraped
+    for _ in range(2):
+        assert value(parse(scrape(port)), "shardio_unavailable_total", rank="0", job="") == 1
+    closer.join(GENEROUS_S)
+    assert not closer.is_alive()
+    with pytest.raises(urllib.error.URLError):
+        scrape(port)
+    assert metrics_threads() == []
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("unavailable=1 (rank 0)" in m and "linger_s" in m for m in logged), logged
+
+
+def test_the_linger_is_bounded_and_zero_turns_it_off(make_rank: Any, caplog: Any) -> None:
+    caplog.set_level(logging.WARNING, logger="shardio.metrics.prometheus")
+    for linger_s in (0.5, 0.0):
+        caplog.clear()
+        rank = make_rank(0)
+        node = PrometheusExporter(rank, port=0, interval_s=3600, linger_s=linger_s)
+        node.start()
+        assert node.bound_port is not None
+        scrape(node.bound_port)
+        rank.read.add("substitutes", 3)
+        began = time.monotonic()
+        node.close()  # nobody scrapes again
+        took = time.monotonic() - began
+        assert took >= linger_s and took < GENEROUS_S
+        warned = [r.getMessage() for r in caplog.records]
+        assert bool(warned) == (linger_s > 0), warned
+        if linger_s:
+            assert "not scraped 2 times within 0.5 s" in warned[0]
+    assert metrics_threads() == []
+
+
+@pytest.mark.parametrize("scraped", [False, True])
+def test_no_linger_without_a_scraper_or_without_anything_unseen(
+    make_rank: Any, scraped: bool
+) -> None:
+    """Nobody scraped during the run (no Prometheus), or the last scrape already read every
+    abnormal count (the known figures hold a checksum failure): close at once."""
+    node = PrometheusExporter(make_rank(0), port=0, interval_s=3600, linger_s=GENEROUS_S)
+    node.start()
+    assert node.bound_port is not None
+    if scraped:
+        samples = parse(scrape(node.bound_port))
+        assert value(samples, "shardio_checksum_failures_total", rank="0", job="") == 1
+    closer = _closing(node)
+    closer.join(GENEROUS_S / 2)
+    assert not closer.is_alive()
+    assert metrics_threads() == []
+
+
+def test_a_job_label_that_is_not_unicode_does_not_fail_scrapes(
+    make_rank: Any, tmp_path: Path
+) -> None:
+    """A job name from an environment variable holding non-UTF-8 bytes (os.environ gives
+    lone surrogates): every scrape and the textfile still render, the byte escaped."""
+    job = os.fsdecode(b"job-\xff")
+    textfile = tmp_path / "node.prom"
+    with PrometheusExporter(
+        make_rank(0), port=0, textfile=textfile, job=job, interval_s=3600
+    ) as node:
+        assert node.bound_port is not None
+        check_rank(parse(scrape(node.bound_port)), "0", "job-\\udcff", scale=1)
+    check_rank(parse(textfile.read_text()), "0", "job-\\udcff", scale=1)
+
+
+def test_a_reporting_thread_that_cannot_start_does_not_stop_training(
+    make_rank: Any, tmp_path: Path, caplog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    caplog.set_level(logging.WARNING)
+    textfile = tmp_path / "node.prom"
+    rank = make_rank(0)
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with PrometheusExporter(rank, port=0, textfile=textfile, interval_s=3600) as node:
+        assert node.bound_port is None and node.running
+    monkeypatch.undo()
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("cannot serve metrics" in m and "can't start new thread" in m for m in warned)
+    assert any("starting the metrics prometheus thread" in m for m in warned), warned
+    check_rank(parse(textfile.read_text()), "0", "", scale=1)  # the last report, at close
+    assert metrics_threads() == []
+
+
+def test_the_linger_watches_every_counter_the_shipped_rules_alert_on() -> None:
+    text = alerts_path().read_text()
+    watched = set(re.findall(r"increase\(shardio_([a-z_]+)_total\[", text))
+    assert watched and watched == set(ALERT_COUNTERS)

@@ -22,7 +22,7 @@ import h5py
 import pytest
 
 from shardio import ShardWriter, verify_dataset
-from shardio.errors import PackError, StorageError, UsageError
+from shardio.errors import FormatError, PackError, StorageError, UsageError
 from shardio.read.packed import PackedDataset
 from shardio.storage.runner import CommandResult
 
@@ -277,6 +277,53 @@ def test_refused_samples_say_why_and_write_nothing(tmp_path: pathlib.Path) -> No
     got = _read_all(out)
     assert set(got) == {"a", "b"}
     assert got["b"]["jpg"] == b"z" and got["b"]["cls"] == 3
+
+
+@pytest.mark.parametrize("fmt", ["tar", "hdf5"])
+def test_a_str_member_utf8_cannot_write_is_a_one_line_format_error(
+    tmp_path: pathlib.Path, fmt: str
+) -> None:
+    """A lone surrogate (os.fsdecode of a non-UTF-8 name) names the sample and the member,
+    writes nothing, and the writer goes on."""
+    out = tmp_path / "out"
+    with ShardWriter(out, format=fmt) as w:
+        w.write({"__key__": "a", "txt": "fine"})
+        for value in ("\udcff", "ok " + os.fsdecode(b"\xe9t\xe9")):
+            with pytest.raises(FormatError, match=r"sample 'b': member 'txt' is a str") as info:
+                w.write({"__key__": "b", "jpg": b"y", "txt": value})
+            assert "\n" not in str(info.value)
+            assert isinstance(info.value.__cause__, UnicodeEncodeError)
+        w.write({"__key__": "b", "txt": "caf\u00e9"})
+    got = _read_all(out)
+    assert got == {
+        "a": {"__key__": "a", "txt": b"fine"},
+        "b": {"__key__": "b", "txt": "caf\u00e9".encode()},
+    }
+
+
+@pytest.mark.parametrize("fmt", ["tar", "hdf5"])
+def test_close_inside_the_with_block_is_not_an_error(tmp_path: pathlib.Path, fmt: str) -> None:
+    """close() is idempotent: the block's end closes again and returns the same result, so
+    a published dataset is not reported failed."""
+    out = tmp_path / "out"
+    with ShardWriter(out, format=fmt, shard_size="8KiB") as w:
+        for s in _samples(30):
+            w.write(s)
+        first = w.close()
+        assert w.close() is first
+    assert first.merged and first.num_samples == 30
+    assert w.close() is first
+    with pytest.raises(UsageError, match="is closed: cannot write"):
+        w.write(_samples(1, seed=9)[0])
+    assert verify_dataset(str(out)).ok
+    _same(_read_all(out), _samples(30))
+    # An exception after close() inside the block leaves the published dataset alone.
+    out2 = tmp_path / "out2"
+    with pytest.raises(RuntimeError, match="after"), ShardWriter(out2, format=fmt) as w2:
+        w2.write(_samples(1)[0])
+        w2.close()
+        raise RuntimeError("after close")
+    assert verify_dataset(str(out2)).ok
 
 
 def test_unlabelled_then_labelled_is_refused(tmp_path: pathlib.Path) -> None:

@@ -175,3 +175,16 @@ def test_a_changed_stream_does_not_advance_the_blob(tmp_path: Path, case: str) -
         blob = f["data"][:]
         assert bytes(blob[:5]) == b"after"
         assert not blob[5:].any()  # no stray bytes of the failed member stay behind
+
+
+def test_finish_twice_returns_the_same_and_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "shard.h5"
+    writer = HDF5ShardWriter(str(path), capacity_bytes=1 << 16, durable=False)
+    for key, label, members in SAMPLES:
+        writer.add_sample(key, label, members)
+    first = writer.finish()
+    data = path.read_bytes()
+    assert writer.finish() == first  # not EBADF from closing the file again
+    assert path.read_bytes() == data and first == (len(data), file_xxh3_128(str(path)))
+    writer.abort()  # after finish: the published shard stays
+    assert path.read_bytes() == data

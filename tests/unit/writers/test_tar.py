@@ -223,3 +223,15 @@ def test_a_changed_stream_is_rolled_back(tmp_path: Path, source) -> None:
     assert "changed size during the pack" in reasons[0] or "unreadable" in reasons[0]
     with tarfile.open(tmp_path / "r.tar") as tf:
         assert tf.getnames() == ["s/a.txt", "s/a.cls"]
+
+
+def test_finish_twice_returns_the_same_and_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "shard.tar"
+    writer = TarShardWriter(str(path), durable=False)
+    writer.add_sample("k", 0, _members(("a", b"x" * 10)))
+    first = writer.finish()
+    data = path.read_bytes()
+    assert writer.finish() == first  # not EBADF, not a second end-of-archive
+    assert path.read_bytes() == data and first == (len(data), file_xxh3_128(str(path)))
+    writer.abort()  # after finish: the published shard stays
+    assert path.read_bytes() == data
