@@ -19,6 +19,15 @@ A path whose call stalled (or failed with an errno that says its server is gone,
 when a registry is given): its later calls fail at once, so a dead server costs one deadline
 per shard, not one per sample.
 
+**One request per dead file.** On a dead server each request holds a client thread until
+the client gives up (a FUSE client has 10; MooseFS with its default 30 retries gives up after
+about 2 minutes), and a few such requests stall the whole mount, healthy files included. So
+a file with a data call of this process in flight for more than :attr:`~DeadlineOpener.slow_s`
+gets no further request from any process of the node (the registry tells them) until that
+call returns or its path is held; read-ahead advice goes only to files that answered a read
+in this process, and never while a call is slow; and a held file is not closed (its close, a
+FUSE flush, would wait with the read).
+
 The opener pickles (DataLoader workers get a copy) and makes a fresh pool in a forked child.
 
 **Watched reads.** The hop to an I/O thread costs every small read from the page cache (on
@@ -36,6 +45,7 @@ hop (one per shard, not per sample).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import logging
@@ -44,7 +54,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -65,6 +75,7 @@ __all__ = [
     "bounded",
     "check_read_timeout",
     "default_read_timeout",
+    "replaceable_readers",
     "hold_for",
     "resolve_read_timeout",
     "with_deadline",
@@ -79,6 +90,11 @@ DEFAULT_NETWORK_TIMEOUT_S = 120.0
 MAX_TIMEOUT_S = 86_400.0  # a day: anything longer is a typo, not a deadline
 MAX_ABANDONED = 16  # abandoned calls per process before every call fails at once
 _CLOSE_WAIT_S = 2.0  # at most this long (or the deadline) for a close
+_GATE_TICK_S = 0.02  # how often a call held back by a slow one looks again
+# Descriptors of held files a process keeps open rather than close (see close); past this
+# many (a dead server holding thousands of shards) they are closed, each a bounded wait.
+MAX_KEPT = 256
+FUSE_MAGIC = 0x65735546  # statfs(2) of any FUSE mount
 # Threads of one process whose reads a watch table follows (the reading thread, the map
 # mode's I/O threads, the stream read-ahead); a thread beyond them takes the hop.
 WATCH_SLOTS = 31
@@ -139,6 +155,23 @@ def resolve_read_timeout(
     return default_read_timeout(network)
 
 
+def replaceable_readers(fs: FsInfo | None) -> bool:
+    """Whether a process that reads files of ``fs`` under a deadline can be killed and
+    replaced when a read of it stalls (:meth:`DeadlineOpener.watch`), rather than reading
+    through the deadline's threads: not on a FUSE mount (MooseFS, a FUSE Ceph or GPFS).
+
+    A process that ends closes its files, and a FUSE client answers the close (a flush) of
+    a file only once a pending read of it ends: with its default 30 retries MooseFS answers
+    about 2 minutes later, and each such close holds one of the client's threads (libfuse
+    has 10) till then. Killing the workers after one stall sent a close per dead file and
+    worker; a few such closes stalled the whole mount, healthy files included (measured on
+    the bed: every shard held within a minute, the epoch failed).
+    """
+    if fs is None:
+        return True
+    return fs.magic != FUSE_MAGIC and not fs.mount_type.startswith("fuse")
+
+
 def with_deadline(
     opener: Opener | None, timeout_s: float, *, scope: str | os.PathLike[str] | None = None
 ) -> Opener | None:
@@ -191,6 +224,12 @@ class DeadlineOpener:
         self._pid = os.getpid()
         self._watch: _Watch | None = None
         self._try_held = False
+        self._kept: dict[int, str] = {}  # descriptors of held paths left open (see close)
+        # Data calls of this process in flight, by path: their starts (time.monotonic_ns()).
+        self._pending: dict[str, list[int]] = {}
+        self._pending_lock = threading.Lock()
+        self._pending_pid = os.getpid()
+        self._answered: set[str] = set()  # paths a data call of this process read from
 
     # -- pickling and fork ------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -255,6 +294,91 @@ class DeadlineOpener:
                 f"after a read of it stalled for {self.timeout_s:g} s or failed",
             )
 
+    @property
+    def slow_s(self) -> float:
+        """How long a data call may run before its file counts as not answering promptly:
+        a tenth of the deadline, at most half a second (a healthy read takes milliseconds)."""
+        return min(0.5, self.timeout_s / 10)
+
+    def _oldest_pending_ns(self, path: str | None = None) -> int:
+        """The age of the oldest data call in flight in this process (on ``path``, when
+        given), in ns; 0 when none."""
+        self._forget_parent_calls()
+        with self._pending_lock:
+            if path is None:
+                starts = [t for ts in self._pending.values() for t in ts]
+            else:
+                starts = list(self._pending.get(path, ()))
+        return time.monotonic_ns() - min(starts) if starts else 0
+
+    def _gate(self, path: str, what: str) -> None:
+        """Wait while a data call on ``path`` (of this process, or of another process of the
+        node: :meth:`UnavailableShards.suspected`) has been in flight for more than
+        :attr:`slow_s`, rather than send another request after it: on a dead server each
+        request holds a client thread until the client gives up (a FUSE client has a few),
+        so a dead file gets about one request per node, not one per sample. The
+        wait ends when that call returns, or when its deadline holds the path (this call is
+        then refused), or after ``timeout_s`` (a ReadStalledError)."""
+        if not path or self._try_held:
+            return
+        slow_ns = int(self.slow_s * 1e9)
+        began = time.monotonic()
+        while self._oldest_pending_ns(path) > slow_ns or self.registry.suspected(path):
+            self._refuse_held(path, what)
+            waited = time.monotonic() - began
+            if waited >= self.timeout_s:
+                stalled = ReadStalledError(
+                    errno.ETIMEDOUT,
+                    f"{what}: not attempted, a call on {path} has not answered for "
+                    f"{self.timeout_s:g} s",
+                )
+                stalled.waited_s = waited
+                raise stalled
+            time.sleep(min(_GATE_TICK_S, self.timeout_s - waited))
+
+    def _forget_parent_calls(self) -> None:
+        """In a forked child: the parent's calls in flight are not this process's."""
+        if self._pending_pid != os.getpid():
+            self._pending, self._pending_lock = {}, threading.Lock()
+            self._pending_pid = os.getpid()
+
+    @contextlib.contextmanager
+    def _tracked(self, path: str) -> Iterator[None]:
+        """Count a data call on ``path`` as in flight while it runs (see :meth:`_gate`)."""
+        if not path:
+            yield
+            return
+        self._forget_parent_calls()
+        start = time.monotonic_ns()
+        with self._pending_lock:
+            self._pending.setdefault(path, []).append(start)
+        try:
+            yield
+        finally:
+            with self._pending_lock:
+                starts = self._pending.get(path, [])
+                with contextlib.suppress(ValueError):
+                    starts.remove(start)
+                if not starts:
+                    self._pending.pop(path, None)
+
+    def _run_data(
+        self,
+        path: str,
+        what: str,
+        call: Callable[[], Any],
+        *,
+        target: memoryview | None = None,
+    ) -> Any:
+        """:meth:`_run` for a call that reads the file's data (gated and tracked)."""
+        self._refuse_held(path, what)
+        self._gate(path, what)
+        with self._tracked(path):
+            got = self._run(path, what, call, target=target, suspect=True)
+        if path:
+            self._answered.add(path)
+        return got
+
     def _run(
         self,
         path: str,
@@ -264,6 +388,7 @@ class DeadlineOpener:
         target: memoryview | None = None,
         cleanup: Callable[[Any], None] | None = None,
         wait_s: float | None = None,
+        suspect: bool = False,
     ) -> Any:
         wait_s = self.timeout_s if wait_s is None else wait_s
         self._refuse_held(path, what)
@@ -271,16 +396,26 @@ class DeadlineOpener:
         job = Job(call, target, cleanup)
         submit(pool, job, what)
         began = time.monotonic_ns()
-        if not job.event.wait(wait_s) and pool.abandon(job):
+        suspected = False
+        if suspect and path and not job.event.wait(min(self.slow_s, wait_s)):
+            # Slow: the node's other processes hold their calls on it back from now on.
+            suspected = True
+            self.registry.suspect(path, wait_s)
+        done = job.event.wait(max(0.0, wait_s - (time.monotonic_ns() - began) / 1e9))
+        if not done and pool.abandon(job):
             self.stalls += 1
             self.stalled_ns += time.monotonic_ns() - began
             if path:
-                self.registry.mark(path)
+                self.registry.mark(path)  # held before the suspicion ends: no gap
+            if suspected:
+                self.registry.unsuspect(path)
             logger.warning("%s stalled for %g s: abandoned", what, wait_s)
             stalled = ReadStalledError(errno.ETIMEDOUT, f"{what} stalled for {wait_s:g} s")
             stalled.waited_s = wait_s
             raise stalled
         job.event.wait()  # it completed as it was being abandoned
+        if suspected:
+            self.registry.unsuspect(path)
         if job.error is not None:
             error = job.error
             if path and isinstance(error, OSError) and holds_path(error.errno):
@@ -336,11 +471,16 @@ class DeadlineOpener:
         if slot is None:
             return None
         self._refuse_held(path, what)
+        self._gate(path, what)
         row = watch.table[slot]
         row[1] = fd
         row[0] = time.monotonic_ns()
         try:
-            return call()
+            with self._tracked(path):
+                got = call()
+            if path:
+                self._answered.add(path)
+            return got
         except OSError as exc:
             if path and holds_path(exc.errno):
                 self.registry.mark(path)
@@ -358,7 +498,7 @@ class DeadlineOpener:
             return inner.copy_into(fd, out, offset, count)
 
         what = f"copy of {path or f'descriptor {fd}'} at offset {offset}"
-        got: int = self._run(path, what, call)
+        got: int = self._run_data(path, what, call)
         return got
 
     def pread_into(self, fd: int, target: memoryview, offset: int) -> int:
@@ -381,7 +521,7 @@ class DeadlineOpener:
             scratch = pool.scratch(size)
             return scratch, inner.pread_into(fd, scratch, offset)
 
-        got: int = self._run(
+        got: int = self._run_data(
             path, f"read of {path or f'descriptor {fd}'} at offset {offset}", call, target=target
         )
         return got
@@ -400,10 +540,15 @@ class DeadlineOpener:
 
     def advise(self, fd: int, offset: int, length: int) -> None:
         path = self._paths.get(fd, "")
-        if self.abandoned:
-            # A call of this process is stuck in the storage: read-ahead advice would queue
-            # more requests behind it (a FUSE client has a few threads, a dead server's
-            # requests hold them for minutes), so it is left out until the stuck call returns.
+        if self.abandoned or self._oldest_pending_ns() > int(self.slow_s * 1e9):
+            # A call of this process is stuck (or slow) in the storage: read-ahead advice
+            # would queue more requests behind it (a FUSE client has a few threads, a dead
+            # server's requests hold them for minutes), so it is left out until it returns.
+            return
+        if path and (path not in self._answered or self.registry.suspected(path)):
+            # Not before a read of the file answered in this process: read-ahead of a file
+            # on a dead server (the epoch's first advice goes out before any read could
+            # stall) queues requests that hold client threads for minutes.
             return
         inner = self.inner
         if self._watch is not None:
@@ -414,7 +559,7 @@ class DeadlineOpener:
 
             if self._direct(fd, path, f"advice on {path}", advise) is not None:
                 return
-        self._run(path, f"advice on {path}", lambda: inner.advise(fd, offset, length))
+        self._run_data(path, f"advice on {path}", lambda: inner.advise(fd, offset, length))
 
     def map(self, path: str) -> mmap.mmap | None:
         """Map through the inner opener (the open and fstat are bounded; a page fault on the
@@ -426,7 +571,24 @@ class DeadlineOpener:
         return got
 
     def close(self, fd: int) -> None:
-        path = self._paths.pop(fd, "")
+        """Close ``fd`` (bounded, see below), or keep it open when its path is held: a read
+        of it may still wait on a dead server, and a FUSE client answers the close (a flush)
+        of that file only once the read ends, holding one of its few threads till then (all
+        of them, with a few such closes: the whole mount stalls, healthy files included).
+        A kept descriptor stays open until the process ends (at most :data:`MAX_KEPT`)."""
+        path = self._paths.get(fd, "")
+        if (
+            path
+            and not self._try_held
+            and len(self._kept) < MAX_KEPT
+            and (
+                self.registry.held(path) is not None
+                or self._oldest_pending_ns(path) > int(self.slow_s * 1e9)
+            )
+        ):
+            self._kept[fd] = path
+            return
+        self._paths.pop(fd, None)
         inner = self.inner
         try:
             # A FUSE close sends a flush to the daemon: bounded too (briefly: the descriptor is

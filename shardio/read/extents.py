@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from shardio.errors import ReadStalledError
 from shardio.read.check import member_digest_problem
 from shardio.read.packed import PackedDataset
 from shardio.read.strategy import ReadStrategy
@@ -272,6 +273,11 @@ def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
         for (req, _fd, into), (got, scratch, took) in results:
             direct = into is not None
             if isinstance(got, OSError):
+                if isinstance(got, ReadStalledError) and got.waited_s > 0:
+                    # Counted here: the fallback read of its members is refused at once
+                    # (the file is held), which counts as a held fail, not as the stall.
+                    ds.metrics.add("stalls")
+                    ds.metrics.add("stall_ms", round(got.waited_s * 1000))
                 fallback.extend(req.items)
                 continue
             timed = took if ds.timed else None

@@ -229,12 +229,16 @@ class Recovery:
         deadline = self.policy.deadline()
         return deadline is None or self.clock() < deadline
 
-    def _probe(self, sample: int) -> None:
-        """Read and verify every member of ``sample`` through freshly opened files (and
-        decode it, with a ``probe``)."""
-        shard = self.ds.shard_of(sample)
-        self.ds.pool.discard(self.ds.shard_path(shard))
-        self.ds.resolver.forget(shard)
+    def _probe(self, sample: int, *, reopen: bool = True) -> None:
+        """Read and verify every member of ``sample`` (and decode it, with a ``probe``):
+        through freshly opened files when ``reopen`` (a retry: the old descriptor may be
+        stale), else through the files already open (a substitute drawn from another shard:
+        a close and an open each wait behind a dead server's requests on a FUSE client whose
+        few threads they hold, so a substitute costs no metadata call)."""
+        if reopen:
+            shard = self.ds.shard_of(sample)
+            self.ds.pool.discard(self.ds.shard_path(shard))
+            self.ds.resolver.forget(shard)
         if self.probe is not None:
             self.probe(sample)
         else:
@@ -364,7 +368,8 @@ class Recovery:
             candidate = int(drawn)
             if candidate == sample or candidate in self.bad_samples:
                 continue
-            held = self._held(self.ds.shard_of(candidate))
+            candidate_shard = self.ds.shard_of(candidate)
+            held = self._held(candidate_shard)
             if held is not None:  # a substitute must not stall again
                 # Passing one over costs no read: it does not use up the tries (with half
                 # the shards behind a dead server, 16 draws could all land on them), but
@@ -375,7 +380,7 @@ class Recovery:
                 continue
             probed += 1
             try:
-                self._probe(candidate)
+                self._probe(candidate, reopen=candidate_shard in self.bad_shards)
             except _Recoverable as exc:
                 self.bad_samples.add(candidate)
                 tried.append(f"substitute {self.ds.key(candidate)!r}: {exc}")

@@ -41,6 +41,8 @@ DEFAULT_ROOT = "/dev/shm"
 MAX_ENTRIES = 1024
 _MAX_FILE_BYTES = 8192
 _REFRESH_S = 0.5
+_FRESH_S = 4 * _REFRESH_S  # a mark of this process outlives refreshes this long
+_MAX_SUSPECT_S = 600.0  # a suspicion planted with a far "until" ends by then
 
 
 def holds_path(code: int | None) -> bool:
@@ -72,6 +74,12 @@ class UnavailableShards:
         self.clock = clock
         self._held: dict[str, float] = {}
         self._local: dict[str, float] = {}  # marks the node registry could not take
+        # This process's marks, (when, until): a refresh of another thread that lists the
+        # directory before a mark's entry is written must not drop it.
+        self._recent: dict[str, tuple[float, float]] = {}
+        # Files a call of some process of the node has waited on for a while, not yet held:
+        # path -> until (see suspect()).
+        self._suspects: dict[str, float] = {}
         self._dir: str | None = None
         self._checked = False
         self._seen_mtime = -1
@@ -131,13 +139,24 @@ class UnavailableShards:
         # The registry is the node's truth: a hold released there (its shard rebuilt) is
         # dropped here too; marks it could not take stay this process's.
         held = {p: u for p, u in self._local.items() if u > now}
+        for mine, (when, ends) in list(self._recent.items()):
+            if now - when < _FRESH_S and ends > now:
+                held[mine] = ends
+            else:
+                self._recent.pop(mine, None)
+        suspects: dict[str, float] = {}
         for _name, entry in self._entries(directory):
             path, until = entry.get("path"), entry.get("until")
             if not isinstance(path, str) or not isinstance(until, int | float):
                 continue
+            if entry.get("suspect") is True:
+                if until > now:
+                    suspects[path] = min(float(until), now + _MAX_SUSPECT_S)
+                continue
             if until > now and until > held.get(path, 0.0):
                 held[path] = min(float(until), now + self.hold_s)
         self._held = held
+        self._suspects = suspects
 
     def _entries(self, directory: str) -> list[tuple[str, dict[str, Any]]]:
         out: list[tuple[str, dict[str, Any]]] = []
@@ -170,6 +189,7 @@ class UnavailableShards:
         """Hold ``path`` unavailable for ``hold_s`` (here, and on the node when shared)."""
         now = self.clock()
         until = now + self.hold_s
+        self._recent[path] = (now, until)
         self._held[path] = until
         directory = self._directory()
         if directory is None:
@@ -190,11 +210,51 @@ class UnavailableShards:
             self._local[path] = until
             logger.info("cannot share the hold of %s on the node: %s", path, exc)
 
+    def suspect(self, path: str, seconds: float) -> None:
+        """Tell the node that a call on ``path`` has not answered for a while: for up to
+        ``seconds`` (the deadline left), other processes hold their calls on it back
+        (:meth:`suspected`) rather than send requests after it. Ended by :meth:`unsuspect`
+        (the call answered) or by :meth:`mark` (it stalled)."""
+        directory = self._directory()
+        if directory is None:
+            return
+        now = self.clock()
+        payload = json.dumps({"path": path, "until": now + seconds, "suspect": True}).encode()
+        name = _entry_name(path) + "-s"
+        tmp = os.path.join(directory, f".tmp-{os.getpid()}-{name}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, payload)
+            finally:
+                os.close(fd)
+            os.replace(tmp, os.path.join(directory, name))
+        except OSError as exc:
+            logger.debug("cannot share the suspicion of %s on the node: %s", path, exc)
+
+    def unsuspect(self, path: str) -> None:
+        """End this node's suspicion of ``path`` (see :meth:`suspect`)."""
+        self._suspects.pop(path, None)
+        directory = self._directory()
+        if directory is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, _entry_name(path) + "-s"))
+
+    def suspected(self, path: str) -> bool:
+        """Whether a process of the node waits on a call on ``path`` (see :meth:`suspect`)."""
+        if not path:
+            return False
+        now = self.clock()
+        self._refresh(now)
+        return self._suspects.get(path, 0.0) > now
+
     def release(self, path: str) -> None:
         """End the hold of ``path`` here and on the node (its file was replaced: a rebuilt
         shard on a live server); the node's other processes drop it at their next look."""
         self._held.pop(path, None)
         self._local.pop(path, None)
+        self._recent.pop(path, None)
+        self.unsuspect(path)
         directory = self._directory()
         if directory is not None:
             with contextlib.suppress(OSError):
@@ -216,6 +276,7 @@ class UnavailableShards:
         """Forget every hold of this process (the node's entries expire by themselves)."""
         self._held.clear()
         self._local.clear()
+        self._recent.clear()
 
     def __repr__(self) -> str:
         return f"UnavailableShards(scope={self.scope!r}, hold_s={self.hold_s:g})"

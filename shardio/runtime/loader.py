@@ -9,12 +9,9 @@ yet delivered, including those that sat in prefetch queues when the job died.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import multiprocessing
-import os
-import signal
 import time
 import weakref
 from collections.abc import Generator, Iterator
@@ -29,14 +26,15 @@ from shardio._check import require_int
 from shardio.errors import StorageError, UsageError
 from shardio.metrics.snapshots import MetricsSnapshot, snapshot
 from shardio.metrics.steps import StepTimer
-from shardio.read.deadline import check_read_timeout
+from shardio.read.deadline import check_read_timeout, replaceable_readers
 from shardio.runtime.placement import worker_pinning
 from shardio.runtime.protocol import LoaderDataset, run_positions
+from shardio.runtime.reaping import kill_workers, stop_workers
 from shardio.runtime.stallwatch import StallWatch, WorkersStuckError, watched_opener
 from shardio.runtime.transport import BatchRing, RingBatch, max_batch_bytes
 from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, WorkerFailure, labels_to_tensor
 
-__all__ = ["ShardLoader"]
+__all__ = ["ShardLoader", "kill_workers"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +45,6 @@ _SPARE_SLOTS = 2  # ring slots per worker beyond those: the batch in use, the on
 # stalls of distinct shards, each one deadline), and never under a minute.
 _WATCHDOG_DEADLINES = 6
 _MIN_WATCHDOG_S = 60.0
-_KILL_JOIN_S = 5.0
 
 
 def default_watchdog_s(read_timeout_s: float | None) -> float:
@@ -371,6 +368,9 @@ class ShardLoader:
         opener = watched_opener(self.dataset)
         if opener is None:
             return None
+        choice = getattr(self.dataset, "read_choice", None)
+        if not replaceable_readers(getattr(choice, "fs", None)):
+            return None  # the workers read through the deadline's threads: none is killed
         return StallWatch(workers=self.num_workers, timeout_s=opener.timeout_s)
 
     def _iterate_once(self) -> _Batches:
@@ -468,10 +468,8 @@ class ShardLoader:
                 self._keeper.kept = None
                 if kept is not None:
                     kept.shutdown()
-                else:
-                    shutdown = getattr(batches, "_shutdown_workers", None)
-                    if shutdown is not None:
-                        shutdown()
+                elif batches is not None:
+                    stop_workers(batches)
             self.dataset.end_run()
 
     def _arrived(self, item: Any, ring: BatchRing | None) -> dict[str, Any]:
@@ -514,26 +512,6 @@ def _forks(context: object) -> bool:
         return context == "fork"
     method = getattr(context, "get_start_method", None)
     return callable(method) and method() == "fork"
-
-
-def kill_workers(batches: Any) -> None:
-    """SIGKILL the workers of a DataLoader iterator (a worker blocked in a FUSE or network
-    filesystem wait is killable, not interruptible), then let the iterator shut down."""
-    if getattr(batches, "_worker_pids_set", False):
-        # Unregistered first: torch's SIGCHLD handler would report the killed workers as
-        # having died unexpectedly.
-        from torch.utils.data._utils import signal_handling
-
-        signal_handling._remove_worker_pids(id(batches))  # type: ignore[attr-defined]
-        batches._worker_pids_set = False
-    for worker in getattr(batches, "_workers", ()):
-        pid = getattr(worker, "pid", None)
-        if pid is not None and worker.is_alive():
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-    for worker in getattr(batches, "_workers", ()):
-        with contextlib.suppress(Exception):
-            worker.join(timeout=_KILL_JOIN_S)
 
 
 def _arrived(item: Any, ring: BatchRing | None) -> Any:
@@ -582,9 +560,7 @@ class _KeptWorkers:
         return True
 
     def shutdown(self) -> None:
-        shutdown = getattr(self.batches, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        stop_workers(self.batches)
 
 
 class _Keeper:

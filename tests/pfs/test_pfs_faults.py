@@ -67,10 +67,13 @@ _EPOCH = textwrap.dedent(
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     counters = loader.metrics().counters
-    out.update(keys=keys, bad=bad, error=error, epoch_s=time.monotonic() - began,
-               counters=dict(counters))
-    with open(args["out"], "w") as f:
+    epoch_s = time.monotonic() - began
+    loader.close()  # bounded even with workers stuck in a dead server's reads
+    out.update(keys=keys, bad=bad, error=error, epoch_s=epoch_s, counters=dict(counters),
+               close_s=time.monotonic() - began - epoch_s)
+    with open(args["out"] + ".tmp", "w") as f:
         json.dump(out, f)
+    os.replace(args["out"] + ".tmp", args["out"])
     sys.stdout.flush()
     os._exit(0)  # not waiting for I/O threads a dead server still holds
     """
@@ -149,13 +152,31 @@ def _epoch(tmp_path: pathlib.Path, **args: Any) -> dict[str, Any]:
     spec = {"timeout": _TIMEOUT_S, "policy": "skip", "workers": 2, "mode": "map",
             "journal": str(tmp_path / "repairs.jsonl"), "out": str(out), **args}  # fmt: skip
     spec = {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in spec.items()}
-    proc = subprocess.run(
-        [sys.executable, "-c", _EPOCH, json.dumps(spec)],
-        timeout=_EPOCH_TIMEOUT_S, check=False, capture_output=True, text=True,
-    )  # fmt: skip
-    assert out.exists(), (
-        f"the epoch process wrote no result (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-    )
+    timeout = spec.pop("process_timeout", _EPOCH_TIMEOUT_S)
+    wait_exit = spec.pop("wait_exit", True)
+    if wait_exit:
+        proc = subprocess.run(
+            [sys.executable, "-c", _EPOCH, json.dumps(spec)],
+            timeout=timeout, check=False, capture_output=True, text=True,
+        )  # fmt: skip
+        returncode, stderr = proc.returncode, proc.stderr
+    else:
+        # The result is what is tested, not the exit: a process that held a dead server's
+        # file ends only when the FUSE client answers its closes (minutes with the client's
+        # default retries); the bed's teardown ends the client, and with it that wait.
+        err = tmp_path / f"epoch-{time.monotonic_ns()}.err"
+        with open(err, "w") as stream:
+            child = subprocess.Popen(
+                [sys.executable, "-c", _EPOCH, json.dumps(spec)],
+                stdout=subprocess.DEVNULL, stderr=stream,
+            )  # fmt: skip
+        end = time.monotonic() + timeout
+        while not out.exists() and child.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+        if child.poll() is None:
+            child.kill()
+        returncode, stderr = child.returncode, err.read_text(errors="replace")
+    assert out.exists(), f"the epoch process wrote no result (exit {returncode}):\n{stderr[-4000:]}"
     result: dict[str, Any] = json.loads(out.read_text())
     c = result["counters"]
     print(
@@ -431,3 +452,74 @@ def test_an_index_on_a_dead_chunkserver_is_an_error_at_open_not_sigbus(
     assert proc.stdout.startswith(
         f"ReadStalledError: opening the dataset {root} (its manifest and index) stalled for 0.2 s"
     ), proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def default_retries_bed(private_bed: Callable[..., Bed]) -> Bed:
+    # The client's own default: mfsioretries 30 (about 2 minutes per read of a dead chunk),
+    # and libfuse's 10 threads, each held that long by a request to the dead chunkserver.
+    return private_bed(chunkservers=2, ioretries=30, goal=1)
+
+
+@pytest.mark.slow
+def test_a_dead_chunkserver_with_default_client_retries_costs_deadlines_not_minutes(
+    default_retries_bed: Bed, small_tree: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    bed = default_retries_bed
+    parent = bed.mount / "default"
+    parent.mkdir()
+    bed.admin("mfssetgoal", "1", str(parent))  # each shard on one chunkserver, spread
+    root = parent / "ds"
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardio", "pack", str(small_tree), str(root),
+         "--shard-size", "800KiB", "--no-progress"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    shard_files = sorted((root / "shards").glob("*.tar"))
+    # The manifest, index and .idx files on both servers: only shards are lost.
+    others = [p for p in root.rglob("*") if p.is_file() and p not in shard_files]
+    for path in others:
+        bed.admin("mfssetgoal", "2", str(path))
+    wait_for(lambda: all(len(bed.copies(p)) == 2 for p in others), "two copies of the tables")
+    where = {p: bed.copies(p)[0] for p in shard_files}
+    dead_cs = max((1, 2), key=list(where.values()).count)
+    # Half the shards lost, wherever MooseFS put them (it may put all on one server): those
+    # of the server to stop beyond half get a second copy first.
+    on_dead = [p for p in shard_files if where[p] == dead_cs]
+    spared = on_dead[len(shard_files) // 2 :]
+    for path in spared:
+        bed.admin("mfssetgoal", "2", str(path))
+    wait_for(lambda: all(len(bed.copies(p)) == 2 for p in spared), "two copies of the spared")
+    dead = {f"shards/{p.name}" for p in on_dead if p not in spared}
+    truth = tmp_path / "truth.json"
+    keys, shards = _truth_from_tree(small_tree, root, truth)
+    with PackedDataset(root) as ds:
+        names = [s.path for s in ds.manifest.shards]
+    lost = {k for k, s in zip(keys, shards, strict=True) if names[s] in dead}
+    bed.stop_chunkserver(dead_cs)
+    _drop_caches()
+    result = _epoch(
+        tmp_path, root=root, truth=truth, mode="map", workers=2, process_timeout=400,
+        wait_exit=False,
+    )  # fmt: skip
+    c = result["counters"]
+    bound = 3 * _TIMEOUT_S * len(dead) + 30 + 10  # + the healthy epoch (about 1 s here)
+    print(
+        f"dead shards {len(dead)}/{len(shard_files)}, epoch {result['epoch_s']:.1f} s "
+        f"(bound {bound} s), close {result['close_s']:.1f} s, restarts {c['worker_restarts']}"
+    )
+    assert result["error"] is None, result["error"]
+    assert result["epoch_s"] < bound
+    assert result["close_s"] < 10
+    assert result["bad"] == 0  # every delivered byte is the packed one
+    assert len(result["keys"]) == len(keys)
+    events = [e for e in _journal(tmp_path) if e["event"] == "skip"]
+    assert c["substitutes"] == len(events)
+    assert lost <= {e["key"] for e in events}  # each lost sample substituted, journaled
+    # No sample is delivered twice, nor a lost one at all, except as a counted substitute.
+    drawn = collections.Counter(e["substitute_key"] for e in events)
+    skipped = collections.Counter(e["key"] for e in events)
+    delivered = collections.Counter(result["keys"])
+    extra = {k: n for k, n in delivered.items() if n > drawn[k] + (skipped[k] == 0)}
+    assert not extra, f"delivered more often than drawn: {sorted(extra)[:5]}"

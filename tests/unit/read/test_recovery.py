@@ -216,3 +216,21 @@ def test_a_recovery_leaves_the_reader_as_it_was_opened(dataset: pathlib.Path) ->
         _recovery(ds, [], restage=True)
         assert ds.restage is False
         assert ds.on_event == events.append
+
+
+def test_a_substitute_is_read_through_the_descriptor_already_open(dataset: pathlib.Path) -> None:
+    # A close and an open each wait behind a dead server's requests on a FUSE client (issue
+    # 32): a substitute from a healthy shard costs no metadata call.
+    with PackedDataset(dataset) as probe:
+        faults = _shard_faults(probe, 2, "eio")
+        bad = probe.manifest.shards[2].first_sample
+        good = probe.manifest.shards[3].first_sample
+    with PackedDataset(dataset, opener=FaultyOpener(faults)) as ds:
+        policy = RecoveryPolicy(policy="skip", retries=0)
+        rec = Recovery(ds, policy, candidates=lambda s: iter([good]), sleep=lambda s: None)
+        ds.read_sample(good)  # its shard is open
+        opens = ds.metrics["opens_source"]
+        got = rec.read_batch(_read(ds), [bad])
+        assert got[0]["__key__"] == ds.key(good)
+        assert rec.metrics["substitutes"] == 1
+        assert ds.metrics["opens_source"] == opens + 1  # the failing shard's open, only
