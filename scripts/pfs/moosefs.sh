@@ -236,9 +236,28 @@ status() {
   echo "chunkservers connected: $(connected_chunkservers) of $(chunkservers)"
 }
 
+abort_client() {
+  # A client whose requests wait on a stopped chunkserver answers nothing else (with its
+  # default retries, for about 2 minutes each): abort the bed's FUSE connection, so that
+  # every pending request fails at once and neither the unmount nor the processes that hold
+  # its files wait for it. The connection is named by the mount's device number (fusectl).
+  local devno minor conns=/sys/fs/fuse/connections
+  devno=$(awk -v m="$mnt" '$5 == m { for (i = 7; i < NF; i++) if ($i == "-") break;
+    if ($(i + 1) ~ /^fuse/) { print $3; exit } }' /proc/self/mountinfo)
+  [ -n "$devno" ] && [ "${devno%%:*}" = 0 ] || return 0
+  minor=${devno#*:}
+  if [ -d "$conns" ] && [ ! -e "$conns/$minor" ] && ! grep -qs " $conns fusectl" /proc/self/mounts; then
+    mount -t fusectl fusectl "$conns" 2>/dev/null || true
+  fi
+  if [ -w "$conns/$minor/abort" ]; then
+    echo 1 >"$conns/$minor/abort" 2>/dev/null || true
+  fi
+}
+
 down() {
   [ -e "$marker" ] || die "$dir holds no bed (nothing of ours to remove)"
   if mounted; then
+    abort_client
     fusermount3 -u "$mnt" 2>/dev/null || umount "$mnt" 2>/dev/null || umount -l "$mnt" || true
   fi
   local i

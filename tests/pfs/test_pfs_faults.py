@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -175,6 +176,8 @@ def _epoch(tmp_path: pathlib.Path, **args: Any) -> dict[str, Any]:
             time.sleep(0.2)
         if child.poll() is None:
             child.kill()
+            # Reaped once the bed's teardown ends the client the kill waits on.
+            threading.Thread(target=child.wait, name="epoch-reaper", daemon=True).start()
         returncode, stderr = child.returncode, err.read_text(errors="replace")
     assert out.exists(), f"the epoch process wrote no result (exit {returncode}):\n{stderr[-4000:]}"
     result: dict[str, Any] = json.loads(out.read_text())
