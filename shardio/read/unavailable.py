@@ -198,14 +198,7 @@ class UnavailableShards:
         name = _entry_name(path)
         try:
             self._prune(directory, now, keep=name)
-            payload = json.dumps({"path": path, "until": until}).encode()
-            tmp = os.path.join(directory, f".tmp-{os.getpid()}-{name}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            try:
-                os.write(fd, payload)
-            finally:
-                os.close(fd)
-            os.replace(tmp, os.path.join(directory, name))
+            _publish(directory, name, {"path": path, "until": until})
         except OSError as exc:
             self._local[path] = until
             logger.info("cannot share the hold of %s on the node: %s", path, exc)
@@ -219,16 +212,9 @@ class UnavailableShards:
         if directory is None:
             return
         now = self.clock()
-        payload = json.dumps({"path": path, "until": now + seconds, "suspect": True}).encode()
-        name = _entry_name(path) + "-s"
-        tmp = os.path.join(directory, f".tmp-{os.getpid()}-{name}")
+        record = {"path": path, "until": now + seconds, "suspect": True}
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            try:
-                os.write(fd, payload)
-            finally:
-                os.close(fd)
-            os.replace(tmp, os.path.join(directory, name))
+            _publish(directory, _entry_name(path) + "-s", record)
         except OSError as exc:
             logger.debug("cannot share the suspicion of %s on the node: %s", path, exc)
 
@@ -304,3 +290,15 @@ def _read_small(path: str) -> dict[str, Any] | None:
     finally:
         os.close(fd)
     return data if isinstance(data, dict) else None
+
+
+def _publish(directory: str, name: str, record: dict[str, object]) -> None:
+    """Write ``record`` as the registry entry ``name`` of ``directory``, whole or not at all
+    (a private temp file renamed over the entry; a symlink at the temp name is refused)."""
+    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{name}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, json.dumps(record).encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, os.path.join(directory, name))
