@@ -59,17 +59,33 @@ class UsageError(ShardioError, ValueError):
     """The caller passed an invalid argument or option."""
 
 
+# What each extra of pyproject.toml installs, by the package index's names: the install hint
+# names these packages, never ``shardio[...]`` (the name shardio on the package index belongs
+# to an unrelated project). tests/unit/runtime/test_missing_extras.py keeps it in step.
+EXTRA_PACKAGES = {
+    "torch": "torch",
+    "dali": "nvidia-dali-cuda120",
+    "decode": "pillow",
+    "metrics": "prometheus-client",
+    "plot": "matplotlib",
+    "parity": "pyeclib",
+    "checkpoint": "zstandard",
+}
+
+
 class MissingExtraError(UsageError, ImportError):
-    """An optional dependency is not installed: the message names the extra to install.
+    """An optional dependency is not installed: the message names the package to install and
+    the extra of a shardio checkout that holds it.
 
     Args:
         needs: what needs it ("shardio bench needs PyTorch").
-        extra: the extra of ``pip install 'shardio[EXTRA]'``.
+        extra: the extra of ``pip install -e '.[EXTRA]'`` in a shardio checkout.
         detail: why the import failed, when that is not plain absence.
     """
 
     def __init__(self, needs: str, extra: str, detail: str | None = None) -> None:
-        message = f"{needs}: pip install 'shardio[{extra}]'"
+        package = EXTRA_PACKAGES.get(extra, extra)
+        message = f"{needs}: pip install {package}"
         super().__init__(message if detail is None else f"{message} ({detail})")
         self.needs, self.extra, self.detail = needs, extra, detail
 

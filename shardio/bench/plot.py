@@ -1,6 +1,6 @@
 """The PNG of ``shardio bench --plot``: throughput and stalls over time, read latency.
 
-matplotlib is an optional extra (``shardio[plot]``), imported only here and only when a plot
+matplotlib is an optional extra (``plot``), imported only here and only when a plot
 is asked for; it draws through its Agg canvas directly (no pyplot, no display, no global
 backend switch).
 """

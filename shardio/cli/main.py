@@ -110,7 +110,7 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="K+M",
         help="also write M parity files per group of K shards (e.g. 10+2): any M lost or "
-        "damaged shards of a group can be rebuilt (needs shardio[parity])",
+        "damaged shards of a group can be rebuilt (needs pyeclib)",
     )
     p.add_argument("--strict", action="store_true", help="fail on files that would be skipped")
     p.add_argument("--resume", action="store_true", help="finish an interrupted pack")

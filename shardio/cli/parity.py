@@ -22,7 +22,7 @@ def add_parity_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
         "--repair, shardio stage and ResilientDataset), or drop it. Both resume after a kill.",
     )
     actions = par.add_subparsers(dest="parity_action", required=True, metavar="ACTION")
-    add = actions.add_parser("add", help="compute and add parity (needs shardio[parity])")
+    add = actions.add_parser("add", help="compute and add parity (needs pyeclib)")
     add.add_argument("dst", help="a packed dataset")
     add.add_argument(
         "--parity", required=True, metavar="K+M", help="K data shards and M parity per group"

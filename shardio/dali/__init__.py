@@ -3,7 +3,7 @@
 ``import shardio`` and the pack path never import DALI; this package imports ``nvidia.dali``
 when a pipeline is built, and torch (through DALI's PyTorch plugin) when a loader is made.
 Without DALI, ``import shardio.dali`` raises :class:`~shardio.errors.MissingExtraError` (an
-``ImportError``) saying ``pip install 'shardio[dali]'``.
+``ImportError``) saying ``pip install nvidia-dali-cuda120``.
 
 Two ways to read, chosen by ``verify``:
 

@@ -42,7 +42,7 @@ class PackOptions:
         num_parts: parts of a multi-node pack; 1 packs and merges in one go.
         durable: fsync every file before publishing it.
         stream_threshold_bytes: files above this size are copied in chunks, not read whole.
-        parity: "K+M" to write M parity files per group of K shards (``shardio[parity]``).
+        parity: "K+M" to write M parity files per group of K shards (needs pyeclib).
     """
 
     shard_format: str = "tar"

@@ -133,7 +133,7 @@ class ParityCodec:
 
     Raises:
         UsageError: an argument out of range.
-        MissingExtraError: pyeclib is not installed (``pip install 'shardio[parity]'``).
+        MissingExtraError: pyeclib is not installed (``pip install pyeclib``).
     """
 
     def __init__(self, k: int, m: int, cell_bytes: int) -> None:

@@ -107,7 +107,7 @@ def add_parity(
         UsageError: a staging area; parity of another scheme already there (drop it first);
             a parity path holding something shardio did not write; the dataset is locked.
         IntegrityError: a data shard is damaged (nothing is published; repair it first).
-        MissingExtraError: ``shardio[parity]`` is not installed.
+        MissingExtraError: pyeclib (the ``parity`` extra) is not installed.
         FormatError: the manifest or index cannot be read.
     """
     start = time.monotonic()

@@ -385,7 +385,7 @@ def test_missing_prometheus_client_says_what_to_install(
     make_rank: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
-    with pytest.raises(UsageError, match=r"pip install 'shardio\[metrics\]'"):
+    with pytest.raises(UsageError, match=r"pip install prometheus-client"):
         PrometheusExporter(make_rank(0), port=0)
 
 

@@ -5,6 +5,7 @@ ModuleNotFoundError. Each case runs in a subprocess where the module cannot be i
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -41,7 +42,7 @@ def test_import_shardio_dali_without_dali_names_the_extra() -> None:
         "report(lambda: __import__('shardio.dali'))\n"
     )
     assert out == [
-        "MissingExtraError True shardio.dali needs NVIDIA DALI: pip install 'shardio[dali]'"
+        "MissingExtraError True shardio.dali needs NVIDIA DALI: pip install nvidia-dali-cuda120"
     ]
 
 
@@ -57,7 +58,7 @@ def test_a_broken_dali_install_names_the_extra_and_the_cause(tmp_path: Path) -> 
         env={"PYTHONPATH": path},
     )
     assert out == [
-        "MissingExtraError True shardio.dali needs NVIDIA DALI: pip install 'shardio[dali]' "
+        "MissingExtraError True shardio.dali needs NVIDIA DALI: pip install nvidia-dali-cuda120 "
         "(libcudart.so.12: cannot open)"
     ]
 
@@ -68,12 +69,12 @@ def test_a_broken_dali_install_names_the_extra_and_the_cause(tmp_path: Path) -> 
         (
             "prometheus_client",
             "lambda: __import__('shardio.metrics').metrics.PrometheusExporter(lambda: None)",
-            "PrometheusExporter needs prometheus_client: pip install 'shardio[metrics]'",
+            "PrometheusExporter needs prometheus_client: pip install prometheus-client",
         ),
         (
             "matplotlib",
             "lambda: __import__('shardio.bench.plot').bench.plot.require_matplotlib()",
-            "--plot needs matplotlib: pip install 'shardio[plot]'",
+            "--plot needs matplotlib: pip install matplotlib",
         ),
     ],
 )
@@ -92,7 +93,7 @@ def test_torch_side_names_without_torch_name_the_extra(name: str) -> None:
         "print(shardio.PackedDataset.__name__)  # the torch-free names still load\n"
     )
     assert out == [
-        f"MissingExtraError True shardio.{name} needs PyTorch: pip install 'shardio[torch]'",
+        f"MissingExtraError True shardio.{name} needs PyTorch: pip install torch",
         "PackedDataset",
     ]
 
@@ -104,6 +105,23 @@ def test_image_decoding_without_pillow_names_the_extra(decode: str) -> None:
         "from shardio.runtime.decode import make_decoder\n"
         f"report(lambda: make_decoder({decode!r}))\n"
     )
-    assert out == [
-        f"MissingExtraError True decode={decode!r} needs Pillow: pip install 'shardio[decode]'"
+    assert out == [f"MissingExtraError True decode={decode!r} needs Pillow: pip install pillow"]
+
+
+def test_every_extra_hint_names_what_pyproject_installs() -> None:
+    """The hint names the packages of pyproject's extras, never ``shardio[...]``: that name on
+    the package index belongs to another project."""
+    import pathlib
+    import tomllib
+
+    from shardio.errors import EXTRA_PACKAGES, MissingExtraError
+
+    root = pathlib.Path(__file__).resolve().parents[3]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
     ]
+    for extra, package in EXTRA_PACKAGES.items():
+        names = [re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0].lower() for req in extras[extra]]
+        assert names == [package], (extra, names)
+        assert "shardio[" not in str(MissingExtraError("x", extra))
+    assert set(extras) - {"dev", "bench"} == set(EXTRA_PACKAGES)
