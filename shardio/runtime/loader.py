@@ -34,7 +34,7 @@ from shardio.runtime.stallwatch import StallWatch, WorkersStuckError, watched_op
 from shardio.runtime.transport import BatchRing, RingBatch, max_batch_bytes
 from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, WorkerFailure, labels_to_tensor
 
-__all__ = ["ShardLoader", "kill_workers"]
+__all__ = ["ShardLoader"]
 
 logger = logging.getLogger(__name__)
 

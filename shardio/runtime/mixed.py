@@ -64,8 +64,8 @@ from shardio.order.spec import OrderSpec
 from shardio.order.streams import RankStream
 from shardio.read.deadline import check_read_timeout
 from shardio.runtime.dataset import ShardDataset, collate_samples
-from shardio.runtime.loader import default_watchdog_s, kill_workers
-from shardio.runtime.reaping import stop_workers
+from shardio.runtime.loader import default_watchdog_s
+from shardio.runtime.reaping import kill_workers, stop_workers
 
 __all__ = [
     "METRICS_KEY",

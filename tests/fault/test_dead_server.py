@@ -27,8 +27,7 @@ from shardio.read.deadline import DeadlineOpener
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.packed import PackedDataset
 from shardio.read.unavailable import UnavailableShards
-from shardio.runtime.loader import kill_workers
-from shardio.runtime.reaping import KILLED_GRACE_S, STOP_GRACE_S, stop_workers
+from shardio.runtime.reaping import KILLED_GRACE_S, STOP_GRACE_S, kill_workers, stop_workers
 from shardio.storage.opener import PosixOpener
 
 _T = 0.5  # read_timeout_s of the epochs here
