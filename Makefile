@@ -9,7 +9,7 @@ DEV_STAMP := $(VENV)/.stamp-dev
 BENCH_STAMP := $(VENV)/.stamp-bench
 PYTEST_ARGS ?= -q
 
-.PHONY: install install-dev test test-fast test-pfs lint typecheck check bench demo stage-nvme clean
+.PHONY: install install-dev test test-fast test-durations test-pfs lint typecheck check bench demo stage-nvme clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,26 +32,25 @@ install: $(STAMP)
 
 install-dev: $(DEV_STAMP)
 
-# The whole suite (GPU tests and benchmarks deselected); each run's summary says which groups
-# (pfs, slurm, prometheus, dali, gpu) ran, and why a group was skipped. Two pytest runs at once:
-# the tests on the real MooseFS bed, SLURM cluster and Prometheus server (they mostly wait on
-# daemons and deadlines) beside all the others; their output follows the others'.
-REAL_GROUPS := pfs or slurm or prometheus
+# The whole suite (GPU tests and benchmarks deselected), after the system packages it uses
+# (as root: MooseFS, SLURM, Prometheus, strace, shellcheck, the en_US locale). Two pytest runs
+# side by side: the tests on the real MooseFS bed, SLURM cluster and Prometheus server (they
+# mostly wait on daemons and deadlines) beside all the others, each line prefixed by its run as
+# it happens, a progress line every 20 s. The summary: each group (pfs, slurm, prometheus,
+# dali, gpu), what ran and what was skipped and why, the wall time, the slowest 20 tests and
+# the 12-minute budget (scripts/suite.py).
 test: install-dev
-	@log=$$(mktemp); \
-	$(PY) -m pytest -m "($(REAL_GROUPS)) and not gpu and not bench" $(PYTEST_ARGS) \
-		tests/pfs tests/slurm tests/prometheus >"$$log" 2>&1 & real=$$!; \
-	$(PY) -m pytest -m "not ($(REAL_GROUPS)) and not gpu and not bench" $(PYTEST_ARGS); rest=$$?; \
-	wait $$real; rc=$$?; \
-	echo "--- the tests on real components (tests/pfs, tests/slurm, tests/prometheus) ---"; \
-	cat "$$log"; rm -f "$$log"; \
-	echo "make test: other tests exit $$rest, real-component tests exit $$rc"; \
-	[ $$rest -eq 0 ] && [ $$rc -eq 0 ]
+	scripts/system_packages.sh
+	$(PY) scripts/suite.py test $(PYTEST_ARGS)
 
-# The unit tests but the process-heavy modules (tests/conftest.py), on every CPU (pytest-xdist):
-# 1,950 tests in 53 s on this 2-core machine; it scales with the cores.
+# The tests recorded under 0.2 s in tests/durations.json (tests/suite_plugin.py), on every CPU
+# (pytest-xdist): under a minute on 2 cores. A test the record has not seen is left out.
 test-fast: install-dev
-	$(PY) -m pytest tests/unit -n auto -m "not gpu and not bench and not slow and not pfs and not slurm and not prometheus" $(PYTEST_ARGS)
+	$(PY) scripts/suite.py fast $(PYTEST_ARGS)
+
+# The whole suite, then its measured times into tests/durations.json (the fast selection).
+test-durations: test
+	$(PY) scripts/suite.py record
 
 # Only the tests on the MooseFS bed (root; scripts/pfs/moosefs.sh installs the packages).
 # SHARDIO_PFS=required makes a bed that cannot start, or a skipped pfs test, a failure.

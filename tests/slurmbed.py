@@ -160,6 +160,15 @@ class Cluster:
                 raise ClusterError(f"job {job_id} still {job.state} after {timeout_s:.0f} s")
             time.sleep(0.3)
 
+    def cancel_leftovers(self) -> list[str]:
+        """Cancel the jobs still queued or running (a test that failed or timed out left
+        them), so that they hold no CPUs the next test needs; their ids."""
+        proc = self.run(["squeue", "-h", "-o", "%i"], timeout=30)
+        jobs = proc.stdout.split() if proc.returncode == 0 else []
+        if jobs:
+            self.run(["scancel", "--full", *jobs], timeout=30)
+        return jobs
+
     def down(self) -> None:
         proc = run_shielded([str(SCRIPT), "down", str(self.root)], timeout=120)
         if proc.returncode != 0:

@@ -14,6 +14,7 @@ Replace the model and the step with yours; the data and checkpoint parts stay as
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
 
@@ -42,7 +43,10 @@ def main() -> int:
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
     if world > 1 and not dist.is_initialized():  # train_8gpu.sbatch sets MASTER_ADDR/PORT
         rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        # A rendezvous that cannot complete (a rank that never came) is an error in minutes.
+        dist.init_process_group(
+            "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=5)
+        )
     data = os.environ["SHARDIO_DATA"]
     stage = os.environ.get("SHARDIO_STAGE_DIR") or None
     ds = ShardDataset(data, cache=stage, seed=0, order=os.environ.get("SHARDIO_ORDER"))

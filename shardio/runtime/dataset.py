@@ -37,6 +37,7 @@ from shardio.read.strategy import ReadStrategy, choose_strategy
 from shardio.runtime.batch import read_batch, read_batch_mapped, share_tensors
 from shardio.runtime.decode import Decoder, decode_sample, make_decoder
 from shardio.runtime.loader import ShardLoader
+from shardio.runtime.mptemp import ensure_short as ensure_short_mp_tempdir
 from shardio.runtime.protocol import run_positions
 from shardio.runtime.recovering import SampleRecovery, make_policy
 from shardio.runtime.transport import BatchRing
@@ -301,6 +302,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        ensure_short_mp_tempdir()  # a worker started by pickling sends its batches through it
 
     @property
     def packed(self) -> PackedDataset:

@@ -27,6 +27,7 @@ from shardio.errors import StorageError, UsageError
 from shardio.metrics.snapshots import MetricsSnapshot, snapshot
 from shardio.metrics.steps import StepTimer
 from shardio.read.deadline import check_read_timeout, replaceable_readers
+from shardio.runtime.mptemp import ensure_short as ensure_short_mp_tempdir
 from shardio.runtime.placement import worker_pinning
 from shardio.runtime.protocol import LoaderDataset, run_positions
 from shardio.runtime.reaping import kill_workers, stop_workers
@@ -185,6 +186,7 @@ class ShardLoader:
         if board is not None:
             common["persistent_workers"] = True
         if self.num_workers > 0:
+            ensure_short_mp_tempdir()  # the workers send batches through sockets named in it
             if timeout:
                 common["timeout"] = timeout
             common.setdefault("prefetch_factor", _PREFETCH)

@@ -61,6 +61,16 @@ def _session_cluster(nodes: int) -> Iterator[Cluster]:
         cluster.down()
 
 
+@pytest.fixture(autouse=True)
+def _cancel_leftover_jobs(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test, the jobs it left on the session's clusters are cancelled: a test
+    that failed or timed out must not hold the CPUs the next test's job waits for."""
+    yield
+    for name in ("slurm_cluster", "slurm_cluster2"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name).cancel_leftovers()
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[Cluster]:
     """The session's one-node cluster: node ``$(hostname)`` with this machine's CPUs."""
