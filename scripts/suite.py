@@ -17,6 +17,7 @@ last runs stay in ``.test-reports/``; ``record`` turns a passing ``test`` run's 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -56,10 +57,34 @@ def _relay(stream: object, prefix: str) -> None:
         _say(prefix + raw.rstrip("\n"))
 
 
-def _start(label: str, args: list[str]) -> subprocess.Popen[str]:
+def _run_dir() -> pathlib.Path:
+    """This run's reports: ``.test-reports/run-PID`` (two runs at once keep theirs apart);
+    ``.test-reports/last`` names the last run that ended."""
     REPORTS.mkdir(exist_ok=True)
-    report = REPORTS / f"{label}.json"
-    report.unlink(missing_ok=True)
+    mine = REPORTS / f"run-{os.getpid()}"
+    mine.mkdir(exist_ok=True)
+    return mine
+
+
+def _publish(run_dir: pathlib.Path) -> None:
+    """Point ``last`` at ``run_dir`` (a new link renamed over it); drop older runs' reports
+    whose process is gone."""
+    link = REPORTS / f".last-{os.getpid()}"
+    link.unlink(missing_ok=True)
+    link.symlink_to(run_dir.name)
+    os.replace(link, REPORTS / "last")
+    for old in REPORTS.glob("run-*"):
+        pid = old.name.removeprefix("run-")
+        if old == run_dir or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        for f in old.glob("*.json"):
+            f.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            old.rmdir()
+
+
+def _start(label: str, args: list[str]) -> subprocess.Popen[str]:
+    report = _run_dir() / f"{label}.json"
     env = dict(os.environ, SHARDIO_TEST_PROGRESS=label, SHARDIO_TEST_REPORT=str(report))
     env["PYTHONUNBUFFERED"] = "1"
     return subprocess.Popen(
@@ -100,24 +125,33 @@ def _run(runs: dict[str, list[str]]) -> dict[str, tuple[int, float]]:
         raise
     for t in relays:
         t.join(timeout=10)
+    _publish(_run_dir())
     return results
 
 
-def _load(label: str) -> dict[str, object] | None:
+def _load(label: str, run_dir: pathlib.Path | None = None) -> dict[str, object] | None:
+    """A run's report (the last run's without ``run_dir``), or None: none, or not JSON."""
+    where = run_dir if run_dir is not None else REPORTS / "last"
     try:
-        return json.loads((REPORTS / f"{label}.json").read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
+        data = json.loads((where / f"{label}.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def _minutes(seconds: float) -> str:
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
-def summary(labels: list[str], walls: dict[str, tuple[int, float]] | None, kind: str) -> int:
+def summary(
+    labels: list[str],
+    walls: dict[str, tuple[int, float]] | None,
+    kind: str,
+    run_dir: pathlib.Path | None = None,
+) -> int:
     """Print each run's groups and wall time, the slowest tests, the totals and the budget;
     return the number of runs without a report."""
-    reports = {label: _load(label) for label in labels}
+    reports = {label: _load(label, run_dir) for label in labels}
     record = Record.load(DURATIONS)
     times: dict[str, tuple[float, str]] = {}
     missing = 0
@@ -203,7 +237,7 @@ def cmd_test(args: list[str]) -> int:
                  f"not ({REAL}) and {NOT_HERE}", *args],
     }  # fmt: skip
     walls = _run(runs)
-    missing = summary(list(runs), walls, "test")
+    missing = summary(list(runs), walls, "test", _run_dir())
     failed = {label: rc for label, (rc, _) in walls.items() if rc != 0}
     if failed:
         _say("make test: FAILED: " + ", ".join(f"{k} exit {v}" for k, v in failed.items()))
@@ -215,7 +249,7 @@ def cmd_fast(args: list[str]) -> int:
     selection = f"not slow and not ({REAL}) and {NOT_HERE}"
     cpus = len(os.sched_getaffinity(0))
     walls = _run({"fast": [*_workers(cpus, "SHARDIO_TEST_WORKERS"), "-m", selection, *args]})
-    missing = summary(["fast"], walls, "fast")
+    missing = summary(["fast"], walls, "fast", _run_dir())
     rc = walls["fast"][0]
     return rc if rc else (1 if missing else 0)
 

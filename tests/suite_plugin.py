@@ -31,6 +31,7 @@ import json
 import os
 import pathlib
 import shutil
+import tempfile
 import time
 from typing import Any
 
@@ -41,6 +42,13 @@ DURATIONS = REPO / "tests" / "durations.json"
 # A test recorded under this many seconds (set-up + call + tear-down) is in ``make test-fast``.
 FAST_LIMIT_S = 0.2
 PROGRESS_EVERY_S = 20.0
+
+
+_REWRITE = "`git checkout tests/durations.json` or `make test-durations` rewrites it"
+
+
+class RecordError(ValueError):
+    """tests/durations.json is not a record."""
 
 
 class Record:
@@ -57,16 +65,29 @@ class Record:
 
     @classmethod
     def load(cls, path: pathlib.Path = DURATIONS) -> Record:
+        """The record in ``path`` (none: nothing is fast).
+
+        Raises:
+            RecordError: the file is not a record (one line naming it).
+        """
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return cls({}, {})
-        own = {
-            f"{module}::{name}": float(seconds)
-            for module, tests in data["tests"].items()
-            for name, seconds in tests.items()
-        }
-        return cls(own, {m: float(s) for m, s in data.get("shared", {}).items()})
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise RecordError(f"{path}: not a durations record ({exc}): {_REWRITE}") from None
+        try:
+            own = {
+                f"{module}::{name}": float(seconds)
+                for module, tests in data["tests"].items()
+                for name, seconds in tests.items()
+            }
+            shared = {m: float(s) for m, s in data.get("shared", {}).items()}
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise RecordError(
+                f"{path}: not a durations record ({type(exc).__name__}: {exc}): {_REWRITE}"
+            ) from None
+        return cls(own, shared)
 
     def is_fast(self, nodeid: str) -> bool:
         """Recorded, under :data:`FAST_LIMIT_S`, in a module without costly shared fixtures."""
@@ -81,7 +102,10 @@ class Record:
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects on ``slow``
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    record = Record.load(config.rootpath / DURATIONS.relative_to(REPO))
+    try:
+        record = Record.load(config.rootpath / DURATIONS.relative_to(REPO))
+    except RecordError as exc:
+        raise pytest.UsageError(str(exc)) from None
     for item in items:
         if not record.is_fast(item.nodeid):
             item.add_marker(pytest.mark.slow)
@@ -391,8 +415,10 @@ def _write_report(session: pytest.Session) -> None:
             for nodeid, (seconds, outcome, shared) in config.stash[_times].items()
         },
     }
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    # A new file beside it, then renamed over it: a link at either name is replaced, never
+    # followed.
+    fd, tmp = tempfile.mkstemp(prefix=".report-", dir=os.path.dirname(os.path.abspath(path)))
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=0, sort_keys=True)
     os.replace(tmp, path)
 

@@ -33,7 +33,7 @@ def suite(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType
     monkeypatch.setattr(module, "REPORTS", tmp_path / "reports")
     monkeypatch.setattr(module, "DURATIONS", tmp_path / "tests" / "durations.json")
     monkeypatch.setattr(module, "REPO", tmp_path)
-    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "last").mkdir(parents=True)
     (tmp_path / "tests").mkdir()
     return module
 
@@ -70,11 +70,11 @@ def test_record_keeps_each_tests_own_time_and_each_modules_shared_fixtures(
     suite: ModuleType,
 ) -> None:
     main = {k: v for k, v in MAIN.items() if v[1] == "passed"}
-    _report(suite.REPORTS / "main.json", main)
-    _report(suite.REPORTS / "real.json", REAL)
-    real = json.loads((suite.REPORTS / "real.json").read_text())
+    _report(suite.REPORTS / "last" / "main.json", main)
+    _report(suite.REPORTS / "last" / "real.json", REAL)
+    real = json.loads((suite.REPORTS / "last" / "real.json").read_text())
     real["fixtures"] = {"session pfs_bed": [2, 6.5], "module tiny": [1, 0.01]}
-    (suite.REPORTS / "real.json").write_text(json.dumps(real))
+    (suite.REPORTS / "last" / "real.json").write_text(json.dumps(real))
     assert suite.cmd_record([]) == 0
     data = json.loads(suite.DURATIONS.read_text())
     assert data["fixtures"] == {"real: session pfs_bed": [2, 6.5]}
@@ -87,8 +87,8 @@ def test_record_keeps_each_tests_own_time_and_each_modules_shared_fixtures(
 
 
 def test_record_refuses_a_run_that_failed_and_writes_nothing(suite: ModuleType) -> None:
-    _report(suite.REPORTS / "main.json", MAIN, exitstatus=1)
-    _report(suite.REPORTS / "real.json", REAL)
+    _report(suite.REPORTS / "last" / "main.json", MAIN, exitstatus=1)
+    _report(suite.REPORTS / "last" / "real.json", REAL)
     assert suite.cmd_record([]) == 1
     assert not suite.DURATIONS.exists()
 
@@ -108,8 +108,8 @@ def test_the_summary_prints_groups_the_slowest_tests_the_total_and_the_budget(
     )
     main = dict(MAIN)
     main["tests/unit/test_a.py::test_quick"] = [1.5, "passed", 0.0]  # recorded fast, now not
-    _report(suite.REPORTS / "main.json", main)
-    _report(suite.REPORTS / "real.json", REAL)
+    _report(suite.REPORTS / "last" / "main.json", main)
+    _report(suite.REPORTS / "last" / "real.json", REAL)
     missing = suite.summary(["real", "main"], {"real": (0, 800.0), "main": (1, 500.0)}, "test")
     out = capsys.readouterr().out
     assert missing == 0
@@ -131,6 +131,27 @@ def test_a_run_without_a_report_is_counted(
 ) -> None:
     assert suite.summary(["main"], {"main": (2, 1.0)}, "fast") == 1
     assert "main: no report" in capsys.readouterr().out
+
+
+def test_each_run_keeps_its_reports_and_last_names_the_last_to_end(
+    suite: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (suite.REPORTS / "last").rmdir()
+    gone = suite.REPORTS / "run-999999999"  # a run whose process is gone
+    gone.mkdir()
+    (gone / "main.json").write_text("{}")
+    running = suite.REPORTS / f"run-{os.getppid()}"  # a run still going
+    running.mkdir()
+    mine = suite._run_dir()
+    assert mine.name == f"run-{os.getpid()}"
+    _report(mine / "main.json", MAIN)
+    suite._publish(mine)
+    assert (suite.REPORTS / "last").resolve() == mine.resolve()
+    assert suite._load("main") is not None
+    assert not gone.exists() and running.exists()
+    # a report that is not JSON is no report
+    (mine / "main.json").write_text("{trunc")
+    assert suite._load("main") is None
 
 
 @pytest.mark.parametrize("raw", ["-1x", "2.5", "many"])

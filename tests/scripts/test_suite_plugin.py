@@ -159,6 +159,17 @@ def test_the_fast_selection_is_what_the_record_says_is_fast(tree: pathlib.Path) 
     assert _selected(tree, "test_quick.py") == set()
 
 
+@pytest.mark.parametrize("text", ["{not json", '{"tests": []}', '{"tests": {"m.py": {"t": "x"}}}'])
+def test_a_damaged_record_is_one_clear_line(tree: pathlib.Path, text: str) -> None:
+    (tree / "tests").mkdir()
+    (tree / "tests" / "durations.json").write_text(text)
+    proc = _pytest(tree, "--collect-only")
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if "durations.json" in ln]
+    assert "not a durations record" in line and "make test-durations" in line
+
+
 # --------------------------------------------------------------------------- progress, report
 PROGRESS_TESTS = """
 import time
