@@ -123,7 +123,8 @@ _collected = pytest.StashKey[dict[str, int]]()
 _marked = pytest.StashKey[dict[str, set[str]]]()
 _ran = pytest.StashKey[dict[str, set[str]]]()
 _skipped = pytest.StashKey[dict[str, list[tuple[str, str]]]]()
-_deselected = pytest.StashKey[dict[str, int]]()
+_deselected = pytest.StashKey[dict[str, int]]()  # by group, and _ALL: every test
+_ALL = "*"
 _problems = pytest.StashKey[list[str]]()
 _times = pytest.StashKey[dict[str, list[Any]]]()
 _progress = pytest.StashKey["_Progress"]()
@@ -175,6 +176,7 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
     if config is None:
         return
     counts = config.stash.setdefault(_deselected, dict.fromkeys(SHOWN, 0))
+    counts[_ALL] = counts.get(_ALL, 0) + len(items)
     for item in items:
         for marker in SHOWN:
             if item.get_closest_marker(marker) is not None:
@@ -392,7 +394,7 @@ def _write_report(session: pytest.Session) -> None:
         "wall_s": round(time.monotonic() - _START[0], 1),
         "exitstatus": int(session.exitstatus),
         "collected": session.testscollected,
-        "deselected": sum(config.stash[_deselected].values()),
+        "deselected": config.stash[_deselected].get(_ALL, 0),
         "groups": {
             marker: {
                 "ran": len(config.stash[_ran][marker]),

@@ -105,9 +105,11 @@ def test_collect_only_is_not_held_to_it(tree: pathlib.Path) -> None:
 
 @pytest.mark.parametrize("workers", [[], XDIST], ids=["plain", "xdist"])
 def test_deselected_tests_of_a_group_are_counted(tree: pathlib.Path, workers: list[str]) -> None:
-    proc = _pytest(tree, *workers, "-m", "not pfs")
+    report = tree / "report.json"
+    proc = _pytest(tree, *workers, "-m", "not pfs", SHARDIO_TEST_REPORT=str(report))
     assert proc.returncode == 0, proc.stdout
     assert "pfs        0 ran, 0 skipped, 3 deselected" in proc.stdout
+    assert json.loads(report.read_text())["deselected"] == 3
 
 
 # --------------------------------------------------------------------------- fast selection
@@ -223,3 +225,4 @@ def test_progress_lines_replace_the_dots_and_the_report_holds_each_test(
     assert count == 1 and seconds >= 0.25
     assert data["groups"]["pfs"]["ran"] == 3
     assert data["exitstatus"] == 1
+    assert data["deselected"] == 0
