@@ -192,6 +192,14 @@ def inspect_dst(dst: str) -> DestState:
     work = os.path.join(dst, WORK_DIR)
     has_work = existing_dir(work)
     existing_dir(os.path.join(dst, SHARD_DIR))
+    # Listed before the state records: another part of a parallel write may publish its state
+    # record at any moment, and a work directory seen holding one must also show it below.
+    others = [
+        n
+        for n in sorted(os.listdir(dst))
+        if not (n in (SHARD_DIR, WORK_DIR) and _is_bare(os.path.join(dst, n)))
+        and not (is_temp_name(n) and _is_regular(os.path.join(dst, n)))
+    ]
     commit = None
     states: list[StateRecord] = []
     bad_state = ""
@@ -223,12 +231,6 @@ def inspect_dst(dst: str) -> DestState:
         return DestState("foreign", why=why)
     if states or bad_state:
         return DestState("interrupted", states=tuple(states), has_next=has_next, damaged=bad_state)
-    others = [
-        n
-        for n in sorted(os.listdir(dst))
-        if not (n in (SHARD_DIR, WORK_DIR) and _is_bare(os.path.join(dst, n)))
-        and not (is_temp_name(n) and _is_regular(os.path.join(dst, n)))
-    ]
     if others:
         return DestState("foreign", why=f"{dst} is not empty ({others[0]!r}, ...)")
     return DestState("empty")

@@ -461,6 +461,38 @@ def test_parallel_writers_then_merge(tmp_path: pathlib.Path, fmt: str) -> None:
         assert got[f"k{i:04d}"]["cls"] == i % 3
 
 
+def test_a_part_starting_while_another_publishes_its_state_is_not_refused(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race a parallel write hit under load: part 1 looked for state records before
+    part 0 published its own, then found the work directory no longer bare and called the
+    destination foreign ("not empty ('.shardio-work', ...)")."""
+    from shardio.packing import dest
+
+    donor = tmp_path / "donor"
+    with ShardWriter(donor, part=0, num_parts=2, classes=["a"]) as w:
+        w.write({"__key__": "k0", "bin": b"x", "cls": 0})
+        record = next((donor / ".shardio-work").glob("state*"))
+        state_bytes, state_name = record.read_bytes(), record.name
+    out = tmp_path / "out"
+    (out / ".shardio-work").mkdir(parents=True)
+    real_listdir = os.listdir
+
+    def listdir(path: Any) -> list[str]:
+        names = real_listdir(path)
+        if pathlib.Path(path) == out / ".shardio-work" and not names:
+            # part 0 publishes its state record just after this listing
+            (out / ".shardio-work" / state_name).write_bytes(state_bytes)
+        return names
+
+    monkeypatch.setattr(dest.os, "listdir", listdir)
+    state = dest.inspect_dst(str(out))
+    assert state.kind != "foreign", state.why
+    monkeypatch.undo()
+    with ShardWriter(out, part=1, num_parts=2, classes=["a"]) as w:
+        w.write({"__key__": "k1", "bin": b"y", "cls": 0})
+
+
 def test_parts_with_the_same_key_are_not_merged(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "out"
     for part in (0, 1):
