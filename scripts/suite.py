@@ -114,11 +114,14 @@ def _run(runs: dict[str, list[str]]) -> dict[str, tuple[int, float]]:
     ]
     for t in relays:
         t.start()
-    results = {}
+    results: dict[str, tuple[int, float]] = {}
     try:
-        for label, proc in procs.items():
-            rc = proc.wait()
-            results[label] = (rc, time.monotonic() - started)
+        while len(results) < len(procs):  # each run's wall time when it ends, in any order
+            for label, proc in procs.items():
+                rc = proc.poll()
+                if rc is not None and label not in results:
+                    results[label] = (rc, time.monotonic() - started)
+            time.sleep(0.2)
     except KeyboardInterrupt:  # pytest's own Ctrl-C handling takes the beds down
         for proc in procs.values():
             proc.wait()
