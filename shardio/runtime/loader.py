@@ -27,6 +27,7 @@ from shardio.errors import StorageError, UsageError
 from shardio.metrics.snapshots import MetricsSnapshot, snapshot
 from shardio.metrics.steps import StepTimer
 from shardio.read.deadline import check_read_timeout, replaceable_readers
+from shardio.runtime import internals
 from shardio.runtime.mptemp import ensure_short as ensure_short_mp_tempdir
 from shardio.runtime.placement import worker_pinning
 from shardio.runtime.protocol import LoaderDataset, run_positions
@@ -542,23 +543,14 @@ class _KeptWorkers:
         """Between epochs: the workers idle, and their death (the OOM killer) must not raise
         from torch's SIGCHLD handler in whatever the training loop runs then; it is found
         at the next epoch's start instead (:meth:`resume`)."""
-        if getattr(self.batches, "_worker_pids_set", False):
-            from torch.utils.data._utils import signal_handling
-
-            signal_handling._remove_worker_pids(id(self.batches))  # type: ignore[attr-defined]
-            self.batches._worker_pids_set = False
+        internals.unwatch(self.batches)
 
     def resume(self) -> bool:
         """At an epoch's start: whether every worker is alive (then watched again)."""
-        workers = list(getattr(self.batches, "_workers", ()))
+        workers = internals.workers(self.batches)
         if not workers or not all(w.is_alive() for w in workers):
             return False
-        from torch.utils.data._utils import signal_handling
-
-        signal_handling._set_worker_pids(  # type: ignore[attr-defined]
-            id(self.batches), tuple(w.pid for w in workers)
-        )
-        self.batches._worker_pids_set = True
+        internals.watch(self.batches, tuple(w.pid for w in workers))
         return True
 
     def shutdown(self) -> None:

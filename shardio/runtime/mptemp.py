@@ -30,10 +30,11 @@ def ensure_short() -> str | None:
     nothing needed changing or no short base is writable."""
     if sys.version_info >= (3, 13):
         return None  # multiprocessing.util.get_temp_dir does it
-    import multiprocessing.process
     import multiprocessing.util
 
-    config = multiprocessing.process.current_process()._config  # type: ignore[attr-defined]
+    from shardio.runtime.internals import mp_config
+
+    config = mp_config()
     current = config.get("tempdir")
     if current is not None:
         if len(os.fsencode(current)) + _SOCKET_NAME <= _SUN_PATH_MAX:

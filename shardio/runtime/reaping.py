@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing.process
 import os
 import signal
 import threading
 import time
 from typing import Any
+
+from shardio.runtime import internals
 
 __all__ = ["KILLED_GRACE_S", "STOP_GRACE_S", "bound_workers", "kill_workers", "stop_workers"]
 
@@ -36,18 +37,6 @@ logger = logging.getLogger(__name__)
 # may be finishing a batch; what it would deliver is discarded anyway).
 KILLED_GRACE_S = 0.5
 STOP_GRACE_S = 2.0
-
-
-def _unwatch(batches: Any) -> None:
-    """Take the iterator's workers off torch's SIGCHLD watch: a worker killed now, or one
-    that ends minutes later when its filesystem gives up, must not raise in the training loop
-    ("DataLoader worker ... killed by signal")."""
-    if getattr(batches, "_worker_pids_set", False):
-        from torch.utils.data._utils import signal_handling
-
-        with contextlib.suppress(RuntimeError):  # already removed
-            signal_handling._remove_worker_pids(id(batches))  # type: ignore[attr-defined]
-        batches._worker_pids_set = False
 
 
 def _reap(process: Any) -> None:
@@ -107,16 +96,13 @@ class _BoundedWorker:
         process = self.process
         with contextlib.suppress(Exception):
             process.kill()
-        # multiprocessing's exit handler joins every child in this set without a bound.
-        children = getattr(multiprocessing.process, "_children", None)
-        if isinstance(children, set):
-            children.discard(process)
+        internals.forget_child(process)  # exit would join it without a bound
         logger.warning(
             "DataLoader worker %s did not end within its grace period (a read of it waits on "
             "the storage): left to a reaper thread",
             self.pid,
         )
-        if getattr(process, "_parent_pid", os.getpid()) == os.getpid():
+        if internals.parent_pid(process) in (None, os.getpid()):  # unknown: try; _reap copes
             threading.Thread(
                 target=_reap, args=(process,), name="shardio-reaper", daemon=True
             ).start()
@@ -132,10 +118,10 @@ def bound_workers(batches: Any, grace_s: float) -> None:
     """Make every later join of the workers of the DataLoader iterator ``batches`` end within
     ``grace_s`` from now, all together (workers already bounded keep the earlier end when it
     comes first); takes them off torch's SIGCHLD watch."""
-    workers = getattr(batches, "_workers", None)
+    workers = internals.workers(batches)
     if not workers:
         return
-    _unwatch(batches)
+    internals.unwatch(batches)
     grace = _Grace(grace_s)
     bounded = []
     for worker in workers:
@@ -145,31 +131,26 @@ def bound_workers(batches: Any, grace_s: float) -> None:
             bounded.append(worker)
         else:
             bounded.append(_BoundedWorker(worker, grace))
-    # A new list, not the old one changed: another thread may be iterating it (the
-    # iterator's check for dead workers).
-    batches._workers = bounded
+    internals.replace_workers(batches, bounded)
 
 
 def kill_workers(batches: Any) -> None:
     """SIGKILL the workers of a DataLoader iterator (a worker blocked in a FUSE or network
     filesystem wait is killable, not interruptible) and bound their shutdown to
     :data:`KILLED_GRACE_S`: one whose exit waits on the storage is left to a reaper."""
-    _unwatch(batches)
-    for worker in list(getattr(batches, "_workers", ())):
+    internals.unwatch(batches)
+    for worker in internals.workers(batches):
         pid = getattr(worker, "pid", None)
         if pid is not None and worker.is_alive():
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
     bound_workers(batches, KILLED_GRACE_S)
-    for worker in list(getattr(batches, "_workers", ())):
+    for worker in internals.workers(batches):
         worker.join()
 
 
 def stop_workers(batches: Any, grace_s: float = STOP_GRACE_S) -> None:
     """Shut down the workers of a DataLoader iterator the DataLoader's way, in at most
     ``grace_s`` (plus the queues' own bounded waits)."""
-    shutdown = getattr(batches, "_shutdown_workers", None)
-    if shutdown is None:
-        return
     bound_workers(batches, grace_s)
-    shutdown()
+    internals.shutdown(batches)

@@ -24,6 +24,7 @@ import torch
 
 from shardio.errors import ReadStalledError
 from shardio.read.deadline import WATCH_SLOTS, DeadlineOpener
+from shardio.runtime import internals
 from shardio.runtime.wire import WorkerFailure
 
 __all__ = ["StallWatch", "WorkersStuckError", "watched_opener"]
@@ -127,12 +128,8 @@ class StallWatch:
 def _wake(batches: Any, timeout_s: float) -> None:
     """Hand the iterator an item in place of the batch it waits for, so that its ``next()``
     returns now rather than at its next look at the workers (seconds later)."""
-    queue = getattr(batches, "_data_queue", None)
-    index = getattr(batches, "_rcvd_idx", None)
-    if queue is None or index is None:
-        return
     error = ReadStalledError(errno.ETIMEDOUT, f"a read stalled for {timeout_s:g} s")
     try:
-        queue.put((index, WorkerFailure(error)))
+        internals.wake(batches, WorkerFailure(error))
     except Exception:  # a closed queue: the iterator notices the dead workers itself
         logger.debug("could not wake the DataLoader iterator", exc_info=True)
