@@ -77,8 +77,12 @@ def _publish(run_dir: pathlib.Path) -> None:
         pid = old.name.removeprefix("run-")
         if old == run_dir or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
             continue
-        for f in old.glob("*.json"):
-            f.unlink(missing_ok=True)
+        if old.is_symlink() or not old.is_dir():  # not a directory this script made
+            continue
+        for label in ("main", "real", "fast"):  # only the reports it writes, never a link
+            f = old / f"{label}.json"
+            if f.is_file() and not f.is_symlink():
+                f.unlink()
         with contextlib.suppress(OSError):
             old.rmdir()
 

@@ -149,6 +149,15 @@ def test_each_run_keeps_its_reports_and_last_names_the_last_to_end(
     assert (suite.REPORTS / "last").resolve() == mine.resolve()
     assert suite._load("main") is not None
     assert not gone.exists() and running.exists()
+    # a link planted at a dead run's name is left alone, and so is what it points at
+    elsewhere = suite.REPORTS.parent / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "main.json").write_text("{}")
+    (elsewhere / "keep.json").write_text("{}")
+    (suite.REPORTS / "run-999999998").symlink_to(elsewhere)
+    suite._publish(mine)
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["keep.json", "main.json"]
+    assert (suite.REPORTS / "run-999999998").is_symlink()
     # a report that is not JSON is no report
     (mine / "main.json").write_text("{trunc")
     assert suite._load("main") is None
