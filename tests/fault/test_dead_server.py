@@ -359,11 +359,12 @@ def test_a_slow_file_is_held_back_on_the_whole_node(
     (tmp_path / "shm").mkdir()
     path = tmp_path / "shard-000001.tar"
     path.write_bytes(b"z" * 8192)
-    openers = []
+    openers, registries = [], []
     for _ in range(2):  # two processes of the node: their own registry objects
         registry = UnavailableShards("ds", hold_s=60, root=str(tmp_path / "shm"))
         inner = FaultyOpener([Fault(kind="hang", path=path.name, release=str(release))])
         openers.append(DeadlineOpener(inner, timeout_s=1.0, registry=registry))
+        registries.append(registry)
     first, second = openers
     fd_first, fd_second = first.open(str(path)), second.open(str(path))
     errors: list[BaseException] = []
@@ -376,7 +377,17 @@ def test_a_slow_file_is_held_back_on_the_whole_node(
 
     reader = threading.Thread(target=read_first, daemon=True)
     reader.start()
-    time.sleep(0.6)  # past slow_s (0.1 s): the first process has told the node
+
+    # Past slow_s (0.1 s) the first process tells the node; on a loaded machine that may
+    # take longer than any fixed sleep, so wait until the second one's registry sees it.
+    # (Past the first read's 1 s deadline the file is held instead: the same answer.)
+    def told() -> bool:
+        return registries[1].suspected(str(path)) or registries[1].held(str(path)) is not None
+
+    end = time.monotonic() + 10
+    while not told() and time.monotonic() < end:
+        time.sleep(0.02)
+    assert told(), "the first process never told the node"
     with pytest.raises(ReadStalledError, match="held unavailable"):
         second.pread_into(fd_second, memoryview(bytearray(10)), 0)
     reader.join(timeout=5)
