@@ -1,13 +1,19 @@
-"""Argument checkers: integers and paths as users pass them, refused in one line when wrong."""
+"""Argument checkers: integers, seconds, bools and paths as users pass them, refused in one
+line when wrong. One checker per kind of value, one limit per kind."""
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 
 from shardio.errors import UsageError
 
-__all__ = ["require_bool", "require_int", "require_path"]
+__all__ = ["MAX_SECONDS", "require_bool", "require_int", "require_path", "require_seconds"]
+
+# Every duration an option takes (deadlines, intervals, back-offs, lingers) is at most a day:
+# anything longer is a typo, and past threading.TIMEOUT_MAX a wait overflows.
+MAX_SECONDS = 86_400.0
 
 _NP_BOOLS = frozenset({"bool", "bool_"})
 
@@ -73,3 +79,25 @@ def require_path(value: object, what: str) -> str:
     if "\0" in path:
         raise UsageError(f"{what} {path!r} has a NUL character")
     return path
+
+
+def require_seconds(value: object, what: str, *, positive: bool = False) -> float:
+    """Return ``value`` (an int or a float) as seconds in [0, :data:`MAX_SECONDS`], or in
+    (0, :data:`MAX_SECONDS`] with ``positive``.
+
+    Raises:
+        UsageError: a bool, a string, None, NaN, infinity, a negative number, zero where
+            ``positive``, or more than a day; the message names ``what``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UsageError(
+            f"{what} must be a number of seconds, got {type(value).__name__} {value!r}"
+        )
+    # The comparison is False for NaN and needs no float() of a huge int.
+    if not (value > 0 if positive else value >= 0) or not value <= MAX_SECONDS:
+        low = "more than 0" if positive else "at least 0"
+        raise UsageError(f"{what} must be seconds, {low} and at most a day, got {value!r}")
+    seconds = float(value)
+    if not math.isfinite(seconds):  # pragma: no cover - excluded by the bounds above
+        raise UsageError(f"{what} must be a finite number of seconds, got {value!r}")
+    return seconds

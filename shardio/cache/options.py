@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardio._check import require_seconds
 from shardio.errors import UsageError
 from shardio.order.cursor import EpochCursor
 from shardio.order.spec import OrderSpec
@@ -88,15 +89,9 @@ class StageOptions:
         )
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.read_timeout_s, bool)
-            or not isinstance(self.read_timeout_s, int | float)
-            or not 0 <= self.read_timeout_s <= 86_400  # NaN fails both
-        ):
-            raise UsageError(
-                f"read_timeout_s must be seconds in [0, 86400] (0: none), got "
-                f"{self.read_timeout_s!r}"
-            )
+        object.__setattr__(
+            self, "read_timeout_s", require_seconds(self.read_timeout_s, "read_timeout_s")
+        )
         if not 1 <= self.num_nodes <= MAX_NODES or not 0 <= self.node < self.num_nodes:
             raise UsageError(
                 f"invalid node {self.node}/{self.num_nodes}: need 0 <= I < N <= {MAX_NODES:,}"

@@ -14,6 +14,7 @@ import os
 import stat
 from typing import Any
 
+from shardio._check import require_seconds
 from shardio.checkpoint.codec import check_file
 from shardio.checkpoint.manifest import CheckpointManifest
 from shardio.checkpoint.naming import MANIFEST_NAME, check_kind, is_checkpoint_name
@@ -24,7 +25,6 @@ from shardio.checkpoint.store import (
     one_checkpoint,
     unavailable,
 )
-from shardio.checkpoint.writing import check_seconds
 from shardio.errors import (
     CheckpointUnavailableError,
     NoCheckpointError,
@@ -101,7 +101,7 @@ def list_dir(
     Raises:
         CheckpointUnavailableError: the directory cannot be listed now.
     """
-    timeout_s = check_seconds("read_timeout_s", read_timeout_s)
+    timeout_s = require_seconds(read_timeout_s, "read_timeout_s", positive=True)
     pool = IoThreads(max_abandoned=4)
     try:
         listed, temps = list_checkpoints(directory, pool=pool, timeout_s=timeout_s)
@@ -134,7 +134,7 @@ def verify_checkpoints(path: str, *, read_timeout_s: float = 120.0) -> list[Chec
         UsageError: ``path`` is not a directory, or not a checkpoint nor a directory of them.
         CheckpointUnavailableError: ``path`` cannot be looked into (or listed) now.
     """
-    timeout_s = check_seconds("read_timeout_s", read_timeout_s)
+    timeout_s = require_seconds(read_timeout_s, "read_timeout_s", positive=True)
     pool = IoThreads(max_abandoned=4)
     try:
         try:
@@ -203,7 +203,7 @@ def latest_intact(
     """
     if kind is not None:
         check_kind(kind)
-    timeout_s = check_seconds("read_timeout_s", read_timeout_s)
+    timeout_s = require_seconds(read_timeout_s, "read_timeout_s", positive=True)
     skipped: list[tuple[str, str]] = []
     pool = IoThreads(max_abandoned=4)
     try:

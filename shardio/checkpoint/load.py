@@ -23,7 +23,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from shardio._check import require_bool, require_int, require_path
+from shardio._check import require_bool, require_int, require_path, require_seconds
 from shardio.checkpoint import ranks
 from shardio.checkpoint.codec import read_payload
 from shardio.checkpoint.lease import check_not_owned
@@ -49,7 +49,6 @@ from shardio.checkpoint.store import (
 from shardio.checkpoint.writing import (
     SaveOptions,
     check_payload,
-    check_seconds,
     dataset_id_of,
     loader_state_of,
     make_payload,
@@ -346,7 +345,7 @@ def _check_load_options(
     """
     if kind is not None:
         check_kind(kind)
-    timeout_s = check_seconds("read_timeout_s", read_timeout_s)
+    timeout_s = require_seconds(read_timeout_s, "read_timeout_s", positive=True)
     folder = require_path(directory, "checkpoint directory")
     require_bool(weights_only, "weights_only")  # "no" is truthy: it would load unsafely
     if loader is not None and (

@@ -33,7 +33,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shardio._check import require_bool, require_int, require_path
+from shardio._check import require_bool, require_int, require_path, require_seconds
 from shardio.checkpoint import ranks
 from shardio.checkpoint.naming import check_kind, check_step, new_token
 from shardio.checkpoint.snapshot import copied_tensors, snapshot_bytes, to_host
@@ -41,7 +41,6 @@ from shardio.checkpoint.store import Plan
 from shardio.checkpoint.writing import (
     SaveOptions,
     check_payload,
-    check_seconds,
     dataset_id_of,
     loader_state_of,
     make_payload,
@@ -95,13 +94,13 @@ class Checkpointer:
         **option_values: Any,
     ) -> None:
         self.directory = require_path(directory, "checkpoint directory")
-        self.full_every_s = check_seconds("full_every_s", full_every_s)
-        self.light_every_s = check_seconds("light_every_s", light_every_s)
+        self.full_every_s = require_seconds(full_every_s, "full_every_s", positive=True)
+        self.light_every_s = require_seconds(light_every_s, "light_every_s", positive=True)
         self.keep = {
             "full": require_int(keep_full, "keep_full", minimum=1, maximum=1_000_000),
             "light": require_int(keep_light, "keep_light", minimum=1, maximum=1_000_000),
         }
-        self.stall_timeout_s = check_seconds("stall_timeout_s", stall_timeout_s)
+        self.stall_timeout_s = require_seconds(stall_timeout_s, "stall_timeout_s", positive=True)
         if loader is not None and not callable(getattr(loader, "state_dict", None)):
             raise UsageError(f"loader {type(loader).__name__} has no state_dict()")
         self.loader = loader
@@ -344,7 +343,11 @@ class Checkpointer:
         self._finish("the checkpoint saved at exit failed", logging.ERROR)
 
     def _wait_idle(self, timeout_s: float | None = None) -> None:
-        limit = self.stall_timeout_s if timeout_s is None else check_seconds("timeout_s", timeout_s)
+        limit = (
+            self.stall_timeout_s
+            if timeout_s is None
+            else require_seconds(timeout_s, "timeout_s", positive=True)
+        )
         with self._lock:
             if not self._lock.wait_for(lambda: not self._busy, timeout=limit):
                 raise CheckpointError(

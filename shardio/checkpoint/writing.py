@@ -12,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
-import math
 import os
 import threading
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shardio._check import require_bool, require_int
+from shardio._check import require_bool, require_int, require_seconds
 from shardio.checkpoint.codec import DEFAULT_LEVEL, MAX_LEVEL
 from shardio.checkpoint.store import (
     Plan,
@@ -39,7 +38,6 @@ __all__ = [
     "PAYLOAD_VERSION",
     "SaveOptions",
     "check_payload",
-    "check_seconds",
     "dataset_id_of",
     "loader_state_of",
     "loader_summary",
@@ -54,7 +52,6 @@ logger = logging.getLogger(__name__)
 
 PAYLOAD_VERSION = 1
 AUTO_MIN_RATIO = 1.15  # compression="auto" compresses when it saves at least 13% of the bytes
-_MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 def _default_threads() -> int:
@@ -63,15 +60,6 @@ def _default_threads() -> int:
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
     return min(4, cpus)
-
-
-def check_seconds(name: str, value: object) -> float:
-    """``value`` as seconds when it is a number more than 0 and at most a week."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UsageError(f"{name} must be a number of seconds, not {value!r}")
-    if not math.isfinite(value) or not 0 < value <= _MAX_TIMEOUT_S:
-        raise UsageError(f"{name} must be more than 0 and at most a week, not {value!r}")
-    return float(value)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -130,9 +118,9 @@ class SaveOptions:
                     f"not {self.fs_type!r}"
                 )
         require_bool(self.verify, "verify")  # "no" is truthy: it would verify
-        check_seconds("commit_timeout_s", self.commit_timeout_s)
-        check_seconds("write_timeout_s", self.write_timeout_s)
-        check_seconds("read_timeout_s", self.read_timeout_s)
+        require_seconds(self.commit_timeout_s, "commit_timeout_s", positive=True)
+        require_seconds(self.write_timeout_s, "write_timeout_s", positive=True)
+        require_seconds(self.read_timeout_s, "read_timeout_s", positive=True)
         if not callable(self.runner):
             raise UsageError(f"runner must be callable (see run_command), not {self.runner!r}")
         if self.compression == "zstd":

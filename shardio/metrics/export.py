@@ -34,7 +34,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import ClassVar, TypeVar
 
-from shardio._check import require_path
+from shardio._check import require_path, require_seconds
 from shardio.errors import StorageError, UsageError
 from shardio.metrics.snapshots import MetricsSnapshot
 from shardio.storage.atomic import storage_error
@@ -42,7 +42,6 @@ from shardio.storage.files import describe_kind
 
 __all__ = [
     "FIRST_POLL_S",
-    "MAX_INTERVAL_S",
     "JsonlWriter",
     "LogReporter",
     "PeriodicReporter",
@@ -60,26 +59,6 @@ _MAX_DISTINCT_ERRORS = 64
 CLOSE_TIMEOUT_S = 10.0  # how long close() waits for a report in flight
 # Until a first real report, the thread looks this often (for one interval at most).
 FIRST_POLL_S = 0.5
-MAX_INTERVAL_S = 86400.0  # a day; past threading.TIMEOUT_MAX a wait overflows
-
-
-def check_interval(interval_s: object) -> float:
-    """``interval_s`` as a float, checked to be a number of seconds above zero and at most
-    :data:`MAX_INTERVAL_S` (a larger one overflowed the thread's wait and ended its reports).
-
-    Raises:
-        UsageError: it is not.
-    """
-    if (
-        not isinstance(interval_s, int | float)
-        or isinstance(interval_s, bool)
-        or not 0 < interval_s <= MAX_INTERVAL_S  # False for NaN; no float() of a huge int
-    ):
-        raise UsageError(
-            f"interval_s must be a number of seconds > 0 and at most {MAX_INTERVAL_S:g} "
-            f"(a day), not {interval_s!r}"
-        )
-    return float(interval_s)
 
 
 class PeriodicReporter:
@@ -105,7 +84,7 @@ class PeriodicReporter:
         if not callable(source):
             raise UsageError(f"a metrics source must be callable, not {type(source).__name__}")
         self.source = source
-        self.interval_s = check_interval(interval_s)
+        self.interval_s = require_seconds(interval_s, "interval_s", positive=True)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._report_lock = threading.Lock()  # one report at a time (thread, report(), close)

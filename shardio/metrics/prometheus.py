@@ -64,7 +64,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from shardio._check import require_path
+from shardio._check import require_path, require_seconds
 from shardio.errors import MissingExtraError, StorageError, UsageError
 from shardio.metrics import _spool
 from shardio.metrics._http import MetricsServer
@@ -132,7 +132,6 @@ ALERT_COUNTERS = (
 LINGER_SCRAPES = 2
 # Two scrape intervals at Prometheus's default of one minute.
 DEFAULT_LINGER_S = 120.0
-_MAX_LINGER_S = 3600.0
 
 
 def _client() -> Any:
@@ -372,16 +371,7 @@ class PrometheusExporter(PeriodicReporter):
             raise UsageError(f"local_rank must be an integer >= 0, not {local_rank!r}")
         if job is not None and not isinstance(job, str):
             raise UsageError(f"job must be a string, not {job!r}")
-        if (
-            not isinstance(linger_s, int | float)
-            or isinstance(linger_s, bool)
-            or not 0 <= linger_s <= _MAX_LINGER_S  # False for NaN; no float() of a huge int
-        ):
-            raise UsageError(
-                f"linger_s must be a number of seconds from 0 to {_MAX_LINGER_S:g}, "
-                f"not {linger_s!r}"
-            )
-        self.linger_s = float(linger_s)
+        self.linger_s = require_seconds(linger_s, "linger_s")
         self.textfile = None if textfile is None else require_path(textfile, "textfile")
         if self.textfile is not None and not (
             self.textfile.endswith(".prom") and os.path.basename(self.textfile) != ".prom"

@@ -49,7 +49,6 @@ import contextlib
 import copy
 import errno
 import logging
-import math
 import mmap
 import os
 import threading
@@ -59,7 +58,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from shardio._check import require_int
+from shardio._check import require_int, require_seconds
 from shardio.errors import ReadStalledError, UsageError
 from shardio.read.unavailable import UnavailableShards, holds_path
 from shardio.storage.fsdetect import FsInfo, describe_fs
@@ -69,7 +68,6 @@ from shardio.storage.stall import IoThreads, Job, submit
 __all__ = [
     "DEFAULT_NETWORK_TIMEOUT_S",
     "MAX_ABANDONED",
-    "MAX_TIMEOUT_S",
     "WATCH_SLOTS",
     "DeadlineOpener",
     "bounded",
@@ -87,7 +85,6 @@ _T = TypeVar("_T")
 # Above Lustre's default obd_timeout (100 s) and MooseFS's first retries: a read that has not
 # answered by then waits for a dead server, not for a busy one.
 DEFAULT_NETWORK_TIMEOUT_S = 120.0
-MAX_TIMEOUT_S = 86_400.0  # a day: anything longer is a typo, not a deadline
 MAX_ABANDONED = 16  # abandoned calls per process before every call fails at once
 _CLOSE_WAIT_S = 2.0  # at most this long (or the deadline) for a close
 _GATE_TICK_S = 0.02  # how often a call held back by a slow one looks again
@@ -101,24 +98,9 @@ WATCH_SLOTS = 31
 
 
 def check_read_timeout(value: object, name: str = "read_timeout_s") -> float | None:
-    """Validate a read deadline: None (the default for the filesystem), 0 (no deadline) or
-    seconds in (0, 86400]; return it as a float (None for None).
-
-    Raises:
-        UsageError: a bool, a string, NaN, infinity, a negative number or more than a day.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UsageError(
-            f"{name} must be a number of seconds (or None), got {type(value).__name__} {value!r}"
-        )
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_TIMEOUT_S:
-        raise UsageError(
-            f"{name} must be seconds in (0, {MAX_TIMEOUT_S:g}], or 0 for no deadline, got {value!r}"
-        )
-    return seconds
+    """A read deadline: None (the default for the filesystem), 0 (no deadline) or seconds up
+    to a day (:func:`shardio._check.require_seconds`); returned as a float (None for None)."""
+    return None if value is None else require_seconds(value, name)
 
 
 def default_read_timeout(network: bool) -> float:

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from shardio._check import require_int
+from shardio._check import require_int, require_seconds
 from shardio.errors import (
     SampleDecodeError,
     SampleUnavailableError,
@@ -98,19 +98,9 @@ class RecoveryPolicy:
                 self, name, require_int(getattr(self, name), name, minimum=0, maximum=100)
             )
         for name in ("backoff_s", "max_backoff_s"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not (0 <= value <= 600)
-            ):
-                raise UsageError(f"{name} must be a number of seconds in [0, 600], got {value!r}")
-        if self.budget_s is not None and (
-            isinstance(self.budget_s, bool)
-            or not isinstance(self.budget_s, int | float)
-            or not self.budget_s >= 0
-        ):
-            raise UsageError(f"budget_s must be None or seconds >= 0, got {self.budget_s!r}")
+            object.__setattr__(self, name, require_seconds(getattr(self, name), name))
+        if self.budget_s is not None:
+            object.__setattr__(self, "budget_s", require_seconds(self.budget_s, "budget_s"))
         if self.journal is not None and not isinstance(self.journal, str | os.PathLike):
             raise UsageError(f"journal must be a path, got {type(self.journal).__name__}")
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from shardio._check import require_seconds
 from shardio.errors import CommandNotFoundError, StorageError, UsageError
 
 __all__ = ["CommandResult", "CommandRunner", "run_command"]
@@ -87,8 +88,7 @@ def run_command(argv: Sequence[str], *, timeout_s: float = 60.0) -> CommandResul
     args = tuple(argv)
     if not args:
         raise UsageError("run_command needs a command to run, got an empty argv")
-    if timeout_s <= 0:
-        raise UsageError(f"timeout_s must be positive, got {timeout_s}")
+    timeout_s = require_seconds(timeout_s, "timeout_s", positive=True)
     name = args[0]
     logger.debug("running %s (timeout %.1fs)", shlex.join(args), timeout_s)
     try:

@@ -37,7 +37,7 @@ class _Resumable(_PositionOnly):
         ("map_location", 3, "map_location must be a device name .*got int 3"),
         ("map_location", {"cpu": 1}, "map_location must be a device name .*got dict"),
         ("read_timeout_s", "10", "read_timeout_s must be a number of seconds"),
-        ("read_timeout_s", float("nan"), "read_timeout_s must be more than 0"),
+        ("read_timeout_s", float("nan"), "read_timeout_s must be seconds, more than 0"),
         ("kind", 1, "checkpoint kind must be 'full' or 'light', not 1"),
         ("environ", ["SLURM_JOB_ID"], "environ must be a mapping of str to str"),
         ("environ", {"SLURM_JOB_ID": 7}, r"environ\['SLURM_JOB_ID'\] is int 7"),
