@@ -6,7 +6,8 @@ Prometheus exporter and an HTTP server). A face lists its names instead::
 
     __getattr__, __dir__ = lazy_face(__name__, {"stage_dataset": "shardio.cache.stage"})
 
-and names them under ``if TYPE_CHECKING:`` for type checkers.
+and names them under ``if TYPE_CHECKING:`` for type checkers. A renamed name stays one
+release in ``renamed`` (old name -> new name): it loads the new one and warns.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shardio._deprecated import warn_renamed
+
 __all__ = ["lazy_face"]
 
 
@@ -24,6 +27,7 @@ def lazy_face(
     names: Mapping[str, str],
     *,
     on_missing: Callable[[str, ModuleNotFoundError], BaseException | None] | None = None,
+    renamed: Mapping[str, str] | None = None,
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The ``__getattr__`` and ``__dir__`` of a package whose ``names`` load lazily.
 
@@ -32,10 +36,17 @@ def lazy_face(
         names: public name -> the module that defines it.
         on_missing: called when a name's module (or a module it imports) is not installed;
             may return the exception to raise instead (one line naming the extra).
+        renamed: old name -> its new name in ``names``; the old one warns
+            (``DeprecationWarning``) at each use and is not listed by ``dir()``.
     """
     table = dict(names)
+    aliases = dict(renamed or {})
 
     def attribute(name: str) -> Any:
+        if name in aliases:
+            new = aliases[name]
+            warn_renamed(f"{package}.{name}", f"{package}.{new}")
+            return getattr(sys.modules[package], new)
         module = table.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")

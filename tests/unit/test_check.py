@@ -41,7 +41,7 @@ def test_every_seconds_option_uses_the_one_limit() -> None:
     assert check_read_timeout(MAX_SECONDS) == MAX_SECONDS
     assert RecoveryPolicy(backoff_s=MAX_SECONDS, max_backoff_s=MAX_SECONDS).backoff_s == MAX_SECONDS
     for make in (
-        lambda s: check_read_timeout(s),
+        check_read_timeout,
         lambda s: RecoveryPolicy(backoff_s=s),
         lambda s: RecoveryPolicy(budget_s=s),
         lambda s: PeriodicReporter(lambda: None, interval_s=s),

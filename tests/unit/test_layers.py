@@ -25,6 +25,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "shardio"
 
 LAYERS = {
     "errors": 0, "units": 0, "_check": 0, "_lazy": 0, "_version": 0, "_env": 0, "_pool": 0,
+    "_deprecated": 0,
     "storage": 1, "order": 1, "topology": 1,
     "format": 2, "metrics": 2,
     "writers": 3, "cache": 3, "parity": 3,

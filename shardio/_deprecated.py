@@ -1,0 +1,30 @@
+"""Deprecation warnings: a renamed name or option keeps working for one release, and says so.
+
+Every alias the CHANGELOG lists goes through :func:`warn_renamed`, so the message has one
+shape (old, new, the release that removes the old) and points at the caller's line.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+__all__ = ["REMOVED_IN", "warn_renamed"]
+
+# The release whose code no longer has the aliases (CHANGELOG.md lists them).
+REMOVED_IN = "0.3"
+
+
+def warn_renamed(old: str, new: str, *, stacklevel: int = 3) -> None:
+    """Warn (``DeprecationWarning``) that ``old`` is now spelled ``new``.
+
+    Args:
+        old: what the caller wrote, e.g. ``"ShardDataset(cache=...)"``.
+        new: what to write instead, e.g. ``"ShardDataset(stage=...)"``.
+        stacklevel: frames above this call to name in the warning (3: the caller of the
+            function that calls this one).
+    """
+    warnings.warn(
+        f"{old} is deprecated and goes in shardio {REMOVED_IN}: use {new}",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
