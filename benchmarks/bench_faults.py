@@ -9,11 +9,11 @@ made once under ``--workdir`` and reused while its stamp stands), measures:
    and stream mode, warm and cold;
 2. the cost of ``verify=True`` against ``verify=False`` (ring, warm, map and stream);
 3. the time to repair one shard from the source: (a) reading the samples of one shard through
-   ``ResilientDataset(ShardDataset(SRC, cache=DEST), policy="raise")`` when its staged copy is
+   ``ShardDataset(SRC, cache=DEST, recovery="raise")`` when its staged copy is
    silently damaged (re-staged on the first bad read) against the same reads of an intact
    copy; (b) ``shardio verify DEST --repair`` on that staging area against ``shardio verify
    DEST`` on the intact area;
-4. an epoch through ``ResilientDataset(..., policy="skip", backoff_s=0.0, retries=1)`` on a
+4. an epoch through ``ShardDataset(..., recovery=RecoveryPolicy(policy="skip", ...))`` on a
    copy of the pack in which 1% of the shards (at least one) hold a flipped byte, against a
    clean epoch through the same wrapper, with the number of substituted samples.
 
@@ -171,7 +171,7 @@ def _epoch_child(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     import torch  # noqa: F401 - imported before the clock, as every user's script does
 
-    from shardio import ResilientDataset, ShardDataset
+    from shardio import RecoveryPolicy, ShardDataset
 
     if args.handshake:
         common.child_handshake()  # the parent drops the caches here for a cold run
@@ -179,9 +179,9 @@ def _epoch_child(argv: Sequence[str]) -> int:
     options: dict[str, Any] = {"mode": args.mode, "seed": args.seed, "verify": args.verify}
     if args.transport != "default":
         options["transport"] = args.transport
-    ds = ShardDataset(args.data, **options)
     if args.resilient:
-        ds = ResilientDataset(ds, **SKIP_OPTIONS)
+        options["recovery"] = RecoveryPolicy(**SKIP_OPTIONS)
+    ds = ShardDataset(args.data, **options)
     loader = ds.loader(batch_size=args.batch_size, num_workers=args.workers)
     samples = nbytes = 0
     t_first: float | None = None
@@ -218,12 +218,12 @@ def _shard_child(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     import torch  # noqa: F401
 
-    from shardio import ResilientDataset, ShardDataset
+    from shardio import ShardDataset
 
     if args.handshake:
         common.child_handshake()
     t0 = time.perf_counter()
-    ds = ResilientDataset(ShardDataset(args.src, cache=args.cache, shuffle=False), policy="raise")
+    ds = ShardDataset(args.src, cache=args.cache, shuffle=False, recovery="raise")
     samples = nbytes = 0
     first_s = 0.0
     for i in range(args.first, args.first + args.count):
@@ -895,7 +895,7 @@ def _report(
         "intact after': the flipped byte is back and the stamp matches.",
         "",
         "(a) Reading that shard's samples, `ds[i]` in order in one process, through "
-        "`ResilientDataset(ShardDataset(SRC, cache=DEST, shuffle=False), policy='raise')`. "
+        "`ShardDataset(SRC, cache=DEST, shuffle=False, recovery='raise')`. "
         "With the damage, the first read fails its checksum and the copy is staged again "
         "from SRC (copied and verified under its lock), then read: the first sample's time "
         "is the repair. The rest of the shard then comes from the fresh copy in the page "
@@ -919,8 +919,8 @@ def _report(
         f"A copy of the pack in which {len(data.damage)} of {n_shards} shards "
         f"({len(data.damage) / n_shards:.1%}) hold one flipped byte, in the jpeg member of "
         f"their middle sample: {bad}. Both rows read through "
-        "`ResilientDataset(ShardDataset(pack, mode=M, seed=0), policy='skip', backoff_s=0.0, "
-        "retries=1)` with the default transport ("
+        "`ShardDataset(pack, mode=M, seed=0, recovery=RecoveryPolicy(policy='skip', "
+        "backoff_s=0.0, retries=1))` with the default transport ("
         + (", ".join(f"`{t}`" for t in default_transport) or "?")
         + "), warm; a damaged sample is retried once, then replaced by a substitute drawn from "
         "the same rank's share of the epoch.",

@@ -14,7 +14,7 @@ child's imports) and warm, median of ``--repeat`` rounds, round-robin:
 - metadata-server requests per 1,000 samples over two epochs of one process (the client's
   counters in ``MOUNT/.stats``, read before and after);
 - ``shardio stage`` from the bed to local disk against ``cp -r`` (cold);
-- an epoch of ``ResilientDataset(policy="skip")`` with one chunkserver stopped, against the
+- an epoch of ``ShardDataset(recovery="skip")`` with one chunkserver stopped, against the
   same epoch healthy.
 
 The bed is always taken down (also on Ctrl-C or SIGTERM). The section "## On a parallel
@@ -196,7 +196,7 @@ def _probe_child(argv: Sequence[str]) -> int:
 
 
 def _dead_child(argv: Sequence[str]) -> int:
-    """``bench_pfs.py _dead DATA RESULT``: one epoch of ResilientDataset(policy="skip"),
+    """``bench_pfs.py _dead DATA RESULT``: one epoch of ShardDataset(recovery="skip"),
     writing its progress to RESULT after every batch (the parent may have to kill it)."""
     parser = argparse.ArgumentParser(prog="bench_pfs.py _dead")
     parser.add_argument("data")
@@ -210,7 +210,7 @@ def _dead_child(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     import torch  # noqa: F401 - imported before the clock, as every user's script does
 
-    from shardio import ResilientDataset, ShardDataset
+    from shardio import ShardDataset
 
     options: dict[str, Any] = {"mode": args.mode, "seed": args.seed}
     has_timeout = "read_timeout_s" in inspect.signature(ShardDataset.__init__).parameters
@@ -236,7 +236,7 @@ def _dead_child(argv: Sequence[str]) -> int:
 
     ds: Any = None
     try:
-        ds = ResilientDataset(ShardDataset(args.data, **options), policy="skip")
+        ds = ShardDataset(args.data, **options, recovery="skip")
         state["expected"] = len(ds)
         loader = ds.loader(batch_size=args.batch_size, num_workers=args.workers)
         for batch in loader:
@@ -1040,9 +1040,9 @@ def _report(
             )
             + f". Client mounted with `mfsioretries={args.ioretries}` (a read "
             "of a lost chunk fails with ENXIO after the retries; 10-20 s measured here with 3). "
-            f"`ResilientDataset(ShardDataset(DATA, mode=M, seed=0"
+            f"`ShardDataset(DATA, mode=M, seed=0"
             + (f", read_timeout_s={args.read_timeout_s:g}" if probe["read_timeout_s"] else "")
-            + '), policy="skip").loader(batch_size=64, num_workers=2)`, cold; '
+            + ', recovery="skip").loader(batch_size=64, num_workers=2)`, cold; '
             + (
                 ""
                 if probe["read_timeout_s"]

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from shardio import ResilientDataset, ShardDataset, ShardLoader
+from shardio import ShardDataset, ShardLoader
 from shardio.errors import ReadStalledError
 from shardio.read.deadline import DeadlineOpener
 from shardio.read.faults import Fault, FaultyOpener
@@ -95,9 +95,7 @@ def test_an_epoch_over_a_dead_server_costs_about_a_deadline_per_dead_shard(
     marks = tmp_path / "marks"
     marks.mkdir()
     opener = _FuseLikeOpener(dead=dead, release=str(release), marks=str(marks))
-    ds = ResilientDataset(
-        ShardDataset(dataset, seed=3, read_timeout_s=_T, opener=opener), policy="skip"
-    )
+    ds = ShardDataset(dataset, seed=3, read_timeout_s=_T, opener=opener, recovery="skip")
     loader = ShardLoader(ds, batch_size=16, num_workers=workers)
     began = time.monotonic()
     delivered: list[str] = []

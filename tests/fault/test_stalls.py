@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from shardio import MixedDataset, ResilientDataset, ShardDataset, ShardLoader
+from shardio import MixedDataset, RecoveryPolicy, ShardDataset, ShardLoader
 from shardio.errors import ReadStalledError, SampleUnavailableError, StorageError, UsageError
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.journal import read_journal
@@ -71,10 +71,13 @@ def test_a_dead_shard_costs_one_deadline_and_its_samples_are_substituted(
     lost = {k for k, s in zip(keys_by_index, shard_of_key, strict=True) if s == dead}
     journal = tmp_path / "repairs.jsonl"
     opener = FaultyOpener([Fault(kind="hang", path=dead, release=str(release))])
-    ds = ResilientDataset(
-        ShardDataset(dataset, mode=mode, seed=1, read_timeout_s=0.5, opener=opener),
-        policy="skip",
-        journal=str(journal),
+    ds = ShardDataset(
+        dataset,
+        mode=mode,
+        seed=1,
+        read_timeout_s=0.5,
+        opener=opener,
+        recovery=RecoveryPolicy(policy="skip", journal=str(journal)),
     )
     loader = ShardLoader(ds, batch_size=8, num_workers=workers)
     delivered: list[str] = []
@@ -106,11 +109,12 @@ def test_without_a_policy_a_stall_raises_naming_the_shard(
             pass
     assert dead in str(info.value) and "stalled for 0.3 s" in str(info.value)
     assert info.value.retryable
-    raising = ResilientDataset(
-        ShardDataset(dataset, shuffle=False, read_timeout_s=0.3, opener=opener),
-        policy="raise",
-        retries=1,
-        backoff_s=0,
+    raising = ShardDataset(
+        dataset,
+        shuffle=False,
+        read_timeout_s=0.3,
+        opener=opener,
+        recovery=RecoveryPolicy(policy="raise", retries=1, backoff_s=0),
     )
     with pytest.raises(SampleUnavailableError, match=r"held unavailable|stalled"):
         for _ in ShardLoader(raising, batch_size=4, num_workers=workers):

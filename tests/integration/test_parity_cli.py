@@ -346,7 +346,7 @@ def test_a_reader_restages_from_the_parity_of_a_read_only_source(
 ) -> None:
     """ResilientDataset over a staging area: a staged copy goes bad and its source shard is
     gone too; the re-stage rebuilds it from the source's parity into the area."""
-    from shardio import ResilientDataset, ShardDataset
+    from shardio import RecoveryPolicy, ShardDataset
 
     original = files(ds)
     man = manifest_of(ds)
@@ -359,7 +359,7 @@ def test_a_reader_restages_from_the_parity_of_a_read_only_source(
         subprocess.run(["mount", "--bind", "-o", "ro", str(ds), str(ro)], check=True)
         _damage(area, rel, "flip")  # bit rot in the staged copy
         before = _listing(ro)
-        read = ResilientDataset(ShardDataset(area), policy="raise", retries=0)
+        read = ShardDataset(area, recovery=RecoveryPolicy(policy="raise", retries=0))
         keys = [read[i]["__key__"] for i in range(len(read))]
         assert len(keys) == man.num_samples and len(set(keys)) == len(keys)
         assert read.recovery_stats["skip"] == 0
@@ -407,7 +407,7 @@ def test_a_read_only_source_shard_is_rebuilt_aside_and_read_whole(
     parity still gives the whole epoch, byte for byte, and nothing is written under it; the
     private copy has no name from the start and is freed at close. "refused": the dataset
     looks writable (os.access is asked, and lies) and the in-place rebuild is refused."""
-    from shardio import ResilientDataset, ShardDataset
+    from shardio import RecoveryPolicy, ShardDataset
 
     man = manifest_of(ds)
     _damage(ds, man.shards[3].path, "flip")
@@ -416,7 +416,7 @@ def test_a_read_only_source_shard_is_rebuilt_aside_and_read_whole(
         before = _listing(ro)
         if access == "refused":
             monkeypatch.setattr("shardio.read.rebuild.os.access", lambda *a, **k: True)
-        read = ResilientDataset(ShardDataset(ro), policy="raise", retries=0)
+        read = ShardDataset(ro, recovery=RecoveryPolicy(policy="raise", retries=0))
         got = {}
         for i in range(len(read)):
             sample = read[i]
@@ -436,7 +436,7 @@ def test_a_read_only_source_shard_is_rebuilt_aside_by_each_dataloader_worker(
 ) -> None:
     """The same through a map-mode DataLoader with 2 workers: each worker that meets the
     bad shard rebuilds its own private copy; the epoch is whole and the source unwritten."""
-    from shardio import ResilientDataset, ShardDataset, ShardLoader
+    from shardio import RecoveryPolicy, ShardDataset, ShardLoader
 
     man = manifest_of(ds)
     _damage(ds, man.shards[1].path, "truncate")
@@ -444,7 +444,9 @@ def test_a_read_only_source_shard_is_rebuilt_aside_by_each_dataloader_worker(
     inputs = _inputs(small_tree)
     with _read_only(ds, tmp_path) as ro:
         before = _listing(ro)
-        read = ResilientDataset(ShardDataset(ro, mode="map", seed=3), policy="raise", retries=0)
+        read = ShardDataset(
+            ro, mode="map", seed=3, recovery=RecoveryPolicy(policy="raise", retries=0)
+        )
         loader = ShardLoader(read, batch_size=16, num_workers=2)
         got = {}
         for batch in loader:
@@ -459,13 +461,13 @@ def test_a_read_only_source_shard_is_rebuilt_aside_by_each_dataloader_worker(
 
 
 def test_resilient_dataset_rebuilds_from_parity(ds: pathlib.Path) -> None:
-    from shardio import ResilientDataset, ShardDataset
+    from shardio import RecoveryPolicy, ShardDataset
 
     original = files(ds)
     man = manifest_of(ds)
     (ds / man.shards[0].path).unlink()
     _damage(ds, man.shards[-1].path, "truncate")
-    read = ResilientDataset(ShardDataset(ds), policy="raise", retries=0)
+    read = ShardDataset(ds, recovery=RecoveryPolicy(policy="raise", retries=0))
     keys = [read[i]["__key__"] for i in range(len(read))]
     assert len(keys) == man.num_samples and len(set(keys)) == len(keys)
     assert read.recovery_stats["rebuild"] == 2 and read.recovery_stats["skip"] == 0
@@ -473,13 +475,16 @@ def test_resilient_dataset_rebuilds_from_parity(ds: pathlib.Path) -> None:
 
 
 def test_a_caller_hook_replaces_the_parity_rebuild(ds: pathlib.Path) -> None:
-    from shardio import ResilientDataset, ShardDataset
+    from shardio import RecoveryPolicy, ShardDataset
     from shardio.errors import SampleUnavailableError
 
     (ds / manifest_of(ds).shards[0].path).unlink()
     calls: list[int] = []
-    read = ResilientDataset(ShardDataset(ds), policy="raise", retries=0,
-                            rebuild=lambda shard: calls.append(shard) or False)  # fmt: skip
+    read = ShardDataset(
+        ds,
+        recovery=RecoveryPolicy(policy="raise", retries=0),
+        rebuild=lambda shard: calls.append(shard) or False,
+    )
     with pytest.raises(SampleUnavailableError, match="could not rebuild"):
         read[0]
     assert calls == [0]

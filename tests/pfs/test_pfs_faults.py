@@ -37,12 +37,12 @@ _EPOCH = textwrap.dedent(
     """
     import json, os, subprocess, sys, time
     import xxhash
-    from shardio import ResilientDataset, ShardDataset, ShardLoader
+    from shardio import RecoveryPolicy, ShardDataset, ShardLoader
     args = json.loads(sys.argv[1])
     truth = json.load(open(args["truth"]))
-    ds = ShardDataset(args["root"], mode=args["mode"], seed=1, read_timeout_s=args["timeout"])
-    if args["policy"]:
-        ds = ResilientDataset(ds, policy=args["policy"], journal=args["journal"])
+    policy = args["policy"] and RecoveryPolicy(policy=args["policy"], journal=args["journal"])
+    ds = ShardDataset(args["root"], mode=args["mode"], seed=1, read_timeout_s=args["timeout"],
+                      recovery=policy or None)
     loader = ShardLoader(ds, batch_size=8, num_workers=args["workers"])
     if args.get("state"):
         loader.load_state_dict(args["state"])

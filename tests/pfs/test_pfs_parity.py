@@ -33,10 +33,10 @@ from shardio.format.manifest import load_manifest
 _EPOCH = """
 import json, os, sys, time
 import xxhash
-from shardio import ResilientDataset, ShardDataset, ShardLoader
+from shardio import RecoveryPolicy, ShardDataset, ShardLoader
 args = json.loads(sys.argv[1])
-ds = ResilientDataset(ShardDataset(args["root"], read_timeout_s=5), policy="skip",
-                      journal=args["journal"])
+ds = ShardDataset(args["root"], read_timeout_s=5,
+                  recovery=RecoveryPolicy(policy="skip", journal=args["journal"]))
 loader = ShardLoader(ds, batch_size=8, num_workers=2)
 began, got = time.monotonic(), {}
 for batch in loader:

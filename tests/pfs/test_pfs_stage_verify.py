@@ -14,7 +14,7 @@ import pytest
 from mfsbed import PfsDataset
 from trees import flip_member
 
-from shardio import ResilientDataset, ShardDataset
+from shardio import RecoveryPolicy, ShardDataset
 from shardio.format.manifest import load_manifest
 from shardio.order.ranks import RankInfo
 from shardio.read.journal import read_journal
@@ -111,12 +111,12 @@ def test_resilient_dataset_substitutes_the_damaged_shards_samples(
 ) -> None:
     dst, rel, bad_key = damaged
     journal = tmp_path / "repairs.jsonl"
-    ds = ResilientDataset(
-        ShardDataset(dst, mode=mode, ranks=SINGLE, seed=4),
-        policy="skip",
-        retries=1,
-        backoff_s=0.0,
-        journal=str(journal),
+    ds = ShardDataset(
+        dst,
+        mode=mode,
+        ranks=SINGLE,
+        seed=4,
+        recovery=RecoveryPolicy(policy="skip", retries=1, backoff_s=0.0, journal=str(journal)),
     )
     loader = ds.loader(batch_size=BATCH, num_workers=workers)
     try:

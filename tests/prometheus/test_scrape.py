@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from shardio import RecoveryPolicy
 from shardio.cache.options import StageOptions
 from shardio.cache.stage import stage_dataset
 from shardio.errors import SampleUnavailableError
@@ -29,7 +30,6 @@ from shardio.order.ranks import RankInfo
 from shardio.packing.run import PackOptions, pack
 from shardio.read.packed import PackedDataset
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.resilient import ResilientDataset
 
 JOB = "shardio-prom-test"
 SCRAPE_JOB = "shardio-node"
@@ -180,11 +180,11 @@ def test_prometheus_scrapes_a_training_run_and_its_figures_are_the_loaders(
     loaders = []
     for rank in (0, 1):
         ranks = RankInfo(rank=rank, world_size=2, local_rank=rank, ranks_per_node=2)
-        ds = ResilientDataset(
-            ShardDataset(dataset, cache=area, ranks=ranks),
-            policy="skip",
-            retries=1,
-            backoff_s=0.0,
+        ds = ShardDataset(
+            dataset,
+            cache=area,
+            ranks=ranks,
+            recovery=RecoveryPolicy(policy="skip", retries=1, backoff_s=0.0),
         )
         loaders.append(ds.loader(batch_size=16, num_workers=1))
     node = PrometheusExporter(
@@ -305,7 +305,7 @@ def test_a_run_that_gives_up_on_a_sample_fires_the_critical_alert(
     real Prometheus that scrapes every second and evaluates the shipped rules."""
     dataset, _, bad_key = run_dataset
     job = "shardio-prom-unavailable"
-    ds = ResilientDataset(ShardDataset(dataset), policy="raise", retries=1, backoff_s=0.0)
+    ds = ShardDataset(dataset, recovery=RecoveryPolicy(policy="raise", retries=1, backoff_s=0.0))
     loader = ds.loader(batch_size=16, num_workers=1)
     exporter = PrometheusExporter(loader.metrics, port=0, job=job, interval_s=HOUR_S, linger_s=60)
     sel = f'{{job="{job}"}}'

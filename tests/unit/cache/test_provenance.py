@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from shardio import RecoveryPolicy
 from shardio.cache import StageOptions, stage_dataset
 from shardio.cache.protocol import read_area_marker
 from shardio.errors import UsageError
@@ -22,7 +23,6 @@ from shardio.format.manifest import load_manifest
 from shardio.order.ranks import RankInfo
 from shardio.packing.run import PackOptions, pack
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.resilient import ResilientDataset
 
 SINGLE = RankInfo(rank=0, world_size=1)
 OPTIONS = StageOptions(durable=False)
@@ -258,18 +258,18 @@ def test_an_area_staged_later_for_another_dataset_is_never_written(
     shards over the other dataset's copies (the defect: every copy was overwritten)."""
     a, b = twins
     dest = tmp_path / "area"
-    inner = ShardDataset(a.path, cache=dest, ranks=SINGLE, shuffle=False)
-    assert inner.read_metrics().counts["cache_missing"] == 1
+    journal = str(tmp_path / "journal.jsonl")
+    policy = RecoveryPolicy(policy="raise", journal=journal)
+    ds = ShardDataset(a.path, cache=dest, ranks=SINGLE, shuffle=False, recovery=policy)
+    assert ds.read_metrics().counts["cache_missing"] == 1
     stage_dataset(b.path, dest, OPTIONS)
     assert set(a.rels) & b.staged(dest), "no shard names in common: the test tests nothing"
     before = helpers.snapshot(dest)
-    ds = ResilientDataset(inner, policy="raise", journal=str(tmp_path / "journal.jsonl"))
     try:
         _read_all(ds, a)
         counts = ds.read_metrics().counts
     finally:
         ds.close()
-        inner.close()
     assert counts["restages"] == 0 and counts["bytes_source"] > 0
     assert helpers.snapshot(dest) == before
 

@@ -8,13 +8,13 @@ import os
 import pathlib
 import shutil
 
+from shardio import RecoveryPolicy
 from shardio.cache import StageOptions, stage_dataset
 from shardio.cache.protocol import stamp_matches, write_stamp
 from shardio.format.checksum import file_xxh3_128
 from shardio.read.journal import read_journal
 from shardio.read.packed import PackedDataset
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.resilient import ResilientDataset
 
 from .test_damage import SINGLE, _flip
 
@@ -33,8 +33,8 @@ def _rot(src, dest: pathlib.Path, sample: int) -> str:
 
 def _read_shard(args: tuple[str, str, list[int], int]) -> list[bytes]:
     src, dest, samples, _worker = args
-    ds = ResilientDataset(
-        ShardDataset(src, cache=dest, ranks=SINGLE), policy="raise", backoff_s=0.0
+    ds = ShardDataset(
+        src, cache=dest, ranks=SINGLE, recovery=RecoveryPolicy(policy="raise", backoff_s=0.0)
     )
     return [ds[i]["bin"] for i in samples]
 
@@ -68,7 +68,12 @@ def test_a_deleted_copy_is_staged_again(big_src, tmp_path):
     rel = big_src.rels[1]
     # The stamp still matches nothing once the file is gone: delete it while a reader has
     # already decided to read the copy.
-    ds = ResilientDataset(ShardDataset(big_src.path, cache=dest, ranks=SINGLE), backoff_s=0.0)
+    ds = ShardDataset(
+        big_src.path,
+        cache=dest,
+        ranks=SINGLE,
+        recovery=RecoveryPolicy(policy="raise", backoff_s=0.0),
+    )
     first = big_src.samples_in(rel)[0]
     ds.packed.resolver.locate(big_src.rels.index(rel))
     os.unlink(dest / rel)
@@ -87,7 +92,12 @@ def test_restage_never_writes_through_a_symlinked_folder(big_src, tmp_path):
     shutil.move(folder, elsewhere)
     folder.symlink_to(elsewhere)
     before = {p.name: p.stat().st_mtime_ns for p in elsewhere.iterdir()}
-    ds = ResilientDataset(ShardDataset(big_src.path, cache=dest, ranks=SINGLE), backoff_s=0.0)
+    ds = ShardDataset(
+        big_src.path,
+        cache=dest,
+        ranks=SINGLE,
+        recovery=RecoveryPolicy(policy="raise", backoff_s=0.0),
+    )
     # The staged copies behind the symlink are not trusted; the source is read.
     assert ds[sample]["bin"] == big_src.payload[big_src.keys[sample]]
     after = {p.name: p.stat().st_mtime_ns for p in elsewhere.iterdir()}
