@@ -91,7 +91,7 @@ _LAZY = {
     "RecoveryPolicy": "shardio.read.recovery",
     "ResilientDataset": "shardio.runtime.resilient",
     "MixedDataset": "shardio.runtime.mixed",
-    "VerifyReport": "shardio.tools.verify",
+    "VerifyReport": "shardio.tools.verify_report",
     "verify_dataset": "shardio.tools.verify",
     "unpack_dataset": "shardio.tools.unpack",
     "repair_dataset": "shardio.tools.repair",

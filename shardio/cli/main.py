@@ -47,7 +47,7 @@ from shardio.units import format_duration, format_size
 
 if TYPE_CHECKING:
     from shardio.metrics.progress import ProgressCallback
-    from shardio.tools.verify import VerifyReport
+    from shardio.tools.verify_report import VerifyReport
 
 __all__ = ["default_stage_dir", "default_workers", "main", "parse_part"]
 

@@ -24,11 +24,11 @@ def seconds_arg(option: str) -> Callable[[str], float]:
     """An argparse type for a deadline in seconds: ASCII digits with an optional fraction
     ("5", "0.5"), at most a day (0: none); no sign, exponent, "nan" or "inf".
 
-    The result goes through :func:`shardio.read.deadline.check_read_timeout` too.
+    The result goes through :func:`shardio.read.timeouts.check_read_timeout` too.
     """
 
     def parse(text: str) -> float:
-        from shardio.read.deadline import check_read_timeout
+        from shardio.read.timeouts import check_read_timeout
 
         if _SECONDS.fullmatch(text) is None:
             raise argparse.ArgumentTypeError(
@@ -125,7 +125,7 @@ def _evicted_line(count: int, options: Any) -> str:
 
 def _stage_timeout(src: str, given: float | None) -> float:
     """The copy deadline: ``--read-timeout``, else the default for SRC's filesystem."""
-    from shardio.read.deadline import resolve_read_timeout
+    from shardio.read.timeouts import resolve_read_timeout
 
     return resolve_read_timeout(src, given)
 

@@ -23,8 +23,9 @@ from shardio.errors import FormatError, ShardioError, UsageError
 from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import OrderSpec
-from shardio.read.deadline import resolve_read_timeout, with_deadline
+from shardio.read.deadline import with_deadline
 from shardio.read.packed import PackedDataset
+from shardio.read.timeouts import resolve_read_timeout
 from shardio.storage.fsdetect import describe_fs
 
 __all__ = ["Batch", "VerifiedSource"]
@@ -60,7 +61,7 @@ class VerifiedSource:
         exts: extensions of the payload member, first match wins per sample.
         read_timeout_s: seconds a read may stall before it is abandoned and raises
             :class:`~shardio.errors.ReadStalledError` (None: 120 s on a network filesystem,
-            none on a local one; 0: none); see :mod:`shardio.read.deadline`.
+            none on a local one; 0: none); see :mod:`shardio.read.timeouts`.
         ahead: batches read ahead of DALI's request, one after the other in the read
             thread; while reads wait on storage, each batch's read first advises its own
             members and the next batch's (``POSIX_FADV_WILLNEED``), so the kernel or the

@@ -17,12 +17,12 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-__all__ = ["MAX_REQUESTS", "REQUEST_TIMEOUT_S", "MetricsServer"]
+__all__ = ["MAX_REQUESTS", "REQUEST_TIMEOUT_S", "CountedBody", "MetricsServer"]
 
 logger = logging.getLogger(__name__)
 
@@ -167,3 +167,17 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
         left = [t.name for _, t in open_now if t.is_alive()]
         if left or (self._loop is not None and self._loop.is_alive()):
             logger.warning("metrics http: %d threads still ending after close", len(left) + 1)
+
+
+class CountedBody:
+    """A WSGI response body that calls ``done`` once the server sent it (its close())."""
+
+    def __init__(self, body: Iterable[bytes], done: Callable[[], None]) -> None:
+        self._body = body
+        self._done = done
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._body)
+
+    def close(self) -> None:
+        self._done()

@@ -28,16 +28,26 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import re
 import stat
 import tempfile
+from typing import Any
 
 from shardio.errors import StorageError, UsageError
 from shardio.storage.atomic import storage_error
-from shardio.storage.files import describe_kind, find_temps_inside, rmdir_inside, unlink_inside
+from shardio.storage.files import (
+    describe_kind,
+    find_temps_inside,
+    open_regular,
+    rmdir_inside,
+    unlink_inside,
+)
 
 __all__ = [
+    "MAX_SPOOL_BYTES",
+    "read_spool_file",
     "AUTO",
     "DEFAULT_ROOT",
     "SPOOL_NAME",
@@ -191,3 +201,29 @@ def remove_spool(path: str, *, made: bool) -> None:
                 f"left the metrics spool directory {path} in place: it holds files shardio "
                 f"did not write ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''})",
             )
+
+
+MAX_SPOOL_BYTES = 1 << 20  # a snapshot is a few KB; anything larger is not one
+
+
+def read_spool_file(path: str, oldest: float) -> dict[str, Any] | None:
+    """A spool file's record, or None when it is gone or older than ``oldest``."""
+    try:
+        fd = open_regular(path, what="metrics spool file", nofollow=True)
+    except StorageError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise
+    try:
+        st = os.fstat(fd)
+        if st.st_mtime < oldest:
+            return None
+        if st.st_size > MAX_SPOOL_BYTES:
+            raise StorageError(errno.EFBIG, f"metrics spool file {path} is too large")
+        data = os.read(fd, MAX_SPOOL_BYTES)
+    finally:
+        os.close(fd)
+    record = json.loads(data)
+    if not isinstance(record, dict) or "snapshot" not in record:
+        raise UsageError(f"metrics spool file {path} holds no snapshot")
+    return record

@@ -14,26 +14,14 @@ made by local rank 0 and removed by it at close; see :mod:`shardio.metrics._spoo
 files written atomically (temp file, then rename) without following a symlink; files older
 than ten intervals (a rank that ended or died) are passed over. A spool that cannot be used
 (another user's directory, a symlink) is logged and the node reports without it: metrics
-never stop training. Metric names, all ``shardio_*`` with labels ``rank`` and ``job``:
-
-- counters: ``shardio_samples_delivered_total``, ``shardio_batches_delivered_total``,
-  ``shardio_samples_read_total``, ``shardio_bytes_read_total{source=staged|source}``,
-  ``shardio_mix_samples_delivered_total{dataset=NAME}`` (the mix drawn, for a ``MixedDataset``),
-  and every read counter (:data:`shardio.metrics.read.COUNTERS`) as ``shardio_<name>_total``;
-- gauges: ``shardio_samples_per_second``, ``shardio_bytes_per_second``,
-  ``shardio_stall_fraction``, ``shardio_step_mean_seconds``, ``shardio_step_std_seconds``,
-  ``shardio_snapshot_timestamp_seconds``;
-- histograms: ``shardio_read_latency_seconds{source=staged|source}`` (member reads),
-  ``shardio_wait_seconds`` (the loop's wait per batch), ``shardio_step_seconds``.
+never stop training. The metric names are
+:mod:`shardio.metrics.prometheus_families`'.
 
 The first report is taken at :meth:`PrometheusExporter.start`; until one holds figures and
 reached the node (a spool file written, on the other local ranks), the exporter looks again
 every :data:`~shardio.metrics.export.FIRST_POLL_S`, so the first batches show within about a
 second, not after an interval of zeros. Alert rules and a Grafana dashboard over these names
 ship with the package (:func:`shardio.metrics.alerts_path`).
-
-Histogram buckets are 100 µs ... 10 s in 1-2.5-5 steps, each an edge of
-:class:`~shardio.metrics.histogram.LatencyHistogram`, so their counts are exact.
 
 Metrics never stop training: a port that cannot be served (taken by another job on the
 node), a textfile that cannot be written, a spool that cannot be used, a disk that fills up
@@ -56,206 +44,41 @@ import errno
 import json
 import logging
 import os
-import re
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from shardio._check import require_path, require_seconds
-from shardio.errors import MissingExtraError, StorageError, UsageError
+from shardio.errors import StorageError, UsageError
 from shardio.metrics import _spool
-from shardio.metrics._http import MetricsServer
+from shardio.metrics._http import CountedBody, MetricsServer
 from shardio.metrics.export import PeriodicReporter, SnapshotSource
+from shardio.metrics.prometheus_families import (
+    Alerting,
+    alerting_counts,
+    load_client,
+    metric_families,
+)
 from shardio.metrics.snapshots import MetricsSnapshot
 from shardio.storage.atomic import atomic_write
-from shardio.storage.files import check_replaceable, open_regular
+from shardio.storage.files import check_replaceable
 
-__all__ = [
-    "ALERT_COUNTERS",
-    "BUCKETS_S",
-    "DEFAULT_HOST",
-    "DEFAULT_LINGER_S",
-    "LINGER_SCRAPES",
-    "PrometheusExporter",
-    "metric_families",
-]
+__all__ = ["DEFAULT_HOST", "DEFAULT_LINGER_S", "LINGER_SCRAPES", "PrometheusExporter"]
 
 logger = logging.getLogger(__name__)
 
-# Prometheus `le` bounds in seconds; every one is a LatencyHistogram bucket edge.
-BUCKETS_S: tuple[float, ...] = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
 # A spool file not rewritten for this many intervals belongs to a rank that is gone.
 STALE_INTERVALS = 10
 DEFAULT_HOST = "127.0.0.1"  # this node only; another address must be asked for (host=)
 _SPOOL_NAME = _spool.SPOOL_NAME
-_MAX_SPOOL_BYTES = 1 << 20  # a snapshot is a few KB; anything larger is not one
-_METRIC_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-_LABELS = ("rank", "job")
 _P = TypeVar("_P", bound="PrometheusExporter")
-# The read counters the shipped alert rules watch (any increase alerts): a run that counted
-# one of them serves its final figures after close until they were scraped (see linger_s).
-ALERT_COUNTERS = (
-    "checksum_failures",
-    "read_errors",
-    "stalls",
-    "held_fails",
-    "restages",
-    "rebuilds",
-    "drops",
-    "restage_failures",
-    "drop_failures",
-    "substitutes",
-    "unavailable",
-    "worker_restarts",
-)
 # After close, serve the final figures until this many scrapes read them (or linger_s).
 LINGER_SCRAPES = 2
 # Two scrape intervals at Prometheus's default of one minute.
 DEFAULT_LINGER_S = 120.0
-
-
-def _client() -> Any:
-    try:
-        import prometheus_client
-        import prometheus_client.core
-        import prometheus_client.utils
-    except ImportError as exc:
-        raise MissingExtraError("PrometheusExporter needs prometheus_client", "metrics") from exc
-    return prometheus_client
-
-
-def metric_families(labelled: Sequence[tuple[MetricsSnapshot, str]]) -> list[Any]:
-    """The Prometheus metric families of snapshots, each labelled by its rank and a job.
-
-    Args:
-        labelled: (snapshot, job name) pairs; their (job, rank) pairs must be distinct.
-
-    Returns:
-        ``prometheus_client`` metric families (see the module docstring for the names).
-
-    Raises:
-        UsageError: prometheus_client is not installed.
-    """
-    client = _client()
-    core = client.core
-    floats = client.utils.floatToGoString
-
-    def counter(name: str, doc: str, extra: Sequence[str] = ()) -> Any:
-        return core.CounterMetricFamily(name, doc, labels=[*_LABELS, *extra])
-
-    def gauge(name: str, doc: str) -> Any:
-        return core.GaugeMetricFamily(name, doc, labels=list(_LABELS))
-
-    def histogram(name: str, doc: str, extra: Sequence[str] = ()) -> Any:
-        return core.HistogramMetricFamily(name, doc, labels=[*_LABELS, *extra])
-
-    delivered = counter("shardio_samples_delivered", "Samples delivered to the training loop.")
-    batches = counter("shardio_batches_delivered", "Batches delivered to the training loop.")
-    read = counter("shardio_samples_read", "Samples read by the rank's workers.")
-    nbytes = counter("shardio_bytes_read", "Payload bytes read, by source.", ["source"])
-    mixed = counter(
-        "shardio_mix_samples_delivered",
-        "Samples delivered per source of a mix (MixedDataset), by its name.",
-        ["dataset"],
-    )
-    gauges = {
-        "samples_per_s": gauge("shardio_samples_per_second", "Samples delivered per second."),
-        "bytes_per_s": gauge("shardio_bytes_per_second", "Payload bytes read per second."),
-        "stall_fraction": gauge(
-            "shardio_stall_fraction", "Share of the time the loop waited for data."
-        ),
-        "step_mean_s": gauge("shardio_step_mean_seconds", "Mean training step time."),
-        "step_std_s": gauge("shardio_step_std_seconds", "Standard deviation of the step time."),
-        "time_s": gauge("shardio_snapshot_timestamp_seconds", "When the figures were taken."),
-    }
-    read_latency = histogram(
-        "shardio_read_latency_seconds", "Latency of member reads, by source.", ["source"]
-    )
-    wait = histogram("shardio_wait_seconds", "Time the training loop waited for each batch.")
-    step = histogram("shardio_step_seconds", "Training step time (compute plus wait).")
-    fixed = [delivered, batches, read, nbytes, mixed, *gauges.values(), read_latency, wait, step]
-    taken = {family.name for family in fixed}
-    counters: dict[str, Any] = {}
-
-    for snap, job in labelled:
-        labels = [str(snap.rank), _label_value(job)]
-        delivered.add_metric(labels, snap.samples)
-        batches.add_metric(labels, snap.batches)
-        read.add_metric(labels, snap.samples_read)
-        nbytes.add_metric([*labels, "staged"], snap.bytes_staged)
-        nbytes.add_metric([*labels, "source"], snap.bytes_source)
-        for name, count in sorted(snap.sources.items()):
-            mixed.add_metric([*labels, _label_value(name)], count)
-        for field, family in gauges.items():
-            family.add_metric(labels, getattr(snap, field))
-        for name, value in sorted(snap.counters.items()):
-            # CounterMetricFamily drops a "_total" suffix: drop it first to see clashes.
-            metric = f"shardio_{name.removesuffix('_total')}"
-            if metric in taken or not _METRIC_NAME.match(metric):
-                continue  # a name from a foreign spool file must not break the scrape
-            if metric not in counters:
-                counters[metric] = counter(metric, f"Read counter {name!r} (see ReadMetrics).")
-            counters[metric].add_metric(labels, value)
-        for hist_name, family, extra in (
-            ("read_staged", read_latency, ["staged"]),
-            ("read_source", read_latency, ["source"]),
-            ("wait", wait, []),
-            ("step", step, []),
-        ):
-            hist = snap.histograms.get(hist_name)
-            if hist is None:
-                continue
-            total = hist.count
-            buckets = [
-                (floats(bound), count)
-                for bound, count in zip(BUCKETS_S, hist.cumulative(BUCKETS_S), strict=True)
-            ]
-            buckets.append(("+Inf", total))
-            family.add_metric([*labels, *extra], buckets, hist.sum_ns / 1e9)
-    return [*fixed[:5], *counters.values(), *fixed[5:]]
-
-
-def _label_value(value: str) -> str:
-    """``value`` as UTF-8 can write it: a lone surrogate (a job name from a non-UTF-8
-    environment variable) as ``\\udcff``, so it cannot fail every scrape."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    return value
-
-
-_Alerting = dict[tuple[str, int, str], int]  # (job, rank, counter) -> count
-
-
-def _alerting(labelled: Sequence[tuple[MetricsSnapshot, str]]) -> _Alerting:
-    """The non-zero :data:`ALERT_COUNTERS` of snapshots, by job, rank and name."""
-    return {
-        (job, snap.rank, name): count
-        for snap, job in labelled
-        for name in ALERT_COUNTERS
-        if (count := int(snap.counters.get(name, 0)))
-    }
 
 
 class _SnapshotCollector:
@@ -275,20 +98,6 @@ class _SnapshotCollector:
         if self._served is not None:
             self._served(labelled)
         return metric_families(labelled)
-
-
-class _CountedBody:
-    """A WSGI response body that calls ``done`` once the server sent it (its close())."""
-
-    def __init__(self, body: Iterable[bytes], done: Callable[[], None]) -> None:
-        self._body = body
-        self._done = done
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self._body)
-
-    def close(self) -> None:
-        self._done()
 
 
 class PrometheusExporter(PeriodicReporter):
@@ -387,7 +196,7 @@ class PrometheusExporter(PeriodicReporter):
         self.spool_root = require_path(spool_root, "spool_root")
         self.spool_path: str | None = None  # the spool in use (found later on other ranks)
         self._spool_made = False
-        client = _client()
+        client = load_client()
         self._registry = client.CollectorRegistry(auto_describe=False)  # the textfile's
         self._registry.register(_SnapshotCollector(self))
         self._http_registry = client.CollectorRegistry(auto_describe=False)  # scrapes'
@@ -401,7 +210,7 @@ class PrometheusExporter(PeriodicReporter):
         self._scrapes = threading.Condition()
         self._scrape_count = 0
         self._scrape_starts: deque[float] = deque(maxlen=LINGER_SCRAPES)
-        self._served_alerting: _Alerting = {}  # the alert counters the latest scrape read
+        self._served_alerting: Alerting = {}  # the alert counters the latest scrape read
         self._emitted_at = 0.0  # time.monotonic() of the latest snapshot given to emit()
 
     @property
@@ -495,13 +304,13 @@ class PrometheusExporter(PeriodicReporter):
             body = app(environ, start_response)
             if environ.get("PATH_INFO") == "/favicon.ico":
                 return body
-            return _CountedBody(body, lambda: self._scraped(began))
+            return CountedBody(body, lambda: self._scraped(began))
 
         return counted
 
     def _note_served(self, labelled: Sequence[tuple[MetricsSnapshot, str]]) -> None:
         """A scrape is reading these snapshots."""
-        alerting = _alerting(labelled)
+        alerting = alerting_counts(labelled)
         with self._scrapes:
             self._served_alerting = alerting
 
@@ -557,7 +366,7 @@ class PrometheusExporter(PeriodicReporter):
         if self.linger_s <= 0:
             return
         final = self._emitted_at
-        alerting = _alerting(self.node_snapshots())
+        alerting = alerting_counts(self.node_snapshots())
         with self._scrapes:
             unseen = sorted(
                 f"{name}={count} (rank {rank})"
@@ -655,7 +464,7 @@ class PrometheusExporter(PeriodicReporter):
                 continue
             path = os.path.join(spool_dir, name)
             try:
-                record = _read_spool_file(path, oldest)
+                record = _spool.read_spool_file(path, oldest)
                 if record is None:
                     continue
                 job = record.get("job")
@@ -665,26 +474,3 @@ class PrometheusExporter(PeriodicReporter):
                 continue
             out.append((snap, job if isinstance(job, str) else own_job))
         return out
-
-
-def _read_spool_file(path: str, oldest: float) -> dict[str, Any] | None:
-    """A spool file's record, or None when it is gone or older than ``oldest``."""
-    try:
-        fd = open_regular(path, what="metrics spool file", nofollow=True)
-    except StorageError as exc:
-        if exc.errno == errno.ENOENT:
-            return None
-        raise
-    try:
-        st = os.fstat(fd)
-        if st.st_mtime < oldest:
-            return None
-        if st.st_size > _MAX_SPOOL_BYTES:
-            raise StorageError(errno.EFBIG, f"metrics spool file {path} is too large")
-        data = os.read(fd, _MAX_SPOOL_BYTES)
-    finally:
-        os.close(fd)
-    record = json.loads(data)
-    if not isinstance(record, dict) or "snapshot" not in record:
-        raise UsageError(f"metrics spool file {path} holds no snapshot")
-    return record

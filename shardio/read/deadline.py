@@ -30,128 +30,46 @@ FUSE flush, would wait with the read).
 
 The opener pickles (DataLoader workers get a copy) and makes a fresh pool in a forked child.
 
-**Watched reads.** The hop to an I/O thread costs every small read from the page cache (on
-this kind of machine a 110 KB ``pread`` takes 40 us directly and about 120 us through the
-hop). A process that can be killed and replaced without losing anything (a worker of
-:class:`~shardio.runtime.loader.ShardLoader`, which resumes at the first sample not yet
-delivered) needs no hop for its reads: :meth:`DeadlineOpener.watch` makes ``pread`` and
-read-ahead advice run directly in the calling thread, each publishing its start time and
-descriptor in a small table shared with the loader. A monitor thread of the process holds
-the path of a call older than the deadline (node-wide, as above) and counts it in the
-table's first row; the loader sees the count, kills the workers and starts new ones, which
-find the path held and fail its reads at once. Opens, ``fstat``, closes and maps keep the
-hop (one per shard, not per sample).
+**Watched reads.** A process that can be killed and replaced without losing anything reads
+directly in its own thread instead (:meth:`DeadlineOpener.watch`, :mod:`shardio.read.watch`);
+opens, ``fstat``, closes and maps keep the hop (one per shard, not per sample).
+
+Which deadline a dataset gets is :mod:`shardio.read.timeouts`'.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import errno
 import logging
 import mmap
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
 
-from shardio._check import require_int, require_seconds
+from shardio._check import require_int
 from shardio.errors import ReadStalledError, UsageError
+from shardio.read.inflight import InFlightCalls
+from shardio.read.timeouts import check_read_timeout, hold_for
 from shardio.read.unavailable import UnavailableShards, holds_path
-from shardio.storage.fsdetect import FsInfo, describe_fs
+from shardio.read.watch import ReadWatch
 from shardio.storage.opener import Opener, PosixOpener
 from shardio.storage.stall import IoThreads, Job, submit
 
-__all__ = [
-    "DEFAULT_NETWORK_TIMEOUT_S",
-    "MAX_ABANDONED",
-    "WATCH_SLOTS",
-    "DeadlineOpener",
-    "bounded",
-    "check_read_timeout",
-    "default_read_timeout",
-    "replaceable_readers",
-    "hold_for",
-    "resolve_read_timeout",
-    "with_deadline",
-]
+__all__ = ["MAX_ABANDONED", "DeadlineOpener", "bounded", "with_deadline"]
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-# Above Lustre's default obd_timeout (100 s) and MooseFS's first retries: a read that has not
-# answered by then waits for a dead server, not for a busy one.
-DEFAULT_NETWORK_TIMEOUT_S = 120.0
 MAX_ABANDONED = 16  # abandoned calls per process before every call fails at once
 _CLOSE_WAIT_S = 2.0  # at most this long (or the deadline) for a close
 _GATE_TICK_S = 0.02  # how often a call held back by a slow one looks again
 # Descriptors of held files a process keeps open rather than close (see close); past this
 # many (a dead server holding thousands of shards) they are closed, each a bounded wait.
 MAX_KEPT = 256
-FUSE_MAGIC = 0x65735546  # statfs(2) of any FUSE mount
-# Threads of one process whose reads a watch table follows (the reading thread, the map
-# mode's I/O threads, the stream read-ahead); a thread beyond them takes the hop.
-WATCH_SLOTS = 31
-
-
-def check_read_timeout(value: object, name: str = "read_timeout_s") -> float | None:
-    """A read deadline: None (the default for the filesystem), 0 (no deadline) or seconds up
-    to a day (:func:`shardio._check.require_seconds`); returned as a float (None for None)."""
-    return None if value is None else require_seconds(value, name)
-
-
-def default_read_timeout(network: bool) -> float:
-    """The deadline applied when none is given: :data:`DEFAULT_NETWORK_TIMEOUT_S` on a network
-    or parallel filesystem, none (0) on a local one (a local disk does not stall for minutes,
-    and the thread hop would cost every small read from the page cache)."""
-    return DEFAULT_NETWORK_TIMEOUT_S if network else 0.0
-
-
-def hold_for(timeout_s: float) -> float:
-    """How long a path is held unavailable after one of its calls stalled: five minutes, or
-    twelve deadlines when longer (a dead server rarely returns sooner, and each look at it
-    costs a deadline; an epoch over a dead server must not pay it again every minute)."""
-    return max(300.0, 12.0 * timeout_s)
-
-
-def resolve_read_timeout(
-    root: str | os.PathLike[str], requested: object, *, fs: FsInfo | None = None
-) -> float:
-    """The deadline in force for a dataset at ``root``: ``requested`` (checked), or the
-    default for its filesystem (:func:`default_read_timeout`; ``fs``: that filesystem, as
-    the caller already told it); 0 means none.
-
-    Raises:
-        UsageError: ``requested`` is not a valid deadline (:func:`check_read_timeout`).
-    """
-    seconds = check_read_timeout(requested)
-    if seconds is not None:
-        return seconds
-    try:
-        network = (fs if fs is not None else describe_fs(root)).network
-    except OSError:  # the dataset's open reports a missing root properly
-        network = False
-    return default_read_timeout(network)
-
-
-def replaceable_readers(fs: FsInfo | None) -> bool:
-    """Whether a process that reads files of ``fs`` under a deadline can be killed and
-    replaced when a read of it stalls (:meth:`DeadlineOpener.watch`), rather than reading
-    through the deadline's threads: not on a FUSE mount (MooseFS, a FUSE Ceph or GPFS).
-
-    A process that ends closes its files, and a FUSE client answers the close (a flush) of
-    a file only once a pending read of it ends: with its default 30 retries MooseFS answers
-    about 2 minutes later, and each such close holds one of the client's threads (libfuse
-    has 10) till then. Killing the workers after one stall sent a close per dead file and
-    worker; a few such closes stalled the whole mount, healthy files included (measured on
-    the bed: every shard held within a minute, the epoch failed).
-    """
-    if fs is None:
-        return True
-    return fs.magic != FUSE_MAGIC and not fs.mount_type.startswith("fuse")
 
 
 def with_deadline(
@@ -204,13 +122,10 @@ class DeadlineOpener:
         self._paths: dict[int, str] = {}
         self._threads: IoThreads | None = None
         self._pid = os.getpid()
-        self._watch: _Watch | None = None
+        self._watch: ReadWatch | None = None
         self._try_held = False
         self._kept: dict[int, str] = {}  # descriptors of held paths left open (see close)
-        # Data calls of this process in flight, by path: their starts (time.monotonic_ns()).
-        self._pending: dict[str, list[int]] = {}
-        self._pending_lock = threading.Lock()
-        self._pending_pid = os.getpid()
+        self._inflight = InFlightCalls()  # data calls of this process in flight, by path
         self._answered: set[str] = set()  # paths a data call of this process read from
 
     # -- pickling and fork ------------------------------------------------------------------
@@ -282,17 +197,6 @@ class DeadlineOpener:
         a tenth of the deadline, at most half a second (a healthy read takes milliseconds)."""
         return min(0.5, self.timeout_s / 10)
 
-    def _oldest_pending_ns(self, path: str | None = None) -> int:
-        """The age of the oldest data call in flight in this process (on ``path``, when
-        given), in ns; 0 when none."""
-        self._forget_parent_calls()
-        with self._pending_lock:
-            if path is None:
-                starts = [t for ts in self._pending.values() for t in ts]
-            else:
-                starts = list(self._pending.get(path, ()))
-        return time.monotonic_ns() - min(starts) if starts else 0
-
     def _gate(self, path: str, what: str) -> None:
         """Wait while a data call on ``path`` (of this process, or of another process of the
         node: :meth:`UnavailableShards.suspected`) has been in flight for more than
@@ -305,7 +209,7 @@ class DeadlineOpener:
             return
         slow_ns = int(self.slow_s * 1e9)
         began = time.monotonic()
-        while self._oldest_pending_ns(path) > slow_ns or self.registry.suspected(path):
+        while self._inflight.oldest_ns(path) > slow_ns or self.registry.suspected(path):
             self._refuse_held(path, what)
             waited = time.monotonic() - began
             if waited >= self.timeout_s:
@@ -318,32 +222,6 @@ class DeadlineOpener:
                 raise stalled
             time.sleep(min(_GATE_TICK_S, self.timeout_s - waited))
 
-    def _forget_parent_calls(self) -> None:
-        """In a forked child: the parent's calls in flight are not this process's."""
-        if self._pending_pid != os.getpid():
-            self._pending, self._pending_lock = {}, threading.Lock()
-            self._pending_pid = os.getpid()
-
-    @contextlib.contextmanager
-    def _tracked(self, path: str) -> Iterator[None]:
-        """Count a data call on ``path`` as in flight while it runs (see :meth:`_gate`)."""
-        if not path:
-            yield
-            return
-        self._forget_parent_calls()
-        start = time.monotonic_ns()
-        with self._pending_lock:
-            self._pending.setdefault(path, []).append(start)
-        try:
-            yield
-        finally:
-            with self._pending_lock:
-                starts = self._pending.get(path, [])
-                with contextlib.suppress(ValueError):
-                    starts.remove(start)
-                if not starts:
-                    self._pending.pop(path, None)
-
     def _run_data(
         self,
         path: str,
@@ -355,7 +233,7 @@ class DeadlineOpener:
         """:meth:`_run` for a call that reads the file's data (gated and tracked)."""
         self._refuse_held(path, what)
         self._gate(path, what)
-        with self._tracked(path):
+        with self._inflight.tracked(path):
             got = self._run(path, what, call, target=target, suspect=True)
         if path:
             self._answered.add(path)
@@ -417,26 +295,35 @@ class DeadlineOpener:
 
     def watch(self, table: np.ndarray[Any, Any]) -> None:
         """Read directly in the calling thread from now on (this process only), publishing
-        each ``pread`` and advice in ``table`` (int64, shape ``(WATCH_SLOTS + 1, 2)``, in
-        memory shared with whoever replaces this process when it stalls; see the module doc).
-
-        Row 0 counts the calls this process held as stalled; row ``k`` is the ``k``-th
-        reading thread's call in flight: its start (``time.monotonic_ns()``, 0 when none)
-        and its descriptor.
+        each ``pread`` and advice in ``table`` (see :class:`~shardio.read.watch.ReadWatch`,
+        which holds what stalls there, and the module doc).
 
         Raises:
             UsageError: ``table`` has another shape or type.
         """
-        shape = (WATCH_SLOTS + 1, 2)
-        if not isinstance(table, np.ndarray) or table.dtype != np.int64 or table.shape != shape:
-            raise UsageError(
-                f"a watch table is an int64 array of shape {shape}, got "
-                f"{getattr(table, 'dtype', type(table).__name__)} "
-                f"{getattr(table, 'shape', '')}"
-            )
+        watch = ReadWatch(
+            table,
+            timeout_s=self.timeout_s,
+            active=lambda: self._watch is watch,
+            on_stall=self._held_by_watch,
+        )
         self._pool()  # a forked child's state reset first
-        self._watch = watch = _Watch(self, table)
+        self._watch = watch
         watch.start()
+
+    def _held_by_watch(self, fd: int, waited_ns: int) -> None:
+        """A watched read of ``fd`` stalled: hold its path (before the watch counts it, so
+        the replacement finds it held)."""
+        path = self._paths.get(fd, "")
+        if path:
+            self.registry.mark(path)
+        self.stalls += 1
+        self.stalled_ns += waited_ns
+        logger.warning(
+            "read of %s stalled for %g s: held; the loader replaces this worker",
+            path or f"descriptor {fd}",
+            self.timeout_s,
+        )
 
     @property
     def watched(self) -> bool:
@@ -458,7 +345,7 @@ class DeadlineOpener:
         row[1] = fd
         row[0] = time.monotonic_ns()
         try:
-            with self._tracked(path):
+            with self._inflight.tracked(path):
                 got = call()
             if path:
                 self._answered.add(path)
@@ -522,7 +409,7 @@ class DeadlineOpener:
 
     def advise(self, fd: int, offset: int, length: int) -> None:
         path = self._paths.get(fd, "")
-        if self.abandoned or self._oldest_pending_ns() > int(self.slow_s * 1e9):
+        if self.abandoned or self._inflight.oldest_ns() > int(self.slow_s * 1e9):
             # A call of this process is stuck (or slow) in the storage: read-ahead advice
             # would queue more requests behind it (a FUSE client has a few threads, a dead
             # server's requests hold them for minutes), so it is left out until it returns.
@@ -565,7 +452,7 @@ class DeadlineOpener:
             and len(self._kept) < MAX_KEPT
             and (
                 self.registry.held(path) is not None
-                or self._oldest_pending_ns(path) > int(self.slow_s * 1e9)
+                or self._inflight.oldest_ns(path) > int(self.slow_s * 1e9)
             )
         ):
             self._kept[fd] = path
@@ -615,59 +502,6 @@ def bounded(
     if isinstance(opener, DeadlineOpener):
         return opener.bounded(path, what, call, cleanup=cleanup)
     return call()
-
-
-class _Watch:
-    """A process's watch table and the monitor thread that holds what stalls in it."""
-
-    def __init__(self, opener: DeadlineOpener, table: np.ndarray[Any, Any]) -> None:
-        self.opener = opener
-        self.table = table
-        table[:] = 0
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._taken = 0
-        self._seen: set[tuple[int, int]] = set()  # (slot, start) already held
-
-    def start(self) -> None:
-        """Start the monitor (once the opener holds this watch: it ends when it does not)."""
-        thread = threading.Thread(target=self._monitor, name="shardio-read-watch", daemon=True)
-        thread.start()
-
-    def slot(self) -> int | None:
-        """This thread's row of the table (1..WATCH_SLOTS), None when all are taken."""
-        got: int | None = getattr(self._local, "slot", -1)
-        if got == -1:
-            with self._lock:
-                self._taken += 1
-                got = self._taken if self._taken <= WATCH_SLOTS else None
-            self._local.slot = got
-        return got
-
-    def _monitor(self) -> None:
-        opener = self.opener
-        limit_ns = int(opener.timeout_s * 1e9)
-        tick = min(1.0, max(0.05, opener.timeout_s / 4))
-        pid = os.getpid()
-        while opener._watch is self and os.getpid() == pid:
-            time.sleep(tick)
-            now = time.monotonic_ns()
-            for slot in range(1, WATCH_SLOTS + 1):
-                start, fd = (int(v) for v in self.table[slot])
-                if not start or now - start <= limit_ns or (slot, start) in self._seen:
-                    continue
-                self._seen.add((slot, start))
-                path = opener._paths.get(fd, "")
-                if path:
-                    opener.registry.mark(path)  # before the count: the replacement finds it
-                opener.stalls += 1
-                opener.stalled_ns += now - start
-                logger.warning(
-                    "read of %s stalled for %g s: held; the loader replaces this worker",
-                    path or f"descriptor {fd}",
-                    opener.timeout_s,
-                )
-                self.table[0, 0] += 1
 
 
 def _close_map(mapped: mmap.mmap | None) -> None:

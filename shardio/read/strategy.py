@@ -39,11 +39,12 @@ MAX_REQUEST_BYTES = 256 * MiB  # one request, and the read-ahead's scratch buffe
 class ReadStrategy:
     """How members are read.
 
-    The mechanics are in :mod:`shardio.read.extents`: map mode's batches are read by
-    :func:`~shardio.read.extents.read_members_planned` when ``inflight > 1``; stream mode
-    reads its shards ahead with :class:`~shardio.read.extents.StreamReadahead` when
-    ``stream_readahead_bytes > 0``. Either way each member is still read into the batch's
-    buffer and checked there, by the calling thread.
+    The mechanics are in :mod:`shardio.read.extents` and :mod:`shardio.read.readahead`: map
+    mode's batches are read by :func:`~shardio.read.extents.read_members_planned` when
+    ``inflight > 1``; stream mode reads its shards ahead with
+    :class:`~shardio.read.readahead.StreamReadahead` when ``stream_readahead_bytes > 0``.
+    Either way each member is still read into the batch's buffer and checked there, by the
+    calling thread.
 
     Attributes:
         name: ``local`` or ``pfs``.

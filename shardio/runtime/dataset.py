@@ -29,11 +29,12 @@ from shardio.order import OrderSpec, RankStream
 from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import resolve_spec
-from shardio.read.deadline import resolve_read_timeout, with_deadline
-from shardio.read.extents import StreamReadahead
+from shardio.read.deadline import with_deadline
 from shardio.read.packed import Event, Handoff, PackedDataset
+from shardio.read.readahead import StreamReadahead
 from shardio.read.recovery import RecoveryPolicy
 from shardio.read.strategy import ReadStrategy, choose_strategy
+from shardio.read.timeouts import resolve_read_timeout
 from shardio.runtime.batch import read_batch, read_batch_mapped, share_tensors
 from shardio.runtime.decode import Decoder, decode_sample, make_decoder
 from shardio.runtime.loader import ShardLoader
@@ -174,7 +175,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
             ("stalled for T s"); the shard is then held unavailable on the node for a while
             (its other reads fail at once). None (default): 120 s on a network or parallel
             filesystem, no deadline on a local one; 0: no deadline. See
-            :mod:`shardio.read.deadline`.
+            :mod:`shardio.read.timeouts`.
         read_strategy: how members are read: "local" (one pread per member in the reading
             thread: what a local disk is fast with), "pfs" (for a network or parallel
             filesystem: map mode reads a batch with several coalesced requests in flight,

@@ -26,7 +26,7 @@ from shardio._check import require_int
 from shardio.errors import StorageError, UsageError
 from shardio.metrics.snapshots import MetricsSnapshot, snapshot
 from shardio.metrics.steps import StepTimer
-from shardio.read.deadline import check_read_timeout, replaceable_readers
+from shardio.read.timeouts import check_read_timeout, replaceable_readers
 from shardio.runtime import internals
 from shardio.runtime.mptemp import ensure_short as ensure_short_mp_tempdir
 from shardio.runtime.placement import worker_pinning

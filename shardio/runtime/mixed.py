@@ -62,7 +62,7 @@ from shardio.order.mix import MixCursor, MixOrder, check_weight, mix_counts, mix
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import OrderSpec
 from shardio.order.streams import RankStream
-from shardio.read.deadline import check_read_timeout
+from shardio.read.timeouts import check_read_timeout
 from shardio.runtime.dataset import ShardDataset, collate_samples
 from shardio.runtime.loader import default_watchdog_s
 from shardio.runtime.reaping import kill_workers, stop_workers

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from shardio.errors import ReadStalledError
-from shardio.read.deadline import WATCH_SLOTS, DeadlineOpener
+from shardio.read.deadline import DeadlineOpener
+from shardio.read.watch import WATCH_SLOTS
 from shardio.runtime import internals
 from shardio.runtime.wire import WorkerFailure
 

@@ -294,7 +294,7 @@ def test_a_slow_file_gets_one_request_no_advice_and_no_close(
 
 
 def test_workers_on_a_fuse_mount_read_through_the_deadline_threads() -> None:
-    from shardio.read.deadline import replaceable_readers
+    from shardio.read.timeouts import replaceable_readers
     from shardio.storage.fsdetect import FsInfo
 
     # Killing a worker closes its files; on FUSE each close of a dead file waits minutes.

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shardio.metrics import ReadMetrics, StepTimer, dashboard_path, snapshot
-from shardio.metrics.prometheus import metric_families
+from shardio.metrics.prometheus_families import metric_families
 
 HERE = pathlib.Path(__file__).resolve().parent
 REQUIRED = os.environ.get("SHARDIO_PROMETHEUS", "") == "required"

@@ -24,7 +24,7 @@ from shardio.cache.options import StageOptions
 from shardio.cache.stage import stage_dataset
 from shardio.errors import SampleUnavailableError
 from shardio.metrics import MetricsSnapshot, PrometheusExporter, alerts_path
-from shardio.metrics.prometheus import BUCKETS_S
+from shardio.metrics.prometheus_families import BUCKETS_S
 from shardio.metrics.read import COUNTERS, SOURCES
 from shardio.order.ranks import RankInfo
 from shardio.packing.run import PackOptions, pack

@@ -35,8 +35,8 @@ def test_positive_refuses_zero() -> None:
 def test_every_seconds_option_uses_the_one_limit() -> None:
     """A day passes and a day and a second fails in each place that takes a duration."""
     from shardio.metrics.export import PeriodicReporter
-    from shardio.read.deadline import check_read_timeout
     from shardio.read.recovery import RecoveryPolicy
+    from shardio.read.timeouts import check_read_timeout
 
     assert check_read_timeout(MAX_SECONDS) == MAX_SECONDS
     assert RecoveryPolicy(backoff_s=MAX_SECONDS, max_backoff_s=MAX_SECONDS).backoff_s == MAX_SECONDS

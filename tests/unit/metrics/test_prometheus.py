@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shardio.errors import UsageError
 from shardio.metrics import PrometheusExporter, alerts_path
-from shardio.metrics.prometheus import ALERT_COUNTERS
+from shardio.metrics.prometheus_families import ALERT_COUNTERS
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -21,15 +21,14 @@ from shardio.errors import (
     UsageError,
     unavailable_error,
 )
-from shardio.read.deadline import (
-    DEFAULT_NETWORK_TIMEOUT_S,
-    DeadlineOpener,
-    check_read_timeout,
-    resolve_read_timeout,
-    with_deadline,
-)
+from shardio.read.deadline import DeadlineOpener, with_deadline
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.packed import PackedDataset
+from shardio.read.timeouts import (
+    DEFAULT_NETWORK_TIMEOUT_S,
+    check_read_timeout,
+    resolve_read_timeout,
+)
 from shardio.read.unavailable import UnavailableShards
 from shardio.storage.opener import PosixOpener
 from shardio.storage.stall import IoThreads, call_with_deadline
@@ -375,7 +374,7 @@ def test_packed_reads_raise_typed_errors(packed_small: Any, tmp_path: pathlib.Pa
 def _watch_table() -> Any:
     import numpy as np
 
-    from shardio.read.deadline import WATCH_SLOTS
+    from shardio.read.watch import WATCH_SLOTS
 
     return np.zeros((WATCH_SLOTS + 1, 2), dtype=np.int64)
 

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from shardio.errors import ChecksumMismatchError, StorageError, UsageError
-from shardio.read import extents
-from shardio.read.extents import Request, StreamReadahead, io_pool, plan_requests
+from shardio.read import extents, readahead
+from shardio.read.extents import Request, io_pool, plan_requests
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.packed import PackedDataset
+from shardio.read.readahead import StreamReadahead
 from shardio.read.strategy import PFS, ReadStrategy
 
 MiB = 1 << 20
@@ -232,7 +233,7 @@ def test_readahead_stays_within_its_bound(dataset: pathlib.Path) -> None:
 def test_a_stalled_readahead_is_left_behind(
     dataset: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(extents, "_STALL_S", 0.3)
+    monkeypatch.setattr(readahead, "_STALL_S", 0.3)
     release = dataset.parent / "release-readahead"
     opener = FaultyOpener([Fault(kind="hang", delay_s=30, release=os.fspath(release))])
     try:

@@ -10,9 +10,9 @@ import pytest
 
 from shardio.errors import ChecksumMismatchError, UsageError
 from shardio.order.ranks import RankInfo
-from shardio.read.extents import StreamReadahead
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.packed import PackedDataset
+from shardio.read.readahead import StreamReadahead
 from shardio.read.strategy import ENV_VAR
 from shardio.runtime.dataset import ShardDataset
 
