@@ -6,17 +6,20 @@ import argparse
 import json
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shardio.cli.common import EXIT_OK, default_workers, whole_number
 from shardio.errors import StorageError, UsageError
 
-__all__ = ["add_bench_parser", "cmd_bench"]
+if TYPE_CHECKING:
+    from shardio.cli.common import Subparsers
+
+__all__ = ["add_parser", "run"]
 
 DEFAULT_COMPUTE_MS = 50.0
 
 
-def add_bench_parser(sub: argparse._SubParsersAction[Any]) -> None:
+def add_parser(sub: Subparsers) -> None:
     """Register ``shardio bench`` on the command's subparsers."""
     b = sub.add_parser(
         "bench",
@@ -111,7 +114,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``shardio bench``."""
     from shardio.bench.plot import require_matplotlib, write_plot
     from shardio.bench.report import format_report, report_dict

@@ -13,13 +13,14 @@ from shardio.units import format_size
 
 if TYPE_CHECKING:
     from shardio.checkpoint.check import CheckedCheckpoint
+    from shardio.cli.common import Subparsers
 
-__all__ = ["EXIT_UNAVAILABLE", "add_checkpoint_parser", "cmd_checkpoint"]
+__all__ = ["EXIT_UNAVAILABLE", "add_parser", "run"]
 
 EXIT_UNAVAILABLE = 75  # EX_TEMPFAIL: the checkpoints cannot be read now; ask again later
 
 
-def add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: Subparsers) -> None:
     """Register ``shardio checkpoint``."""
     ck = sub.add_parser(
         "checkpoint",
@@ -83,7 +84,7 @@ def _line(item: CheckedCheckpoint) -> str:
     )
 
 
-def cmd_checkpoint(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``shardio checkpoint ls|verify|latest``."""
     from shardio.checkpoint.check import latest_intact
     from shardio.errors import CheckpointError, CheckpointUnavailableError, NoCheckpointError

@@ -5,17 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shardio.cli.common import EXIT_OK, whole_number
 from shardio.errors import UsageError
 from shardio.topology import Placement, Topology, format_cpulist, placement, read_topology
 from shardio.topology.sysfs import SYSFS_ENV
 
-__all__ = ["add_topo_parser", "cmd_topo"]
+if TYPE_CHECKING:
+    from shardio.cli.common import Subparsers
+
+__all__ = ["add_parser", "run"]
 
 
-def add_topo_parser(sub: argparse._SubParsersAction[Any]) -> None:
+def add_parser(sub: Subparsers) -> None:
     """Register ``shardio topo`` on the command's subparsers."""
     t = sub.add_parser(
         "topo",
@@ -57,7 +60,7 @@ def _no_gpu(sysfs: str) -> str:
     return f"no NVIDIA GPU found in {os.path.join(sysfs, 'bus', 'pci', 'devices')}"
 
 
-def cmd_topo(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``shardio topo``."""
     if args.local_rank is not None and args.local_rank < 0:
         raise UsageError(f"--local-rank must be >= 0, got {args.local_rank}")
