@@ -28,6 +28,7 @@ __all__ = [
     "EXIT_REPAIRED",
     "EXIT_USAGE",
     "add_no_progress",
+    "add_whole_number",
     "add_workers",
     "default_workers",
     "env_node_part",
@@ -84,6 +85,25 @@ def whole_number(option: str, *, digits: int = 9) -> Callable[[str], int]:
         return int(text)
 
     return parse
+
+
+def add_whole_number(
+    parser: argparse.ArgumentParser,
+    option: str,
+    default: int | None,
+    help_text: str,
+    *,
+    digits: int = 9,
+    metavar: str | None = None,
+) -> None:
+    """``option N``: a count, seed or epoch, checked by :func:`whole_number`."""
+    parser.add_argument(
+        option,
+        type=whole_number(option, digits=digits),
+        default=default,
+        metavar=metavar,
+        help=help_text,
+    )
 
 
 def parse_workers(text: str) -> int:

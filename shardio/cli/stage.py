@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 from shardio.cli.common import (
     EXIT_OK,
     add_no_progress,
+    add_whole_number,
     env_node_part,
     env_ranks_per_node,
     parse_part,
     seconds_arg,
-    whole_number,
 )
 from shardio.errors import StorageError, UsageError
 from shardio.order import OrderSpec, default_order
@@ -40,11 +40,8 @@ def add_parser(sub: Subparsers) -> None:
     )
     st.add_argument("paths", nargs="+", metavar="SRC [DEST]")
     st.add_argument("--node", default="auto", help="I/N (0-based) or auto (SLURM_NODEID/NNODES)")
-    st.add_argument(
-        "--ranks-per-node",
-        type=whole_number("--ranks-per-node"),
-        default=None,
-        help="training ranks per node (default SLURM_NTASKS_PER_NODE or 1)",
+    add_whole_number(
+        st, "--ranks-per-node", None, "training ranks per node (default SLURM_NTASKS_PER_NODE or 1)"
     )
     st.add_argument(
         "--order",
@@ -60,28 +57,16 @@ def add_parser(sub: Subparsers) -> None:
         default="map",
         help="ShardDataset's mode, whose default order applies (map: random, stream: shard-local)",
     )
-    st.add_argument(
-        "--seed",
-        type=whole_number("--seed", digits=20),
-        default=None,
-        help="override the spec's seed",
-    )
-    st.add_argument(
-        "--epoch", type=whole_number("--epoch", digits=19), default=0, help="the epoch to stage for"
-    )
-    st.add_argument(
+    add_whole_number(st, "--seed", None, "override the spec's seed", digits=20)
+    add_whole_number(st, "--epoch", 0, "the epoch to stage for", digits=19)
+    add_whole_number(
+        st,
         "--ahead",
-        type=whole_number("--ahead"),
-        default=0,
-        help="also stage the shards of this many following epochs and evict the rest "
+        0,
+        "also stage the shards of this many following epochs and evict the rest "
         "(a rotating order; see shardio.cache.EpochStager)",
     )
-    st.add_argument(
-        "--window-shards",
-        type=whole_number("--window-shards"),
-        default=None,
-        help="override the spec's window",
-    )
+    add_whole_number(st, "--window-shards", None, "override the spec's window")
     st.add_argument(
         "--read-timeout",
         type=seconds_arg("--read-timeout"),
@@ -90,9 +75,7 @@ def add_parser(sub: Subparsers) -> None:
         help="abandon a shard whose copy stalls this many seconds (a dead data server) and "
         "stage the others (default: 120 on a network filesystem, none on a local one; 0: none)",
     )
-    st.add_argument(
-        "--streams", type=whole_number("--streams"), default=4, help="parallel copy streams"
-    )
+    add_whole_number(st, "--streams", 4, "parallel copy streams")
     st.add_argument("--capacity", default=None, help="stage at most this much, e.g. 800GiB")
     st.add_argument(
         "--clean",

@@ -7,7 +7,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from shardio.cli.common import EXIT_OK, whole_number
+from shardio.cli.common import EXIT_OK, add_whole_number
 from shardio.errors import UsageError
 from shardio.topology import Placement, Topology, format_cpulist, placement, read_topology
 from shardio.topology.sysfs import SYSFS_ENV
@@ -27,19 +27,19 @@ def add_parser(sub: Subparsers) -> None:
         "per local rank, its GPU, NUMA node, CPUs, numactl/taskset lines and thread counts.",
     )
     t.add_argument("--json", action="store_true", help="print the map as JSON (for scripts)")
-    t.add_argument(
+    add_whole_number(
+        t,
         "--local-rank",
-        type=whole_number("--local-rank"),
-        default=None,
+        None,
+        "show this local rank only (default: one rank per visible GPU)",
         metavar="N",
-        help="show this local rank only (default: one rank per visible GPU)",
     )
-    t.add_argument(
+    add_whole_number(
+        t,
         "--workers",
-        type=whole_number("--workers"),
-        default=0,
+        0,
+        "DataLoader workers per rank, for the thread counts (default 0)",
         metavar="W",
-        help="DataLoader workers per rank, for the thread counts (default 0)",
     )
     t.add_argument(
         "--sysfs",
