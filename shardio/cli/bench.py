@@ -6,13 +6,9 @@ import argparse
 import json
 import math
 import os
-from typing import TYPE_CHECKING
 
-from shardio.cli.common import EXIT_OK, add_whole_number, default_workers
+from shardio.cli.common import EXIT_OK, Subparsers, add_whole_number, default_workers
 from shardio.errors import StorageError, UsageError
-
-if TYPE_CHECKING:
-    from shardio.cli.common import Subparsers
 
 __all__ = ["add_parser", "run"]
 

@@ -10,15 +10,15 @@ import re
 import select
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 from shardio._env import env_int, parse_env_int, parse_tasks_per_node, shown_value
 from shardio._pool import MAX_WORKERS, check_workers
 from shardio.errors import UsageError
 
-if TYPE_CHECKING:
-    # What add_subparsers returns: the commands' add_parser(subparsers) takes it.
-    Subparsers: TypeAlias = argparse._SubParsersAction[Any]
+# What add_subparsers returns, which each command's add_parser takes (a string: argparse's
+# class is generic only to type checkers).
+Subparsers: TypeAlias = "argparse._SubParsersAction[Any]"
 
 __all__ = [
     "EXIT_DAMAGED",
@@ -27,6 +27,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_REPAIRED",
     "EXIT_USAGE",
+    "Subparsers",
     "add_no_progress",
     "add_whole_number",
     "add_workers",

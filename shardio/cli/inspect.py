@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from shardio.cli.common import EXIT_OK
+from shardio.cli.common import EXIT_OK, Subparsers
 from shardio.cli.pack_text import label_map_text
 from shardio.errors import UsageError
 from shardio.units import format_size
-
-if TYPE_CHECKING:
-    from shardio.cli.common import Subparsers
 
 __all__ = ["add_parser", "run"]
 

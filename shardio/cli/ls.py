@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
 
-from shardio.cli.common import EXIT_OK
-
-if TYPE_CHECKING:
-    from shardio.cli.common import Subparsers
+from shardio.cli.common import EXIT_OK, Subparsers
 
 __all__ = ["add_parser", "run"]
 

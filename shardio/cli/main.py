@@ -16,7 +16,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 from shardio._version import __version__
 from shardio.cli import (
@@ -36,15 +36,13 @@ from shardio.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
     EXIT_USAGE,
+    Subparsers,
     make_streams_safe,
     print_error,
     silence_stdout,
     stdout_is_closed,
 )
 from shardio.errors import ShardioError, UsageError
-
-if TYPE_CHECKING:
-    from shardio.cli.common import Subparsers
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 

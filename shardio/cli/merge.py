@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from typing import TYPE_CHECKING
 
-from shardio.cli.common import EXIT_OK, add_no_progress, add_workers, workers_of
+from shardio.cli.common import EXIT_OK, Subparsers, add_no_progress, add_workers, workers_of
 from shardio.cli.pack_text import calls_text
 from shardio.units import format_size
-
-if TYPE_CHECKING:
-    from shardio.cli.common import Subparsers
 
 __all__ = ["add_parser", "run"]
 

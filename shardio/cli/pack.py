@@ -6,12 +6,18 @@ import argparse
 import contextlib
 from typing import TYPE_CHECKING
 
-from shardio.cli.common import EXIT_OK, add_no_progress, add_workers, parse_part, workers_of
+from shardio.cli.common import (
+    EXIT_OK,
+    Subparsers,
+    add_no_progress,
+    add_workers,
+    parse_part,
+    workers_of,
+)
 from shardio.cli.pack_text import calls_text, label_map_text, show_name, show_path
 from shardio.units import format_duration, format_size, parse_size
 
 if TYPE_CHECKING:
-    from shardio.cli.common import Subparsers
     from shardio.packing.run import PackResult
 
 __all__ = ["add_parser", "run"]

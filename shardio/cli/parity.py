@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
-from shardio.cli.common import EXIT_OK, add_workers, workers_of
+from shardio.cli.common import EXIT_OK, Subparsers, add_workers, workers_of
 from shardio.units import format_duration, format_size
-
-if TYPE_CHECKING:
-    from shardio.cli.common import Subparsers
 
 __all__ = ["add_parser", "run"]
 

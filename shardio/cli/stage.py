@@ -7,10 +7,11 @@ import errno
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shardio.cli.common import (
     EXIT_OK,
+    Subparsers,
     add_no_progress,
     add_whole_number,
     env_node_part,
@@ -21,9 +22,6 @@ from shardio.cli.common import (
 from shardio.errors import StorageError, UsageError
 from shardio.order import OrderSpec, default_order
 from shardio.units import format_duration, format_size, parse_size
-
-if TYPE_CHECKING:
-    from shardio.cli.common import Subparsers
 
 __all__ = ["add_parser", "default_stage_dir", "journal_dir_of", "order_spec_of", "run"]
 

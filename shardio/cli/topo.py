@@ -5,15 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import TYPE_CHECKING
 
-from shardio.cli.common import EXIT_OK, add_whole_number
+from shardio.cli.common import EXIT_OK, Subparsers, add_whole_number
 from shardio.errors import UsageError
 from shardio.topology import Placement, Topology, format_cpulist, placement, read_topology
 from shardio.topology.sysfs import SYSFS_ENV
-
-if TYPE_CHECKING:
-    from shardio.cli.common import Subparsers
 
 __all__ = ["add_parser", "run"]
 

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from typing import TYPE_CHECKING
 
-from shardio.cli.common import EXIT_OK, add_no_progress
+from shardio.cli.common import EXIT_OK, Subparsers, add_no_progress
 from shardio.units import format_duration, format_size
-
-if TYPE_CHECKING:
-    from shardio.cli.common import Subparsers
 
 __all__ = ["add_parser", "run"]
 

@@ -14,6 +14,7 @@ from shardio.cli.common import (
     EXIT_DEGRADED,
     EXIT_OK,
     EXIT_REPAIRED,
+    Subparsers,
     add_no_progress,
     add_workers,
     print_error,
@@ -23,7 +24,6 @@ from shardio.errors import UsageError
 from shardio.units import format_duration, format_size
 
 if TYPE_CHECKING:
-    from shardio.cli.common import Subparsers
     from shardio.metrics.progress import ProgressCallback
     from shardio.tools.verify import VerifyReport
 
