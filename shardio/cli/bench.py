@@ -6,17 +6,16 @@ import argparse
 import json
 import math
 import os
-from typing import Any
 
-from shardio.cli.common import EXIT_OK, default_workers, whole_number
+from shardio.cli.common import EXIT_OK, Subparsers, add_whole_number, default_workers
 from shardio.errors import StorageError, UsageError
 
-__all__ = ["add_bench_parser", "cmd_bench"]
+__all__ = ["add_parser", "run"]
 
 DEFAULT_COMPUTE_MS = 50.0
 
 
-def add_bench_parser(sub: argparse._SubParsersAction[Any]) -> None:
+def add_parser(sub: Subparsers) -> None:
     """Register ``shardio bench`` on the command's subparsers."""
     b = sub.add_parser(
         "bench",
@@ -32,15 +31,10 @@ def add_bench_parser(sub: argparse._SubParsersAction[Any]) -> None:
     )
     b.add_argument("dataset", help="a packed dataset (shardio pack)")
     b.add_argument("--mode", choices=["map", "stream"], default="map", help="default map")
-    b.add_argument(
-        "--workers",
-        type=whole_number("--workers"),
-        default=None,
-        help="DataLoader workers (default: 4, or the CPUs of the job when fewer)",
+    add_whole_number(
+        b, "--workers", None, "DataLoader workers (default: 4, or the CPUs of the job when fewer)"
     )
-    b.add_argument(
-        "--batch", type=whole_number("--batch"), default=32, help="samples per batch (default 32)"
-    )
+    add_whole_number(b, "--batch", 32, "samples per batch (default 32)")
     b.add_argument(
         "--compute-ms",
         type=float,
@@ -49,15 +43,8 @@ def add_bench_parser(sub: argparse._SubParsersAction[Any]) -> None:
         help="emulated compute per step in ms: your model's step time on your GPU "
         f"(default {DEFAULT_COMPUTE_MS:g})",
     )
-    b.add_argument(
-        "--epochs", type=whole_number("--epochs"), default=1, help="epochs to run (default 1)"
-    )
-    b.add_argument(
-        "--seed",
-        type=whole_number("--seed", digits=20),
-        default=0,
-        help="the seed of the shuffles (default 0)",
-    )
+    add_whole_number(b, "--epochs", 1, "epochs to run (default 1)")
+    add_whole_number(b, "--seed", 0, "the seed of the shuffles (default 0)", digits=20)
     b.add_argument(
         "--cold",
         action="store_true",
@@ -111,7 +98,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``shardio bench``."""
     from shardio.bench.plot import require_matplotlib, write_plot
     from shardio.bench.report import format_report, report_dict

@@ -8,18 +8,18 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from shardio.cli.common import EXIT_DAMAGED, EXIT_FAIL, EXIT_OK, one_line, print_error
+from shardio.cli.common import EXIT_DAMAGED, EXIT_FAIL, EXIT_OK, Subparsers, one_line, print_error
 from shardio.units import format_size
 
 if TYPE_CHECKING:
     from shardio.checkpoint.check import CheckedCheckpoint
 
-__all__ = ["EXIT_UNAVAILABLE", "add_checkpoint_parser", "cmd_checkpoint"]
+__all__ = ["EXIT_UNAVAILABLE", "add_parser", "run"]
 
 EXIT_UNAVAILABLE = 75  # EX_TEMPFAIL: the checkpoints cannot be read now; ask again later
 
 
-def add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: Subparsers) -> None:
     """Register ``shardio checkpoint``."""
     ck = sub.add_parser(
         "checkpoint",
@@ -30,15 +30,13 @@ def add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
         "or changed.",
     )
     actions = ck.add_subparsers(dest="checkpoint_action", required=True, metavar="ACTION")
-    ls = actions.add_parser("ls", help="list checkpoints, newest first (manifests only)")
-    ls.add_argument("dir", help="a checkpoint directory")
-    ls.add_argument("--json", action="store_true", help="JSON on stdout")
-    ver = actions.add_parser(
+    ls = _add_action(actions, "ls", "list checkpoints, newest first (manifests only)")
+    ver = _add_action(
+        actions,
         "verify",
-        help="read every file and check it (exit 0 intact, 3 damaged, 75: cannot be read "
-        "now, retry)",
+        "read every file and check it (exit 0 intact, 3 damaged, 75: cannot be read now, retry)",
+        dir_help="a checkpoint directory, or one checkpoint in it",
     )
-    ver.add_argument("dir", help="a checkpoint directory, or one checkpoint in it")
     ver.add_argument(
         "--read-timeout",
         type=float,
@@ -47,15 +45,24 @@ def add_checkpoint_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
         help="seconds one read may stall before the checkpoint is reported unreadable "
         "(default 120)",
     )
-    ver.add_argument("--json", action="store_true", help="JSON on stdout")
-    lat = actions.add_parser(
+    lat = _add_action(
+        actions,
         "latest",
-        help="print the newest intact checkpoint's path (exit 1: none; 3: all damaged; 75: "
+        "print the newest intact checkpoint's path (exit 1: none; 3: all damaged; 75: "
         "cannot be read now, retry)",
     )
-    lat.add_argument("dir", help="a checkpoint directory")
     lat.add_argument("--kind", choices=("full", "light"), help="only this kind")
-    lat.add_argument("--json", action="store_true", help="JSON on stdout")
+    for action in (ls, ver, lat):  # last in each action's help
+        action.add_argument("--json", action="store_true", help="JSON on stdout")
+
+
+def _add_action(
+    actions: Subparsers, name: str, help_text: str, dir_help: str = "a checkpoint directory"
+) -> argparse.ArgumentParser:
+    """One action's subparser and its DIR argument."""
+    action: argparse.ArgumentParser = actions.add_parser(name, help=help_text)
+    action.add_argument("dir", help=dir_help)
+    return action
 
 
 def _when(ns: int | None) -> str:
@@ -83,7 +90,7 @@ def _line(item: CheckedCheckpoint) -> str:
     )
 
 
-def cmd_checkpoint(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``shardio checkpoint ls|verify|latest``."""
     from shardio.checkpoint.check import latest_intact
     from shardio.errors import CheckpointError, CheckpointUnavailableError, NoCheckpointError

@@ -1,5 +1,5 @@
-"""What every command shares: exit codes, SLURM-aware defaults, ``I/N`` parsing, and
-output streams that cannot fail on a file name or a closed pipe."""
+"""What every command shares: exit codes, argument types and options, SLURM-aware defaults,
+``I/N`` parsing, and output streams that cannot fail on a file name or a closed pipe."""
 
 from __future__ import annotations
 
@@ -10,10 +10,15 @@ import re
 import select
 import sys
 from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias
 
 from shardio._env import env_int, parse_env_int, parse_tasks_per_node, shown_value
 from shardio._pool import MAX_WORKERS, check_workers
 from shardio.errors import UsageError
+
+# What add_subparsers returns, which each command's add_parser takes (a string: argparse's
+# class is generic only to type checkers).
+Subparsers: TypeAlias = "argparse._SubParsersAction[Any]"
 
 __all__ = [
     "EXIT_DAMAGED",
@@ -22,6 +27,10 @@ __all__ = [
     "EXIT_OK",
     "EXIT_REPAIRED",
     "EXIT_USAGE",
+    "Subparsers",
+    "add_no_progress",
+    "add_whole_number",
+    "add_workers",
     "default_workers",
     "env_node_part",
     "env_ranks_per_node",
@@ -29,10 +38,12 @@ __all__ = [
     "one_line",
     "parse_part",
     "parse_workers",
-    "whole_number",
     "print_error",
+    "seconds_arg",
     "silence_stdout",
     "stdout_is_closed",
+    "whole_number",
+    "workers_of",
 ]
 
 # 0 done (a dataset intact); 1 failed; 2 usage; 3 damage is left (a dataset's bytes, or a
@@ -51,6 +62,11 @@ def default_workers(environ: Mapping[str, str] | None = None) -> int:
         if value is not None:
             return min(value, MAX_WORKERS)  # a default, so capped rather than refused
     return min(MAX_WORKERS, max(1, len(os.sched_getaffinity(0))))
+
+
+def workers_of(args: argparse.Namespace) -> int:
+    """``--workers`` as given, else the CPUs of this job (:func:`default_workers`)."""
+    return int(args.workers) if args.workers is not None else default_workers()
 
 
 def whole_number(option: str, *, digits: int = 9) -> Callable[[str], int]:
@@ -72,6 +88,25 @@ def whole_number(option: str, *, digits: int = 9) -> Callable[[str], int]:
     return parse
 
 
+def add_whole_number(
+    parser: argparse.ArgumentParser,
+    option: str,
+    default: int | None,
+    help_text: str,
+    *,
+    digits: int = 9,
+    metavar: str | None = None,
+) -> None:
+    """``option N``: a count, seed or epoch, checked by :func:`whole_number`."""
+    parser.add_argument(
+        option,
+        type=whole_number(option, digits=digits),
+        default=default,
+        metavar=metavar,
+        help=help_text,
+    )
+
+
 def parse_workers(text: str) -> int:
     """The argparse type of ``--workers``: ASCII digits only (``int`` would take ``٣`` and
     ``1_0``), from 1 to the worker pool's cap.
@@ -91,6 +126,42 @@ def parse_workers(text: str) -> int:
         return check_workers(int(text), what="value")
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+_SECONDS = re.compile(r"(0|[1-9][0-9]{0,4})(\.[0-9]{1,6})?")
+
+
+def seconds_arg(option: str) -> Callable[[str], float]:
+    """An argparse type for a deadline in seconds: ASCII digits with an optional fraction
+    ("5", "0.5"), at most a day (0: none); no sign, exponent, "nan" or "inf".
+
+    The result goes through :func:`shardio.read.timeouts.check_read_timeout` too.
+    """
+
+    def parse(text: str) -> float:
+        from shardio.read.timeouts import check_read_timeout
+
+        if _SECONDS.fullmatch(text) is None:
+            raise argparse.ArgumentTypeError(
+                f"{option}={text[:40]!r} is not a number of seconds (such as 5 or 0.5)"
+            )
+        try:
+            seconds = check_read_timeout(float(text), option)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return float(seconds or 0.0)
+
+    return parse
+
+
+def add_workers(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """``--workers N``: processes, checked by :func:`parse_workers` (None: the default)."""
+    parser.add_argument("--workers", type=parse_workers, default=None, help=help_text)
+
+
+def add_no_progress(parser: argparse.ArgumentParser, help_text: str | None = None) -> None:
+    """``--no-progress``: draw no progress bar (a log or a script reads the output)."""
+    parser.add_argument("--no-progress", action="store_true", help=help_text)
 
 
 def _rank_of(env: Mapping[str, str], rank_name: str, world_name: str) -> tuple[int, int]:

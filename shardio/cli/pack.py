@@ -1,27 +1,77 @@
-"""``shardio pack`` and ``shardio merge``: build the options, run, print the summary."""
+"""``shardio pack``: pack a tree of files into shards and print the summary."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 from typing import TYPE_CHECKING
 
-from shardio.cli.common import EXIT_OK, default_workers, one_line, parse_part
-from shardio.format.spec import CLASSES_SHOWN as _CLASSES_SHOWN
+from shardio.cli.common import (
+    EXIT_OK,
+    Subparsers,
+    add_no_progress,
+    add_workers,
+    parse_part,
+    workers_of,
+)
+from shardio.cli.pack_text import calls_text, label_map_text, show_name, show_path
 from shardio.units import format_duration, format_size, parse_size
 
 if TYPE_CHECKING:
-    from shardio.format.manifest import LabelSource
-    from shardio.packing.calls import SourceCalls
     from shardio.packing.run import PackResult
 
-__all__ = ["cmd_merge", "cmd_pack", "label_map_text"]
+__all__ = ["add_parser", "run"]
 
 _SKIPPED_SHOWN = 5  # skipped files listed in the pack summary; pack-report.json has all
 
 
-def cmd_pack(args: argparse.Namespace) -> int:
+def add_parser(sub: Subparsers) -> None:
+    """Register ``shardio pack``."""
+    p = sub.add_parser("pack", help="pack a tree of files into shards")
+    p.add_argument("src", help="the tree to pack (e.g. imagenet/)")
+    p.add_argument("dst", help="the dataset directory to create")
+    p.add_argument("--format", dest="shard_format", choices=["tar", "hdf5"], default="tar")
+    p.add_argument("--shard-size", default="1GiB", help="target shard size (default 1GiB)")
+    add_workers(p, "processes, 1 to 4096 (default: the CPUs of this job, SLURM-aware)")
+    p.add_argument(
+        "--labels",
+        choices=["auto", "none"],
+        default="auto",
+        help="class labels from an ImageNet-style layout (default auto)",
+    )
+    pin = p.add_mutually_exclusive_group()
+    pin.add_argument(
+        "--labels-from",
+        default=None,
+        metavar="DATASET",
+        help="pin the label map to that of a packed dataset (e.g. the train split's)",
+    )
+    pin.add_argument(
+        "--classes",
+        default=None,
+        metavar="FILE",
+        help="pin the label map to FILE's class names, one per line (index = line - 1)",
+    )
+    p.add_argument("--stripe", default="auto", help="auto | none | pfl | COUNTxSIZE (e.g. 8x4MiB)")
+    p.add_argument(
+        "--fs-type", default=None, help="force the filesystem type (lustre, beegfs, ...)"
+    )
+    p.add_argument("--part", default=None, help="pack part I/N of a multi-node pack, or auto")
+    p.add_argument(
+        "--parity",
+        default=None,
+        metavar="K+M",
+        help="also write M parity files per group of K shards (e.g. 10+2): any M lost or "
+        "damaged shards of a group can be rebuilt (needs pyeclib)",
+    )
+    p.add_argument("--strict", action="store_true", help="fail on files that would be skipped")
+    p.add_argument("--resume", action="store_true", help="finish an interrupted pack")
+    p.add_argument("--force", action="store_true", help="overwrite a dataset in DST")
+    add_no_progress(p, "no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``shardio pack``."""
     from shardio.cli.progressbar import ProgressBar
     from shardio.packing.run import PackOptions, pack
 
@@ -29,7 +79,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     options = PackOptions(
         shard_format=args.shard_format,
         shard_size_bytes=parse_size(args.shard_size),
-        workers=args.workers if args.workers is not None else default_workers(),
+        workers=workers_of(args),
         labels=args.labels,
         labels_from=args.labels_from,
         classes_file=args.classes,
@@ -72,13 +122,13 @@ def cmd_pack(args: argparse.Namespace) -> int:
     print(f"layout: {result.layout.message}")
     whole = "; each part lists the whole tree" if num_parts > 1 else ""
     print(
-        f"source calls: {_calls_text(result.source_calls, whole)} for "
+        f"source calls: {calls_text(result.source_calls, whole)} for "
         f"{result.num_files:,} files packed"
     )
     if result.skipped:
         print(f"skipped {len(result.skipped):,} file(s), listed in {args.dst}/pack-report.json:")
         for s in result.skipped[:_SKIPPED_SHOWN]:
-            print(f"  {_show_path(s.path)}: {s.reason}")
+            print(f"  {show_path(s.path)}: {s.reason}")
         if len(result.skipped) > _SKIPPED_SHOWN:
             print(f"  ... and {len(result.skipped) - _SKIPPED_SHOWN:,} more")
     if result.oversized:
@@ -103,66 +153,7 @@ def _labels_text(result: PackResult) -> str:
         if empty:
             text += (
                 f"; {len(empty):,} of them without files in this source (they keep their "
-                f"index), e.g. {_show_name(empty[0])}"
+                f"index), e.g. {show_name(empty[0])}"
             )
         return text
     return f"none ({result.labels_note})" if result.labels_note else "none"
-
-
-def _origin_text(source: LabelSource | None, layout: str) -> str:
-    if layout == "writer":
-        return "given to ShardWriter"
-    if source is None:
-        return "from the class directories"
-    if source.kind == "dataset":
-        return f"pinned by --labels-from {source.path}"
-    return f"pinned by --classes {source.path}"
-
-
-def label_map_text(classes: tuple[str, ...], layout: str, source: LabelSource | None) -> str:
-    """``4 classes (class-dirs) from the class directories: 0 cat, 1 dog, ...``."""
-    shown = ", ".join(f"{i} {_show_name(n)}" for i, n in enumerate(classes[:_CLASSES_SHOWN]))
-    more = ", ..." if len(classes) > _CLASSES_SHOWN else ""
-    count = f"{len(classes):,} class{'es' if len(classes) != 1 else ''}"
-    return f"{count} ({layout}) {_origin_text(source, layout)}: {shown}{more}"
-
-
-def _show_name(name: str) -> str:
-    """A class name for the terminal: undecodable bytes and control characters escaped."""
-    try:
-        raw = os.fsencode(name)
-    except UnicodeError:  # a lone surrogate that no file name decodes to
-        raw = name.encode("utf-8", "backslashreplace")
-    return one_line(_show_path(raw))
-
-
-def _calls_text(calls: SourceCalls, note: str = "") -> str:
-    """``1,001 directory listings (1,001,000 entries), 1,000,000 stat calls, ...``."""
-    return (
-        f"{calls.dirs_listed:,} directory listings ({calls.entries_seen:,} entries{note}), "
-        f"{calls.stat_calls:,} stat calls, {calls.opens:,} opens, {calls.fstat_calls:,} fstat"
-    )
-
-
-def _show_path(path: bytes) -> str:
-    """A source path for the terminal: undecodable bytes as escapes, never an exception."""
-    return path.decode("utf-8", "backslashreplace")
-
-
-def cmd_merge(args: argparse.Namespace) -> int:
-    from shardio.cli.progressbar import ProgressBar
-    from shardio.packing.merge import merge_parts
-
-    bar = None if args.no_progress else ProgressBar("merging", unit="shards")
-    with bar or contextlib.nullcontext():  # an interrupted bar is erased
-        workers = args.workers if args.workers is not None else default_workers()
-        result = merge_parts(args.dst, progress=bar, workers=workers)
-    man = result.manifest
-    print(
-        f"merged {result.num_parts} parts into {args.dst}: {man.num_samples:,} samples, "
-        f"{len(man.shards):,} shards, {format_size(man.total_bytes)}"
-    )
-    if not man.options.get("writer"):  # ShardWriter parts read no source tree
-        calls = _calls_text(result.source_calls)
-        print(f"source calls of the {result.num_parts} part(s): {calls}")
-    return EXIT_OK

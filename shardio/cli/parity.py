@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from shardio.cli.common import EXIT_OK, default_workers
+from shardio.cli.common import EXIT_OK, Subparsers, add_workers, workers_of
 from shardio.units import format_duration, format_size
 
-__all__ = ["add_parity_parser", "cmd_parity"]
+__all__ = ["add_parser", "run"]
 
 
-def add_parity_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: Subparsers) -> None:
     """Register ``shardio parity``."""
-    from shardio.cli.common import parse_workers
-
     par = sub.add_parser(
         "parity",
         help="add or drop erasure-coded parity (any M lost shards of a group rebuild)",
@@ -27,23 +25,17 @@ def add_parity_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     add.add_argument(
         "--parity", required=True, metavar="K+M", help="K data shards and M parity per group"
     )
-    add.add_argument(
-        "--workers",
-        type=parse_workers,
-        default=None,
-        help="processes, 1 to 4096 (default: the CPUs of this job, SLURM-aware)",
-    )
+    add_workers(add, "processes, 1 to 4096 (default: the CPUs of this job, SLURM-aware)")
     drop = actions.add_parser("drop", help="remove the dataset's parity")
     drop.add_argument("dst", help="a packed dataset")
 
 
-def cmd_parity(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``shardio parity add|drop``."""
     from shardio.tools.parity import add_parity, drop_parity
 
     if args.parity_action == "add":
-        workers = args.workers if args.workers is not None else default_workers()
-        result = add_parity(args.dst, args.parity, workers=workers)
+        result = add_parity(args.dst, args.parity, workers=workers_of(args))
         if result.already:
             print(f"{args.dst} already has parity {result.scheme}: nothing to do")
             return EXIT_OK

@@ -9,38 +9,94 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shardio.cli.common import EXIT_OK, env_node_part, env_ranks_per_node, parse_part
+from shardio.cli.common import (
+    EXIT_OK,
+    Subparsers,
+    add_no_progress,
+    add_whole_number,
+    env_node_part,
+    env_ranks_per_node,
+    parse_part,
+    seconds_arg,
+)
 from shardio.errors import StorageError, UsageError
 from shardio.order import OrderSpec, default_order
 from shardio.units import format_duration, format_size, parse_size
 
-__all__ = ["cmd_stage", "default_stage_dir", "journal_dir_of", "order_spec_of", "seconds_arg"]
+__all__ = ["add_parser", "default_stage_dir", "journal_dir_of", "order_spec_of", "run"]
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_SECONDS = re.compile(r"(0|[1-9][0-9]{0,4})(\.[0-9]{1,6})?")
 
 
-def seconds_arg(option: str) -> Callable[[str], float]:
-    """An argparse type for a deadline in seconds: ASCII digits with an optional fraction
-    ("5", "0.5"), at most a day (0: none); no sign, exponent, "nan" or "inf".
-
-    The result goes through :func:`shardio.read.timeouts.check_read_timeout` too.
-    """
-
-    def parse(text: str) -> float:
-        from shardio.read.timeouts import check_read_timeout
-
-        if _SECONDS.fullmatch(text) is None:
-            raise argparse.ArgumentTypeError(
-                f"{option}={text[:40]!r} is not a number of seconds (such as 5 or 0.5)"
-            )
-        try:
-            seconds = check_read_timeout(float(text), option)
-        except UsageError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        return float(seconds or 0.0)
-
-    return parse
+def add_parser(sub: Subparsers) -> None:
+    """Register ``shardio stage``."""
+    st = sub.add_parser(
+        "stage",
+        help="copy this node's shards to node-local storage, verified (job prologue)",
+        description="Stage shards from SRC to DEST (default: the job's node-local scratch), "
+        "in the order training first needs them. `shardio stage --clean DEST` removes them.",
+    )
+    st.add_argument("paths", nargs="+", metavar="SRC [DEST]")
+    st.add_argument("--node", default="auto", help="I/N (0-based) or auto (SLURM_NODEID/NNODES)")
+    add_whole_number(
+        st, "--ranks-per-node", None, "training ranks per node (default SLURM_NTASKS_PER_NODE or 1)"
+    )
+    st.add_argument(
+        "--order",
+        default=None,
+        metavar="SPEC",
+        help="the order training uses: a name (random, shard-local, sequential) or "
+        "key=value pairs such as order=random,seed=1,partition=node (default: "
+        "$SHARDIO_ORDER, else ShardDataset's defaults for --mode)",
+    )
+    st.add_argument(
+        "--mode",
+        choices=["map", "stream"],
+        default="map",
+        help="ShardDataset's mode, whose default order applies (map: random, stream: shard-local)",
+    )
+    add_whole_number(st, "--seed", None, "override the spec's seed", digits=20)
+    add_whole_number(st, "--epoch", 0, "the epoch to stage for", digits=19)
+    add_whole_number(
+        st,
+        "--ahead",
+        0,
+        "also stage the shards of this many following epochs and evict the rest "
+        "(a rotating order; see shardio.cache.EpochStager)",
+    )
+    add_whole_number(st, "--window-shards", None, "override the spec's window")
+    st.add_argument(
+        "--read-timeout",
+        type=seconds_arg("--read-timeout"),
+        default=None,
+        metavar="S",
+        help="abandon a shard whose copy stalls this many seconds (a dead data server) and "
+        "stage the others (default: 120 on a network filesystem, none on a local one; 0: none)",
+    )
+    add_whole_number(st, "--streams", 4, "parallel copy streams")
+    st.add_argument("--capacity", default=None, help="stage at most this much, e.g. 800GiB")
+    st.add_argument(
+        "--clean",
+        action="store_true",
+        help="remove what shardio staged in DEST (epilogue); its repair journal is kept "
+        "(see --keep-journal) and files shardio did not stage stay",
+    )
+    st.add_argument(
+        "--keep-journal",
+        default=None,
+        metavar="DIR",
+        help="with --clean: move the repair journal here (default: $SLURM_SUBMIT_DIR, beside "
+        "the job's log, else the current directory)",
+    )
+    st.add_argument(
+        "--force",
+        action="store_true",
+        help="DEST holds another dataset: remove what shardio staged there, then stage",
+    )
+    st.add_argument(
+        "--fsync", action="store_true", help="fsync every copy (survives a node crash; slower)"
+    )
+    add_no_progress(st)
 
 
 def default_stage_dir(src: str, environ: Mapping[str, str] | None = None) -> str:
@@ -130,7 +186,8 @@ def _stage_timeout(src: str, given: float | None) -> float:
     return resolve_read_timeout(src, given)
 
 
-def cmd_stage(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Run ``shardio stage`` (and ``stage --clean``)."""
     from shardio.cache import StageOptions, clean_stage, stage_dataset
     from shardio.cli.progressbar import ProgressBar
 

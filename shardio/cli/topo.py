@@ -5,17 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
 
-from shardio.cli.common import EXIT_OK, whole_number
+from shardio.cli.common import EXIT_OK, Subparsers, add_whole_number
 from shardio.errors import UsageError
 from shardio.topology import Placement, Topology, format_cpulist, placement, read_topology
 from shardio.topology.sysfs import SYSFS_ENV
 
-__all__ = ["add_topo_parser", "cmd_topo"]
+__all__ = ["add_parser", "run"]
 
 
-def add_topo_parser(sub: argparse._SubParsersAction[Any]) -> None:
+def add_parser(sub: Subparsers) -> None:
     """Register ``shardio topo`` on the command's subparsers."""
     t = sub.add_parser(
         "topo",
@@ -24,19 +23,19 @@ def add_topo_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "per local rank, its GPU, NUMA node, CPUs, numactl/taskset lines and thread counts.",
     )
     t.add_argument("--json", action="store_true", help="print the map as JSON (for scripts)")
-    t.add_argument(
+    add_whole_number(
+        t,
         "--local-rank",
-        type=whole_number("--local-rank"),
-        default=None,
+        None,
+        "show this local rank only (default: one rank per visible GPU)",
         metavar="N",
-        help="show this local rank only (default: one rank per visible GPU)",
     )
-    t.add_argument(
+    add_whole_number(
+        t,
         "--workers",
-        type=whole_number("--workers"),
-        default=0,
+        0,
+        "DataLoader workers per rank, for the thread counts (default 0)",
         metavar="W",
-        help="DataLoader workers per rank, for the thread counts (default 0)",
     )
     t.add_argument(
         "--sysfs",
@@ -57,7 +56,7 @@ def _no_gpu(sysfs: str) -> str:
     return f"no NVIDIA GPU found in {os.path.join(sysfs, 'bus', 'pci', 'devices')}"
 
 
-def cmd_topo(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``shardio topo``."""
     if args.local_rank is not None and args.local_rank < 0:
         raise UsageError(f"--local-rank must be >= 0, got {args.local_rank}")

@@ -16,7 +16,7 @@ import shutil
 import pytest
 from trees import tree_files
 
-from shardio.cli.main import default_workers, parse_part
+from shardio.cli.common import default_workers, parse_part
 from shardio.errors import UsageError
 from shardio.format.spec import FORMAT_VERSION
 from shardio.read.packed import PackedDataset

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from shardio.cache import default_stage_dir
-from shardio.cli.main import default_stage_dir as cli_default_stage_dir
+from shardio.cli.stage import default_stage_dir as cli_default_stage_dir
 from shardio.errors import UsageError
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
