@@ -300,7 +300,7 @@ def _merge(
     manifest = seal_manifest(manifest, index_path)  # per-shard index checksums, checked
     scheme = first.options.get("parity")
     if scheme:  # pack --parity: every shard is published and checked; the journal resumes it
-        from shardio.parity.dataset import encode_parity  # the parity extra, only then
+        from shardio.parity.encode import encode_parity  # the parity extra, only then
 
         k, m = parse_scheme(scheme)
         section = encode_parity(dst, manifest.shards, k=k, m=m, workers=workers, durable=durable)
