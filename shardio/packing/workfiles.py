@@ -38,6 +38,7 @@ from shardio.storage.striping import LayoutResult
 
 __all__ = [
     "COMMIT_NAME",
+    "MAX_PARTS",
     "NEXT_DIR",
     "CommitRecord",
     "PartRecord",
@@ -54,6 +55,7 @@ __all__ = [
 ]
 
 COMMIT_NAME = "commit.json"
+MAX_PARTS = 9999  # part records are named part-IIII-of-NNNN
 NEXT_DIR = "next"
 _STATE_RE = re.compile(r"^state-(\d{4})-of-(\d{4})\.json$")
 _PART_RE = re.compile(r"^part-(\d{4})-of-(\d{4})\.json$")

@@ -249,7 +249,8 @@ def _new_writer(job: ShardJob, path: str) -> ShardWriter:
 
 
 class FilledShard(Protocol):
-    """What a shard's writer kept while it was filled (``_Shard`` here, the ShardWriter's)."""
+    """What a shard's writer kept while it was filled (pack's ``_Shard``, the ShardWriter's
+    ``StagedShard``)."""
 
     builder: IndexBuilder
     data_bytes: int
