@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from shardio._version import __version__
 from shardio.errors import FormatError, PackError, ShardioError, StorageError, UsageError
 from shardio.format.checksum import file_xxh3_128
-from shardio.format.index import Index, merge_indexes, seal_manifest
+from shardio.format.index import Index
+from shardio.format.index_write import merge_indexes, seal_manifest
 from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
 from shardio.format.spec import INDEX_FILENAME, MANIFEST_FILENAME, REPORT_FILENAME, WORK_DIR
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread

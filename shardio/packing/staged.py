@@ -11,7 +11,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from shardio.format.index import IndexBuilder, MemberEntry
+from shardio.format.index_write import IndexBuilder, MemberEntry
 from shardio.format.spec import LABEL_EXT, TAR_BLOCK
 from shardio.packing.plan import shard_paths
 from shardio.packing.samples import WrittenSample

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from shardio.errors import FormatError, StorageError, UsageError
-from shardio.format.index import seal_manifest
+from shardio.format.index_write import seal_manifest
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.parity import PARITY_DIR
 from shardio.format.spec import MANIFEST_FILENAME, WORK_DIR
