@@ -12,7 +12,7 @@ from shardio.format.spec import CLASSES_SHOWN as _CLASSES_SHOWN
 from shardio.units import format_duration, format_size, parse_size
 
 if TYPE_CHECKING:
-    from shardio.format.manifest import LabelSource
+    from shardio.format.label_source import LabelSource
     from shardio.packing.calls import SourceCalls
     from shardio.packing.run import PackResult
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from shardio._pool import check_workers
 from shardio.errors import UsageError
-from shardio.format.manifest import LabelSource
+from shardio.format.label_source import LabelSource
 from shardio.format.spec import SHARD_FORMATS
 from shardio.packing.calls import SourceCalls
 from shardio.packing.merge import MergeResult

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from shardio.errors import FormatError, StorageError
 from shardio.format.fields import get_field
-from shardio.format.manifest import LabelSource
+from shardio.format.label_source import LabelSource
 from shardio.format.spec import SHARD_FORMATS, WORK_DIR
 from shardio.packing.calls import SourceCalls
 from shardio.packing.plan import shard_name
