@@ -41,7 +41,6 @@ from typing import Any
 
 from shardio._pool import check_workers
 from shardio.cache.copy import (
-    copy_verified,
     leftover_temps,
     source_rebuild,
     stage_one,
@@ -50,6 +49,7 @@ from shardio.cache.copy import (
 from shardio.cache.dali_index import dali_index_reader
 from shardio.cache.identity import check_area_holds, source_identity
 from shardio.cache.protocol import STAGE_DIR, drop_if_same, read_area_marker, shard_lock
+from shardio.cache.verified import copy_verified
 from shardio.errors import FormatError, IntegrityError, ShardioError, StorageError, UsageError
 from shardio.format.checksum import digest_or_none, file_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry, load_manifest
