@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shardio.format.manifest import IndexEntry, Manifest, ShardEntry, encode_document
+from shardio.format.document import encode_document
+from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
 
 HASH = "0123456789abcdef0123456789abcdef"
 

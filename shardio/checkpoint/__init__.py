@@ -9,9 +9,9 @@
 Modules: ``naming`` (host, job, rank, kind and step in every name), ``manifest`` (the sealed
 manifest), ``codec`` (torch.save + zstd + xxh3-128, streamed), ``loadable`` (what a state may
 hold: what ``torch.load(weights_only=True)`` loads back), ``snapshot`` (the state copied
-to host memory), ``store`` (temp directory, commit, listing, pruning), ``lease`` (one live
-job per directory), ``ranks`` (torch.distributed
-when initialized), ``writing`` (one save's steps), ``load`` and ``saver``. Nothing is imported
+to host memory), ``store`` (temp directory, commit), ``catalog`` (listing, checking, pruning),
+``lease`` (one live job per directory), ``ranks`` (torch.distributed when initialized),
+``writing`` (one save's steps), ``save_now``, ``load`` and ``saver``. Nothing is imported
 with the package; torch only when a state is saved or loaded.
 """
 
@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 from shardio._lazy import lazy_face
 
 if TYPE_CHECKING:
-    from shardio.checkpoint.load import Checkpoint, load_latest, save
+    from shardio.checkpoint.load import Checkpoint, load_latest
+    from shardio.checkpoint.save_now import save
     from shardio.checkpoint.saver import Checkpointer
     from shardio.checkpoint.writing import SaveOptions
 
@@ -33,7 +34,7 @@ __getattr__, __dir__ = lazy_face(
     {
         "Checkpoint": "shardio.checkpoint.load",
         "load_latest": "shardio.checkpoint.load",
-        "save": "shardio.checkpoint.load",
+        "save": "shardio.checkpoint.save_now",
         "Checkpointer": "shardio.checkpoint.saver",
         "SaveOptions": "shardio.checkpoint.writing",
     },

@@ -15,20 +15,19 @@ import stat
 from typing import Any
 
 from shardio._check import require_seconds
-from shardio.checkpoint.codec import check_file
-from shardio.checkpoint.manifest import CheckpointManifest
-from shardio.checkpoint.naming import MANIFEST_NAME, check_kind, is_checkpoint_name
-from shardio.checkpoint.store import (
+from shardio.checkpoint.catalog import (
     Listed,
     all_damaged,
+    check_files,
     list_checkpoints,
     one_checkpoint,
     unavailable,
 )
+from shardio.checkpoint.manifest import CheckpointManifest
+from shardio.checkpoint.naming import MANIFEST_NAME, check_kind, is_checkpoint_name
 from shardio.errors import (
     CheckpointUnavailableError,
     NoCheckpointError,
-    ShardioError,
     UsageError,
 )
 from shardio.storage.stall import IoThreads, call_with_deadline
@@ -176,14 +175,8 @@ def _verified(x: Listed, timeout_s: float, pool: IoThreads) -> CheckedCheckpoint
         return _unchecked(x)
     problems: list[str] = []
     unreadable: list[str] = []
-    for entry in x.manifest.files:
-        try:
-            check_file(
-                os.path.join(x.path, entry.name), size_bytes=entry.size_bytes,
-                xxh3_128=entry.xxh3_128, timeout_s=timeout_s, pool=pool,
-            )  # fmt: skip
-        except ShardioError as exc:
-            (unreadable if unavailable(exc) else problems).append(str(exc))
+    for exc in check_files(x.path, x.manifest, ranks=None, timeout_s=timeout_s, pool=pool):
+        (unreadable if unavailable(exc) else problems).append(str(exc))
     return CheckedCheckpoint(
         x.path, x.manifest, tuple(problems), checked=True, unreadable=tuple(unreadable)
     )

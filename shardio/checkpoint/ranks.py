@@ -20,6 +20,7 @@ __all__ = [
     "new_shared_token",
     "rank_and_world",
     "resolve_identity",
+    "said",
     "share_from_zero",
     "side_group",
 ]
@@ -69,6 +70,14 @@ def agree(ok: bool, reason: str, group: Any = None) -> list[str]:
     """Every rank says whether it is fine; the reasons of those that are not, by rank."""
     said = gather((ok, reason), group)
     return [f"rank {r}: {why}" for r, (fine, why) in enumerate(said) if not fine]
+
+
+def said(failure: BaseException | None) -> str | None:
+    """What a rank tells the others of its failure: one line, or None."""
+    if failure is None:
+        return None
+    text = str(failure).strip().splitlines()
+    return (text[0] if text else type(failure).__name__)[:1000]
 
 
 def resolve_identity(environ: Mapping[str, str], group: Any = None) -> Identity:

@@ -179,7 +179,7 @@ class Checkpointer:
                 busy = self._busy
         except Exception as exc:  # said to every rank first: none is left in the gather
             failure = exc
-        votes = ranks.gather((_said(failure), due, busy), self.group)
+        votes = ranks.gather((ranks.said(failure), due, busy), self.group)
         self._agree(failure, [why for why, _, _ in votes], f"checkpoint check at step {step}")
         due = votes[0][1]
         if due is None or any(b for _, _, b in votes):
@@ -204,7 +204,7 @@ class Checkpointer:
             self._raise_failure()
         except Exception as exc:
             failure = exc
-        said = ranks.gather(_said(failure), self.group)
+        said = ranks.gather(ranks.said(failure), self.group)
         self._agree(failure, said, "checkpoint wait")
 
     def close(self) -> None:
@@ -255,7 +255,7 @@ class Checkpointer:
                 job = self._copy(make())
             except Exception as exc:  # said to every rank first: none is left in the gather
                 failure = exc
-        votes = ranks.gather((_said(failure), new_token()), self.group)
+        votes = ranks.gather((ranks.said(failure), new_token()), self.group)
         self._agree(failure, [why for why, _ in votes], f"checkpoint of step {step} not saved")
         payload, size_hint = typing.cast("tuple[dict[str, Any], int]", job)  # no rank failed
         plan = Plan(
@@ -394,11 +394,3 @@ class Checkpointer:
                 with self._lock:
                     self._busy = False
                     self._lock.notify_all()
-
-
-def _said(failure: BaseException | None) -> str | None:
-    """What a rank tells the others of its failure: one line, or None."""
-    if failure is None:
-        return None
-    text = str(failure).strip().splitlines()
-    return (text[0] if text else type(failure).__name__)[:1000]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardio._check import require_bool, require_int, require_seconds
+from shardio.checkpoint.catalog import prune
 from shardio.checkpoint.codec import DEFAULT_LEVEL, MAX_LEVEL
 from shardio.checkpoint.store import (
     Plan,
@@ -26,7 +27,6 @@ from shardio.checkpoint.store import (
     discard_temp,
     leave_fragment,
     make_temp_dir,
-    prune,
     remove_stale_temps,
     write_rank,
 )

@@ -10,7 +10,7 @@ from shardio.cli.common import one_line
 from shardio.format.spec import CLASSES_SHOWN
 
 if TYPE_CHECKING:
-    from shardio.format.manifest import LabelSource
+    from shardio.format.label_source import LabelSource
     from shardio.packing.calls import SourceCalls
 
 __all__ = ["calls_text", "label_map_text", "show_name", "show_path"]

@@ -23,7 +23,8 @@ import os
 import xxhash
 
 from shardio.errors import FormatError
-from shardio.format.manifest import Manifest, encode_document, load_manifest, parse_manifest
+from shardio.format.document import encode_document
+from shardio.format.manifest import Manifest, load_manifest, parse_manifest
 from shardio.format.spec import MANIFEST_FILENAME, MAX_MANIFEST_BYTES
 from shardio.storage.files import read_regular
 

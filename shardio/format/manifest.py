@@ -1,4 +1,4 @@
-"""The dataset manifest: model, JSON serialisation and the validating parser for each version."""
+"""The dataset manifest: its model and the validating parser for each version."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import xxhash
-
 from shardio.errors import FormatError
+from shardio.format.document import check_document_checksum, encode_document
 from shardio.format.fields import MAX_INT, get_field
+from shardio.format.label_source import LabelSource
 from shardio.format.parity import ParitySection
 from shardio.format.spec import (
     FORMAT_NAME,
@@ -26,12 +26,9 @@ from shardio.format.spec import (
 from shardio.storage.files import read_regular
 
 __all__ = [
-    "LABEL_SOURCE_KINDS",
     "IndexEntry",
-    "LabelSource",
     "Manifest",
     "ShardEntry",
-    "encode_document",
     "load_manifest",
     "parse_manifest",
 ]
@@ -90,57 +87,6 @@ class IndexEntry:
             raise FormatError(f"index {self.path!r}: xxh3_128 must be 32 lower-case hex digits")
         if self.head_xxh3_64 is not None and not _HEX64.fullmatch(self.head_xxh3_64):
             raise FormatError(f"index {self.path!r}: head_xxh3_64 must be 16 lower-case hex digits")
-
-
-LABEL_SOURCE_KINDS = ("classes-file", "dataset")
-
-
-@dataclass(frozen=True, kw_only=True)
-class LabelSource:
-    """Where a pinned label map came from (the manifest's optional ``labels.source``).
-
-    A manifest without one took its label map from the class directories of the tree it
-    was packed from.
-
-    Attributes:
-        kind: "classes-file" (``pack --classes FILE``) or "dataset" (``pack --labels-from``).
-        path: the file or dataset as given to pack, made absolute (for people).
-        xxh3_128: of the classes file's bytes, or of the dataset's manifest.json: what
-            identifies the map (the path does not).
-    """
-
-    kind: str
-    path: str
-    xxh3_128: str
-
-    def __post_init__(self) -> None:
-        if self.kind not in LABEL_SOURCE_KINDS:
-            raise FormatError(f"labels.source: unknown kind {self.kind!r}")
-        if not self.path or "\0" in self.path:
-            raise FormatError("labels.source: path must be a path")
-        if not _HEX128.fullmatch(self.xxh3_128):
-            raise FormatError("labels.source: xxh3_128 must be 32 lower-case hex digits")
-
-    @property
-    def identity(self) -> tuple[str, str]:
-        """What identifies the map: its kind and digest, not the path it was read by."""
-        return self.kind, self.xxh3_128
-
-    def to_json(self) -> dict[str, str]:
-        """The JSON object."""
-        return {"kind": self.kind, "path": self.path, "xxh3_128": self.xxh3_128}
-
-    @classmethod
-    def from_json(cls, doc: object, where: str) -> LabelSource:
-        """Validate a JSON object."""
-        if not isinstance(doc, dict):
-            raise FormatError(f"{where}: labels.source must be an object")
-        w = f"{where}: labels.source"
-        return cls(
-            kind=get_field(doc, "kind", str, w),
-            path=get_field(doc, "path", str, w),
-            xxh3_128=get_field(doc, "xxh3_128", str, w),
-        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -291,47 +237,6 @@ class Manifest:
     def dumps(self) -> bytes:
         """Serialise to bytes (ASCII JSON; non-UTF-8 class names travel as escapes)."""
         return encode_document(self.to_json())
-
-
-_CHECKSUM_RE = re.compile(
-    rb'\n "' + MANIFEST_CHECKSUM_FIELD.encode() + rb'": "([0-9a-f]{32})"\n}\n\Z'
-)
-
-
-def encode_document(doc: Mapping[str, Any]) -> bytes:
-    """Serialise a manifest document; a format-2 document gets its checksum filled in.
-
-    The checksum is the xxh3-128 of the serialised document with the checksum's own value
-    as 32 zeros; it is the document's last field, so a reader finds it at a fixed place.
-    """
-    if MANIFEST_CHECKSUM_FIELD not in doc:
-        return (json.dumps(doc, indent=1) + "\n").encode("ascii")
-    # The field is zeroed and moved last whatever the caller passed (a loaded document
-    # carries its old checksum).
-    doc = {k: v for k, v in doc.items() if k != MANIFEST_CHECKSUM_FIELD}
-    doc[MANIFEST_CHECKSUM_FIELD] = "0" * 32
-    data = (json.dumps(doc, indent=1) + "\n").encode("ascii")
-    match = _CHECKSUM_RE.search(data)
-    if match is None:
-        raise FormatError(f"{MANIFEST_CHECKSUM_FIELD} must be the last field of the manifest")
-    digest = xxhash.xxh3_128_hexdigest(data).encode("ascii")
-    return data[: match.start(1)] + digest + data[match.end(1) :]
-
-
-def _check_document_checksum(data: bytes, where: str) -> None:
-    match = _CHECKSUM_RE.search(data)
-    if match is None:
-        raise FormatError(
-            f"{where}: the manifest's own checksum ({MANIFEST_CHECKSUM_FIELD}, its last field) "
-            "is missing or malformed: the file was edited or truncated"
-        )
-    zeroed = data[: match.start(1)] + b"0" * 32 + data[match.end(1) :]
-    actual = xxhash.xxh3_128_hexdigest(zeroed)
-    if actual != match.group(1).decode("ascii"):
-        raise FormatError(
-            f"{where}: manifest checksum mismatch (expected {match.group(1).decode()}, got "
-            f"{actual}): the file was edited or damaged"
-        )
 
 
 def _check_relative(path: str) -> None:
@@ -545,7 +450,7 @@ def parse_manifest(data: bytes, *, where: str = "manifest") -> Manifest:
             f"{', '.join(map(str, _VERSIONS))}); upgrade shardio"
         )
     if version >= 2:
-        _check_document_checksum(data, where)
+        check_document_checksum(data, where)
     try:
         return _parse(doc, where, version)
     except FormatError as exc:

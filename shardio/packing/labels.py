@@ -15,7 +15,7 @@ import xxhash
 
 from shardio.errors import FormatError, StorageError, UsageError
 from shardio.format.identity import load_identified
-from shardio.format.manifest import LabelSource
+from shardio.format.label_source import LabelSource
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.storage.files import read_regular
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from shardio._version import __version__
 from shardio.errors import FormatError, PackError, ShardioError, StorageError, UsageError
 from shardio.format.checksum import file_xxh3_128
-from shardio.format.index import Index, merge_indexes, seal_manifest
+from shardio.format.index import Index
+from shardio.format.index_write import merge_indexes, seal_manifest
 from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
 from shardio.format.spec import INDEX_FILENAME, MANIFEST_FILENAME, REPORT_FILENAME, WORK_DIR
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
@@ -300,7 +301,7 @@ def _merge(
     manifest = seal_manifest(manifest, index_path)  # per-shard index checksums, checked
     scheme = first.options.get("parity")
     if scheme:  # pack --parity: every shard is published and checked; the journal resumes it
-        from shardio.parity.dataset import encode_parity  # the parity extra, only then
+        from shardio.parity.encode import encode_parity  # the parity extra, only then
 
         k, m = parse_scheme(scheme)
         section = encode_parity(dst, manifest.shards, k=k, m=m, workers=workers, durable=durable)

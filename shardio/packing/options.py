@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 
 from shardio._pool import check_workers
 from shardio.errors import UsageError
-from shardio.format.manifest import LabelSource
+from shardio.format.label_source import LabelSource
 from shardio.format.spec import SHARD_FORMATS
 from shardio.packing.calls import SourceCalls
 from shardio.packing.merge import MergeResult
 from shardio.packing.scan import LABEL_MODES, Listing, Skipped
+from shardio.packing.workfiles import MAX_PARTS
 from shardio.packing.write import STREAM_THRESHOLD_BYTES
 from shardio.parity.codec import parse_scheme
 from shardio.storage.striping import LayoutResult, parse_stripe
@@ -19,7 +20,6 @@ from shardio.storage.striping import LayoutResult, parse_stripe
 __all__ = ["PackOptions", "PackResult"]
 
 GiB = 1024**3
-_MAX_PARTS = 9999  # part records are named part-IIII-of-NNNN
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,9 +84,9 @@ class PackOptions:
                 raise UsageError(f"invalid {option} {value!r}: give a path")
             if self.labels == "none":
                 raise UsageError(f"{option} pins a label map: it cannot go with --labels none")
-        if not 0 <= self.part < self.num_parts <= _MAX_PARTS:
+        if not 0 <= self.part < self.num_parts <= MAX_PARTS:
             raise UsageError(
-                f"invalid part {self.part}/{self.num_parts}: need 0 <= I < N <= {_MAX_PARTS}"
+                f"invalid part {self.part}/{self.num_parts}: need 0 <= I < N <= {MAX_PARTS}"
             )
         if self.resume and self.force:
             raise UsageError("--resume and --force exclude each other")

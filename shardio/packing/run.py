@@ -19,7 +19,8 @@ import shutil
 import time
 
 from shardio.errors import FormatError, PackError, SourceError, UsageError
-from shardio.format.manifest import LabelSource, Manifest, load_manifest
+from shardio.format.label_source import LabelSource
+from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME, WORK_DIR
 from shardio.metrics.progress import ProgressCallback
 from shardio.packing.dest import (

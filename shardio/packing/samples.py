@@ -1,4 +1,4 @@
-"""Check one sample given to a ShardWriter: its key, its members and its label.
+"""Check what a ShardWriter is given: its label map, and each sample (key, members, label).
 
 A sample is a mapping in WebDataset's shape: ``__key__`` (the sample key), one entry per
 member (``"jpg": b"..."``; a ``str`` is written as UTF-8) and, for a labelled dataset, ``cls``
@@ -20,7 +20,14 @@ from shardio.errors import FormatError, UsageError
 from shardio.format.checksum import member_xxh3_64
 from shardio.format.spec import LABEL_EXT
 
-__all__ = ["MAX_EXT_CHARS", "MAX_KEY_CHARS", "MAX_LABEL", "WrittenSample", "check_sample"]
+__all__ = [
+    "MAX_EXT_CHARS",
+    "MAX_KEY_CHARS",
+    "MAX_LABEL",
+    "WrittenSample",
+    "check_classes",
+    "check_sample",
+]
 
 _PART = r"[A-Za-z0-9_\-+,=@~%]+"  # pack's keys: these, and %XX for any other byte
 _KEY_RE = re.compile(rf"^{_PART}(?:/{_PART})*$")
@@ -183,3 +190,21 @@ def check_sample(
         data = b"%d" % label
         members.append((LABEL_EXT, data, member_xxh3_64(data)))
     return WrittenSample(key, label, tuple(members))
+
+
+def check_classes(classes: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The label map a ShardWriter was given (class index -> name), checked."""
+    if classes is None:
+        return None
+    if isinstance(classes, (str, bytes)) or not isinstance(classes, Sequence):
+        raise UsageError("classes must be a list of class names (str), index order")
+    names = tuple(classes)
+    if not names:
+        raise UsageError("classes is empty: give the class names, or None for no label map")
+    for name in names:
+        if not isinstance(name, str) or not name or "\0" in name or "\n" in name:
+            raise UsageError(f"class name {name!r} must be a non-empty str on one line")
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise UsageError(f"class {dup!r} appears twice in classes")
+    return names

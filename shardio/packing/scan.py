@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from shardio.errors import PackError, SourceError, UsageError
 from shardio.format.keys import encode_component, split_name
-from shardio.format.manifest import LabelSource
+from shardio.format.label_source import LabelSource
 from shardio.format.spec import LABEL_EXT, NO_LABEL
 from shardio.packing.calls import SourceCalls
 from shardio.packing.labels import PinnedLabels

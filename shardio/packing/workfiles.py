@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from shardio.errors import FormatError, StorageError
 from shardio.format.fields import get_field
-from shardio.format.manifest import LabelSource
+from shardio.format.label_source import LabelSource
 from shardio.format.spec import SHARD_FORMATS, WORK_DIR
 from shardio.packing.calls import SourceCalls
 from shardio.packing.plan import shard_name
@@ -38,6 +38,7 @@ from shardio.storage.striping import LayoutResult
 
 __all__ = [
     "COMMIT_NAME",
+    "MAX_PARTS",
     "NEXT_DIR",
     "CommitRecord",
     "PartRecord",
@@ -54,6 +55,7 @@ __all__ = [
 ]
 
 COMMIT_NAME = "commit.json"
+MAX_PARTS = 9999  # part records are named part-IIII-of-NNNN
 NEXT_DIR = "next"
 _STATE_RE = re.compile(r"^state-(\d{4})-of-(\d{4})\.json$")
 _PART_RE = re.compile(r"^part-(\d{4})-of-(\d{4})\.json$")

@@ -25,7 +25,7 @@ import xxhash
 
 from shardio.errors import PackError, ShardioError, StorageError
 from shardio.format.checksum import file_xxh3_128, member_xxh3_64
-from shardio.format.index import IndexBuilder, MemberEntry
+from shardio.format.index_write import IndexBuilder, MemberEntry
 from shardio.format.spec import LABEL_EXT
 from shardio.metrics.progress import Counters
 from shardio.packing.calls import SourceCalls
@@ -249,7 +249,8 @@ def _new_writer(job: ShardJob, path: str) -> ShardWriter:
 
 
 class FilledShard(Protocol):
-    """What a shard's writer kept while it was filled (``_Shard`` here, the ShardWriter's)."""
+    """What a shard's writer kept while it was filled (pack's ``_Shard``, the ShardWriter's
+    ``StagedShard``)."""
 
     builder: IndexBuilder
     data_bytes: int

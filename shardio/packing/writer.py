@@ -13,10 +13,8 @@ part) or ``shardio pack --force`` removes. N writers (ranks, SLURM tasks) write 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -25,47 +23,40 @@ from typing import Any
 import xxhash
 
 from shardio._check import require_int, require_path
-from shardio.errors import FormatError, PackError, UsageError
-from shardio.format.index import IndexBuilder, MemberEntry
-from shardio.format.spec import LABEL_EXT, SHARD_DIR, SHARD_FORMATS, TAR_BLOCK, WORK_DIR
+from shardio.errors import UsageError
+from shardio.format.spec import SHARD_DIR, SHARD_FORMATS, WORK_DIR
 from shardio.packing.dest import (
-    check_owned,
-    inspect_dst,
     make_dst,
     remove_bare_dst,
-    unlink_regular,
 )
 from shardio.packing.merge import merge_locked
 from shardio.packing.part import alignment_of
-from shardio.packing.plan import shard_name, shard_paths
-from shardio.packing.samples import WrittenSample, check_sample
+from shardio.packing.plan import shard_name
+from shardio.packing.samples import check_classes, check_sample
+from shardio.packing.staged import EMPTY_TAR_BYTES, StagedShard, tar_cost
 from shardio.packing.workfiles import (
+    MAX_PARTS,
     PartRecord,
     ShardRecord,
     StateRecord,
     done_path,
-    fragment_path,
-    load_record,
     part_record_name,
     state_name,
     write_record,
 )
-from shardio.packing.write import finish_shard_files
-from shardio.storage.atomic import fsync_dir, is_temp_name, rename_noreplace
+from shardio.packing.writer_dst import check_writer_dst, holds_files, remove_part
+from shardio.storage.atomic import fsync_dir, rename_noreplace
 from shardio.storage.dirlock import lock_directory
 from shardio.storage.files import make_dirs_inside
 from shardio.storage.fsdetect import resolve_fs_type
 from shardio.storage.runner import CommandRunner, run_command
 from shardio.storage.striping import LayoutResult, apply_layout, parse_stripe
 from shardio.units import parse_size
-from shardio.writers.hdf5 import HDF5ShardWriter
-from shardio.writers.tar import TarShardWriter
 
 __all__ = ["ShardWriter", "WriteResult"]
 
 logger = logging.getLogger(__name__)
 
-_MAX_PARTS = 9999  # part records are named part-IIII-of-NNNN
 _MIN_SHARD_BYTES = 4096
 _BUSY = "another shardio pack or ShardWriter is writing to"
 
@@ -85,24 +76,6 @@ class WriteResult:
     oversized: tuple[str, ...]
     layout: LayoutResult
     merged: bool
-
-
-def _tar_cost(sample: WrittenSample) -> int:
-    return sum(TAR_BLOCK + -(-len(d) // TAR_BLOCK) * TAR_BLOCK for _, d, _ in sample.members)
-
-
-@dataclass
-class _Shard:
-    """The shard being filled."""
-
-    seq: int
-    name: str
-    writer: TarShardWriter | None  # tar: streamed; HDF5: written whole when it is full
-    pending: list[WrittenSample] = dataclasses.field(default_factory=list)
-    builder: IndexBuilder = dataclasses.field(default_factory=IndexBuilder)
-    cost: int = 2 * TAR_BLOCK  # end-of-archive blocks
-    data_bytes: int = 0
-    num_members: int = 0
 
 
 class ShardWriter:
@@ -158,9 +131,9 @@ class ShardWriter:
             self.shard_size_bytes = require_int(shard_size, "shard_size", minimum=1)
         if self.shard_size_bytes < _MIN_SHARD_BYTES:
             raise UsageError(f"shard size {self.shard_size_bytes} bytes is too small (min 4 KiB)")
-        self.num_parts = require_int(num_parts, "num_parts", minimum=1, maximum=_MAX_PARTS)
+        self.num_parts = require_int(num_parts, "num_parts", minimum=1, maximum=MAX_PARTS)
         self.part = require_int(part, "part", minimum=0, maximum=self.num_parts - 1)
-        self.classes = _check_classes(classes)
+        self.classes = check_classes(classes)
         if not isinstance(overwrite, bool) or not isinstance(durable, bool):
             raise UsageError("overwrite and durable must be True or False")
         parse_stripe(stripe)
@@ -173,7 +146,7 @@ class ShardWriter:
         self._result: WriteResult | None = None  # what close() returned (it is idempotent)
         self._state = "new"  # new -> open -> closed | failed
         self._keys: set[str] = set()
-        self._shard: _Shard | None = None
+        self._shard: StagedShard | None = None
         self._records: list[ShardRecord] = []
         self._oversized: list[str] = []
         self._max_label = -1
@@ -227,7 +200,12 @@ class ShardWriter:
         try:
             self._created = make_dst(self.dst)
             stack.enter_context(lock_directory(self.dst, shared=self.num_parts > 1, busy=_BUSY))
-            self._check_dst()
+            check_writer_dst(
+                self.dst,
+                part=self.part,
+                num_parts=self.num_parts,
+                fingerprint=self._whole_fingerprint(),
+            )
             staging = make_dirs_inside(self.dst, os.path.relpath(self._staging, self.dst))
             busy = f"another ShardWriter is writing part {self.part}/{self.num_parts} to"
             stack.enter_context(lock_directory(staging, shared=False, busy=busy))
@@ -241,46 +219,21 @@ class ShardWriter:
         self._stack = stack
         self._state = "open"
 
-    def _check_dst(self) -> None:
-        state = inspect_dst(self.dst)
-        if state.commit is not None:
-            raise UsageError(
-                f"{self.dst} holds a replacement interrupted half-way (a killed pack --force): "
-                "finish it with shardio pack --resume, or write into a new directory"
-            )
-        if state.kind == "dataset":
-            raise UsageError(
-                f"{self.dst} already holds a shardio dataset: ShardWriter never replaces one; "
-                "write into a new directory"
-            )
-        if state.kind == "foreign":
-            raise UsageError(
-                f"{state.why}: ShardWriter writes only into a new or empty directory (or beside "
-                "the other parts of one write)"
-            )
-        if state.damaged:
-            raise FormatError(
-                f"{state.damaged}: shardio cannot tell which files the interrupted write in "
-                f"{self.dst} made; remove them by hand and write again"
-            )
-        for other in state.states:
-            if other.num_parts != self.num_parts:
-                raise UsageError(
-                    f"{self.dst} holds a write or pack split into {other.num_parts} part(s), "
-                    f"not {self.num_parts}: write into a new directory"
-                )
-            if other.part != self.part and other.plan_fingerprint != self._whole_fingerprint():
-                raise PackError(
-                    f"part {other.part}/{other.num_parts} in {self.dst} was begun with other "
-                    "options (format, shard size, classes) or by a pack: the parts would not "
-                    "fit together; write every part with the same options"
-                )
+    def _remove_part(self) -> None:
+        """Remove this part's files: staged shards, fragments, published shards, records."""
+        remove_part(
+            self.dst,
+            staging=self._staging,
+            part=self.part,
+            num_parts=self.num_parts,
+            shard_format=self.shard_format,
+        )
 
     def _check_own_part(self) -> None:
         """Under the part's lock: what an earlier write of this part left."""
         names = (state_name, part_record_name)
         own = [os.path.join(self._work, f(self.part, self.num_parts)) for f in names]
-        if not any(os.path.lexists(p) for p in own) and not _holds_files(self._staging):
+        if not any(os.path.lexists(p) for p in own) and not holds_files(self._staging):
             return
         if not self.overwrite:
             raise UsageError(
@@ -288,29 +241,6 @@ class ShardWriter:
                 "(interrupted, or not merged yet): pass overwrite=True to write it again"
             )
         self._remove_part()
-
-    def _remove_part(self) -> None:
-        """Remove this part's files: staged shards, fragments, published shards, records."""
-        state_path = os.path.join(self._work, state_name(self.part, self.num_parts))
-        num_shards = 0
-        if os.path.lexists(state_path):
-            num_shards = load_record(state_path, StateRecord).num_shards
-        stem = shard_name(0, part=self.part, num_parts=self.num_parts)[:-6]  # "shard-[pNNNN-]"
-        published = []
-        for seq in range(num_shards):
-            for rel in shard_paths(shard_name(seq, part=self.part, num_parts=self.num_parts),
-                                   self.shard_format):  # fmt: skip
-                if rel is not None and os.path.lexists(os.path.join(self.dst, rel)):
-                    published.append(rel)
-        check_owned(self.dst, published, source=f"the earlier write of part {self.part}")
-        for folder in (self._staging, os.path.join(self._work, "frag")):
-            for name in _listdir(folder):
-                if name.startswith(stem) or is_temp_name(name):
-                    unlink_regular(os.path.join(folder, name))
-        for rel in published:
-            unlink_regular(os.path.join(self.dst, rel))
-        unlink_regular(os.path.join(self._work, part_record_name(self.part, self.num_parts)))
-        unlink_regular(state_path)
 
     def _prepare(self, staging: str) -> None:
         shard_dir = make_dirs_inside(self.dst, SHARD_DIR)
@@ -370,91 +300,38 @@ class ShardWriter:
                 )
             self._labelled = checked.label >= 0
         self._state = "failed"  # until the sample is in
-        cost = _tar_cost(checked)
+        cost = tar_cost(checked)
         shard = self._shard
         if shard is not None and shard.cost + cost > self.shard_size_bytes:
             self._finish_shard()
             shard = None
         if shard is None:
-            shard = self._shard = self._new_shard()
-        if shard.cost == 2 * TAR_BLOCK and 2 * TAR_BLOCK + cost > self.shard_size_bytes:
+            seq = len(self._records)
+            name = shard_name(seq, part=self.part, num_parts=self.num_parts)
+            shard = self._shard = StagedShard.begin(
+                seq, name, staging=self._staging, shard_format=self.shard_format,
+                durable=self.durable,
+            )  # fmt: skip
+        if shard.cost == EMPTY_TAR_BYTES and EMPTY_TAR_BYTES + cost > self.shard_size_bytes:
             self._oversized.append(checked.key)
-        self._add(shard, checked)
+        shard.add(checked)
         shard.cost += cost
         self._keys.add(checked.key)
         self._max_label = max(self._max_label, checked.label)
         self._state = "open"
 
-    def _new_shard(self) -> _Shard:
-        seq = len(self._records)
-        name = shard_name(seq, part=self.part, num_parts=self.num_parts)
-        writer = None
-        if self.shard_format == "tar":
-            path = os.path.join(self._staging, name + ".tar")
-            writer = TarShardWriter(path, durable=self.durable)
-        return _Shard(seq, name, writer)
-
-    def _add(self, shard: _Shard, sample: WrittenSample) -> None:
-        if shard.writer is not None:
-            placed = shard.writer.add_sample(sample.key, sample.label, sample.members)
-            self._index(shard, sample, placed)
-        else:
-            shard.pending.append(sample)
-        shard.data_bytes += sample.data_bytes
-        shard.num_members += len(sample.members)
-
-    @staticmethod
-    def _index(shard: _Shard, sample: WrittenSample, placed: list[tuple[int, int]]) -> None:
-        entries = [
-            MemberEntry(
-                ext,
-                offset,
-                size,
-                digest,
-                b"" if ext == LABEL_EXT else f"{sample.key}.{ext}".encode("ascii"),
-            )
-            for (ext, _, digest), (offset, size) in zip(sample.members, placed, strict=True)
-        ]
-        shard.builder.add_sample(shard=0, key=sample.key, label=sample.label, members=entries)
-
     def _finish_shard(self) -> None:
         shard, self._shard = self._shard, None
         if shard is None:
             return
-        name = shard.name
-        rel, dali_rel = shard_paths(name, self.shard_format)
-        writer: TarShardWriter | HDF5ShardWriter
-        if shard.writer is not None:
-            writer = shard.writer
-        else:
-            writer = HDF5ShardWriter(
-                os.path.join(self._staging, name + ".h5"),
-                capacity_bytes=sum(s.data_bytes for s in shard.pending),
-                alignment=self._alignment,
-                durable=self.durable,
-            )
-        try:
-            if isinstance(writer, HDF5ShardWriter):
-                for sample in shard.pending:
-                    placed = writer.add_sample(sample.key, sample.label, sample.members)
-                    self._index(shard, sample, placed)
-                shard.pending.clear()
-        except BaseException:
-            writer.abort()
-            raise
-        record = finish_shard_files(
-            shard,
-            writer,
+        record = shard.finish(
+            dst=self.dst,
+            alignment=self._alignment,
             fingerprint=self._part_fingerprint(),
-            seq=shard.seq,
-            rel_path=rel,
-            dali_rel=dali_rel,
-            dali_path=None if dali_rel is None else os.path.join(self._staging, name + ".idx"),
-            fragment=fragment_path(self.dst, name),
             durable=self.durable,
         )
         self._records.append(record)
-        logger.debug("%s: shard %s written (%d bytes)", self.dst, name, record.size_bytes)
+        logger.debug("%s: shard %s written (%d bytes)", self.dst, shard.name, record.size_bytes)
 
     # -- publishing ----------------------------------------------------------------------------
     def close(self) -> WriteResult:
@@ -576,38 +453,3 @@ class ShardWriter:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
-
-
-def _check_classes(classes: Sequence[str] | None) -> tuple[str, ...] | None:
-    if classes is None:
-        return None
-    if isinstance(classes, (str, bytes)) or not isinstance(classes, Sequence):
-        raise UsageError("classes must be a list of class names (str), index order")
-    names = tuple(classes)
-    if not names:
-        raise UsageError("classes is empty: give the class names, or None for no label map")
-    for name in names:
-        if not isinstance(name, str) or not name or "\0" in name or "\n" in name:
-            raise UsageError(f"class name {name!r} must be a non-empty str on one line")
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise UsageError(f"class {dup!r} appears twice in classes")
-    return names
-
-
-def _listdir(folder: str) -> list[str]:
-    try:
-        return sorted(os.listdir(folder))
-    except FileNotFoundError:
-        return []
-
-
-def _holds_files(folder: str) -> bool:
-    """Whether a folder holds anything (a symlink or non-directory counts)."""
-    try:
-        st = os.lstat(folder)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"{folder} is not a directory: shardio does not write through it")
-    return bool(os.listdir(folder))

@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from shardio.format.manifest import LabelSource, Manifest
+from shardio.format.label_source import LabelSource
+from shardio.format.manifest import Manifest
 from shardio.format.spec import CLASSES_SHOWN
 from shardio.read.packed import PackedDataset
 from shardio.read.strategy import StrategyChoice, choose_strategy

@@ -4,7 +4,7 @@ away, in place, resumable after a kill.
 Both hold the dataset's exclusive lock (pack's), so no pack, merge or repair runs meanwhile.
 
 - **add** computes every group's parity files and cell table (journaled group by group in
-  the work directory, :func:`shardio.parity.dataset.encode_parity`), then publishes the new
+  the work directory, :func:`shardio.parity.encode.encode_parity`), then publishes the new
   manifest (format 3, with its ``parity`` section) atomically: until then readers see the
   dataset as it was. Every data shard is verified as it is read; a damaged one stops the add
   (repair it first). A rerun after SIGKILL keeps the groups finished and intact.
@@ -23,12 +23,13 @@ import time
 from dataclasses import dataclass
 
 from shardio.errors import FormatError, StorageError, UsageError
-from shardio.format.index import seal_manifest
+from shardio.format.index_write import seal_manifest
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.parity import PARITY_DIR
 from shardio.format.spec import MANIFEST_FILENAME, WORK_DIR
 from shardio.parity.codec import parse_scheme
-from shardio.parity.dataset import LOCK_DIR, encode_parity, finish_journal, planned_paths
+from shardio.parity.dataset import LOCK_DIR
+from shardio.parity.encode import encode_parity, finish_journal, planned_paths
 from shardio.storage.atomic import atomic_write, fsync_dir
 from shardio.storage.dirlock import lock_directory
 from shardio.storage.files import (

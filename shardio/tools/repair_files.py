@@ -12,7 +12,7 @@ import logging
 import os
 import stat
 
-from shardio.cache.copy import copy_verified
+from shardio.cache.verified import copy_verified
 from shardio.errors import UsageError
 from shardio.metrics.progress import Counters
 from shardio.storage.atomic import (

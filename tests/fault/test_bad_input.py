@@ -20,7 +20,7 @@ import pytest
 from trees import tree_files
 
 from shardio.errors import StorageError
-from shardio.format.manifest import encode_document
+from shardio.format.document import encode_document
 from shardio.packing.run import PackOptions, pack
 
 W1 = ("--workers", "1", "--no-progress")  # one worker, no progress bar

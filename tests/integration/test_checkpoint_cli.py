@@ -190,19 +190,19 @@ def test_verify_bounds_a_stalled_manifest_read_and_file_read(
     import threading
     import time
 
-    from shardio.checkpoint import store
+    from shardio.checkpoint import catalog
     from shardio.cli.main import main
 
     d, paths = ckdir
     release = threading.Event()
-    real_read = store.read_manifest
+    real_read = catalog.read_manifest
 
     def stalled_manifest(path: str):  # type: ignore[no-untyped-def]
         if path == paths[2]:
             release.wait(30)  # a dead metadata server: released when the test ends
         return real_read(path)
 
-    monkeypatch.setattr(store, "read_manifest", stalled_manifest)
+    monkeypatch.setattr(catalog, "read_manifest", stalled_manifest)
     began = time.monotonic()
     try:
         rc = main(["checkpoint", "verify", "--read-timeout", "0.3", str(d)])

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 import xxhash
 
-from shardio.cache import copy as cache_copy
+from shardio.cache import verified
 from shardio.errors import IntegrityError
 from shardio.metrics.progress import Counters
 
@@ -23,13 +23,13 @@ def _source(tmp_path: pathlib.Path, size: int = 3 * (1 << 20) + 17) -> tuple[pat
 def test_the_copy_is_hashed_by_reads_and_published(tmp_path: pathlib.Path) -> None:
     src, digest = _source(tmp_path)
     dst = tmp_path / "out.tar"
-    got = cache_copy.copy_verified(
+    got = verified.copy_verified(
         str(src), str(dst), digest, size_bytes=src.stat().st_size, durable=False,
         counters=Counters(),
     )  # fmt: skip
     assert got == src.stat().st_size
     assert dst.read_bytes() == src.read_bytes()
-    assert "mmap" not in cache_copy.__dict__  # a dead server's page would be SIGBUS
+    assert "mmap" not in verified.__dict__  # a dead server's page would be SIGBUS
 
 
 def test_a_read_error_while_hashing_is_an_error_and_nothing_is_published(
@@ -46,10 +46,10 @@ def test_a_read_error_while_hashing_is_an_error_and_nothing_is_published(
             raise OSError(errno.EIO, "Input/output error")
         return real(fd, buffers, offset)
 
-    monkeypatch.setattr(cache_copy, "_CHUNK", 1 << 20)
-    monkeypatch.setattr(cache_copy.os, "preadv", dying)
+    monkeypatch.setattr(verified, "COPY_CHUNK_BYTES", 1 << 20)
+    monkeypatch.setattr(verified.os, "preadv", dying)
     with pytest.raises(OSError) as info:
-        cache_copy.copy_verified(
+        verified.copy_verified(
             str(src), str(dst), digest, size_bytes=src.stat().st_size, durable=False,
             counters=Counters(), action="repairing",
         )  # fmt: skip
@@ -68,10 +68,10 @@ def test_a_copy_cut_short_before_the_hash_is_refused(
     def truncated(fd: int, buffers: list[memoryview], offset: int) -> int:
         return 0 if offset >= 1 << 20 else real(fd, buffers, offset)
 
-    monkeypatch.setattr(cache_copy, "_CHUNK", 1 << 20)
-    monkeypatch.setattr(cache_copy.os, "preadv", truncated)
+    monkeypatch.setattr(verified, "COPY_CHUNK_BYTES", 1 << 20)
+    monkeypatch.setattr(verified.os, "preadv", truncated)
     with pytest.raises(IntegrityError, match="does not match its manifest checksum"):
-        cache_copy.copy_verified(
+        verified.copy_verified(
             str(src), str(dst), digest, size_bytes=src.stat().st_size, durable=False,
             counters=Counters(),
         )  # fmt: skip

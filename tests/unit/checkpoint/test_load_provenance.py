@@ -19,8 +19,7 @@ import pytest
 import torch
 from checkpointing import JOB, assert_state, state_of
 
-from shardio.checkpoint import lease, load_latest, save
-from shardio.checkpoint import store as store_module
+from shardio.checkpoint import catalog, lease, load_latest, save
 from shardio.checkpoint.naming import Identity, this_host
 from shardio.errors import (
     CheckpointError,
@@ -83,13 +82,13 @@ def test_a_stalled_read_and_a_stalled_listing_are_bounded_and_retryable(
     with pytest.raises(CheckpointUnavailableError, match=r"stalled for 0\.2 s"):
         load_latest(ckdir, read_timeout_s=0.2, environ=JOB)
     monkeypatch.undo()
-    scan = store_module._scan
+    scan = catalog._scan
 
     def slow_scan(directory: str) -> list[str]:
         time.sleep(1.0)
         return scan(directory)
 
-    monkeypatch.setattr(store_module, "_scan", slow_scan)
+    monkeypatch.setattr(catalog, "_scan", slow_scan)
     with pytest.raises(CheckpointUnavailableError, match=r"listing the checkpoints in .* stalled"):
         load_latest(ckdir, read_timeout_s=0.2, environ=JOB)
     assert time.monotonic() - began < 5.0
@@ -99,14 +98,14 @@ def test_an_unreadable_manifest_is_not_damage(
     ckdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     only = save(state_of(1), ckdir, step=1, environ=JOB)
-    real = store_module.read_manifest
+    real = catalog.read_manifest
 
     def eio(path: str):  # type: ignore[no-untyped-def]
         if path == only:
             raise StorageUnavailableError(errno.EIO, f"cannot read manifest of {path}")
         return real(path)
 
-    monkeypatch.setattr(store_module, "read_manifest", eio)
+    monkeypatch.setattr(catalog, "read_manifest", eio)
     with pytest.raises(CheckpointUnavailableError, match="cannot be read now"):
         load_latest(ckdir, environ=JOB)
     from shardio.checkpoint.check import latest_intact

@@ -126,7 +126,8 @@ def test_a_staging_directory_a_killed_save_left_is_cleaned_up_later(
 ) -> None:
     """SIGKILL between rank 0's mkdir and its rename leaves ``<temp>.new``: a temp name,
     removed by the next save's cleanup of stale temps like any other."""
-    from shardio.checkpoint.store import list_checkpoints, remove_stale_temps
+    from shardio.checkpoint.catalog import list_checkpoints
+    from shardio.checkpoint.store import remove_stale_temps
 
     staging = _plan(tmp_path, 0).temp_dir + ".new"
     os.mkdir(staging)

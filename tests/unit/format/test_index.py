@@ -15,10 +15,8 @@ from shardio.format.index import (
     MEMBER_DTYPE,
     SAMPLE_DTYPE,
     Index,
-    IndexBuilder,
-    MemberEntry,
-    merge_indexes,
 )
+from shardio.format.index_write import IndexBuilder, MemberEntry, merge_indexes
 from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
 from shardio.format.spec import INDEX_HEADER_SIZE, INDEX_MAGIC, NO_LABEL, SECTION_ALIGN
 

@@ -10,7 +10,7 @@ import pytest
 from trees import write_tree
 
 from shardio.errors import FormatError, PackError, UsageError
-from shardio.format.manifest import LabelSource
+from shardio.format.label_source import LabelSource
 from shardio.packing.labels import PinnedLabels, load_classes_file
 from shardio.packing.plan import listing_fingerprint
 from shardio.packing.scan import list_tree, resolve_samples

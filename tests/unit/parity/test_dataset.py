@@ -22,14 +22,8 @@ from shardio.errors import IntegrityError, StorageError, UsageError
 from shardio.format.manifest import load_manifest
 from shardio.format.spec import WORK_DIR
 from shardio.packing.run import PackOptions, pack
-from shardio.parity.dataset import (
-    JOURNAL,
-    LOCK_DIR,
-    encode_parity,
-    finish_journal,
-    load_table,
-    rebuild_files,
-)
+from shardio.parity.dataset import LOCK_DIR, load_table, rebuild_files
+from shardio.parity.encode import JOURNAL, encode_parity, finish_journal
 
 
 def _tree(root: pathlib.Path, files: int = 24) -> None:

@@ -2,7 +2,7 @@
 
 STAGE_TEST_BARRIER=PATH   wait (after imports) until PATH exists, so processes start together.
 STAGE_TEST_DELAY_S=SEC    sleep this long before each verified copy (shardio.cache.copy's
-                          copy_verified), so a kill lands in the middle of staging.
+                          copy_verified, as staging calls it), so a kill lands mid-staging.
 STAGE_TEST_HOLD_AT=K      before publishing the K-th shard copy (1-based), write its temp
                           file completely and then block, so a kill leaves a temp file behind.
 """
@@ -16,6 +16,7 @@ import threading
 import time
 
 import shardio.cache.copy as cache_copy
+import shardio.cache.verified as verified_copy
 
 barrier = os.environ.get("STAGE_TEST_BARRIER")
 delay_s = float(os.environ.get("STAGE_TEST_DELAY_S", "0"))
@@ -31,7 +32,7 @@ if delay_s > 0:
     cache_copy.copy_verified = slow_copy  # type: ignore[assignment]
 
 if hold_at > 0:
-    original_publish = cache_copy.publish
+    original_publish = verified_copy.publish
     lock = threading.Lock()
     published = [0]
 
@@ -44,7 +45,7 @@ if hold_at > 0:
                 time.sleep(3600)  # killed here, with the complete temp file on disk
         original_publish(tmp, final, durable=durable)
 
-    cache_copy.publish = holding_publish  # type: ignore[assignment]
+    verified_copy.publish = holding_publish  # type: ignore[assignment]
 
 if barrier:
     deadline = time.monotonic() + 60

@@ -48,9 +48,10 @@ def stall_copies(folder: str, stage: str) -> None:
     writing their temp file (see the module doc). Installed before the DataLoader forks its
     workers."""
     from shardio.cache import copy as cache_copy
+    from shardio.cache import verified
 
     original = cache_copy.copy_verified
-    original_range = cache_copy._copy_range
+    original_range = verified._copy_range
 
     def stalled_range(*args: Any, **kwargs: Any) -> int:
         copied = original_range(*args, **kwargs)
@@ -69,11 +70,11 @@ def stall_copies(folder: str, stage: str) -> None:
     def wrapped(src: str, dst: str, *args: Any, **kwargs: Any) -> int:
         if not armed(dst):
             return original(src, dst, *args, **kwargs)
-        cache_copy._copy_range = stalled_range
+        verified._copy_range = stalled_range
         try:
             return original(src, dst, *args, **kwargs)
         finally:
-            cache_copy._copy_range = original_range
+            verified._copy_range = original_range
 
     cache_copy.copy_verified = wrapped  # type: ignore[assignment]
 
