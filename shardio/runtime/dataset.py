@@ -30,11 +30,12 @@ from shardio.order import OrderSpec, RankStream
 from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import resolve_spec
-from shardio.read.deadline import replaceable_readers, resolve_read_timeout, with_deadline
+from shardio.read.deadline import replaceable_readers
 from shardio.read.extents import StreamReadahead
 from shardio.read.packed import Event, Handoff, PackedDataset
 from shardio.read.recovery import RecoveryPolicy
-from shardio.read.strategy import ReadStrategy, choose_strategy
+from shardio.read.setup import set_up_reader
+from shardio.read.strategy import ReadStrategy
 from shardio.runtime.batch import read_batch, read_batch_mapped, share_tensors
 from shardio.runtime.decode import Decoder, decode_sample, make_decoder
 from shardio.runtime.loader import ShardLoader
@@ -235,14 +236,16 @@ class ShardDataset(Dataset[dict[str, Any]]):
         if read_strategy is not None and not isinstance(read_strategy, str):
             raise UsageError(f"read_strategy must be a string, got {type(read_strategy).__name__}")
         # Chosen once, here (workers get the choice with the dataset), with the one statfs of
-        # the dataset (each is a metadata-server request).
-        self.read_choice = choose_strategy(self.path, read_strategy)
-        fs = self.read_choice.fs
+        # the dataset (each is a metadata-server request): as shardio.dali chooses.
+        self._reader = set_up_reader(
+            self.path, read_strategy=read_strategy, read_timeout_s=read_timeout_s, opener=opener
+        )
+        self.read_choice = self._reader.choice
         # The deadline in force (0: none); the opener runs every call under it.
-        self.read_timeout_s = resolve_read_timeout(self.path, read_timeout_s, fs=fs)
-        self.opener = with_deadline(opener, self.read_timeout_s, scope=self.path)
+        self.read_timeout_s = self._reader.read_timeout_s
+        self.opener = self._reader.opener
         self.timed = bool(metrics)
-        self._ds: PackedDataset | None = self._open_packed(fs=fs)
+        self._ds: PackedDataset | None = self._open_packed(fs=self.read_choice.fs)
         self.num_samples = len(self._ds)
         self._shard_sizes = np.array(
             [s.num_samples for s in self._ds.manifest.shards], dtype=np.int64
@@ -287,11 +290,9 @@ class ShardDataset(Dataset[dict[str, Any]]):
     def _open_packed(self, *, fs: Any = None, handoff: Handoff | None = None) -> PackedDataset:
         """This process's reader: with the recovery policy's re-staging, its events routed
         to the recovery."""
-        return PackedDataset(
-            self.path,
+        return self._reader.open(
             max_open=self.max_open,
             cache=self.cache,
-            opener=self.opener,
             timed=self.timed,
             fs=fs,
             handoff=handoff,
