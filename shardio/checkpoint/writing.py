@@ -208,7 +208,7 @@ def check_payload(payload: Mapping[str, Any]) -> None:
 
 def dataset_id_of(loader: Any) -> str | None:
     """The id of the dataset ``loader`` reads, when it says: shardio's loaders (ShardLoader,
-    MixedLoader, GPUPrefetcher, shardio.dali's), a MixedDataset, and a ShardDataset given
+    GPUPrefetcher, shardio.dali's), a MixedDataset, and a ShardDataset given
     itself as the loader (its reader's id: the one its loader records)."""
     if loader is None:
         return None

@@ -24,6 +24,7 @@ from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo, detect_ranks, given_ranks
 from shardio.order.spec import OrderSpec, resolve_spec
 from shardio.read.packed import PackedDataset
+from shardio.read.setup import set_up_reader
 from shardio.topology.place import local_gpu
 from shardio.topology.sysfs import SYSFS_ENV, read_topology
 
@@ -195,7 +196,7 @@ class ShardPipeline:
             found = self._source.packed.resolver.dataset_id
             tar = self.manifest.shard_format == "tar"
         else:
-            opened = PackedDataset(self.path, cache=options.cache)
+            opened = set_up_reader(self.path).open(cache=options.cache)
             try:
                 self.manifest = opened.manifest
                 found = opened.resolver.dataset_id

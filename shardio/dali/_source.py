@@ -23,10 +23,7 @@ from shardio.errors import FormatError, ShardioError, UsageError
 from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import OrderSpec
-from shardio.read.deadline import with_deadline
-from shardio.read.packed import PackedDataset
-from shardio.read.timeouts import resolve_read_timeout
-from shardio.storage.fsdetect import describe_fs
+from shardio.read.setup import set_up_reader
 
 __all__ = ["Batch", "VerifiedSource"]
 
@@ -89,10 +86,10 @@ class VerifiedSource:
         self.ahead = require_int(ahead, "ahead", minimum=1, maximum=64)
         # The same deadline as ShardDataset's (one statfs): a stalled read raises
         # ReadStalledError naming the shard instead of freezing the pipeline.
-        fs = describe_fs(path)
-        self.read_timeout_s = resolve_read_timeout(path, read_timeout_s, fs=fs)
-        opener = with_deadline(None, self.read_timeout_s, scope=path)
-        self.packed = PackedDataset(path, cache=cache, opener=opener, fs=fs)
+        reader = set_up_reader(path, read_timeout_s=read_timeout_s)
+        self.read_choice = reader.choice
+        self.read_timeout_s = reader.read_timeout_s
+        self.packed = reader.open(cache=cache)
         self.batch_size = batch_size
         self.ranks = ranks
         self.verify = verify
@@ -111,7 +108,7 @@ class VerifiedSource:
         self._positions: np.ndarray[Any, Any] | None = None
         self._ahead: dict[int, Future[Batch]] = {}  # iteration -> its batch, being read
         self._advising = True  # the last batch did not come from the page cache
-        self._cached_ns = _CACHED_READ_NS[fs.network]
+        self._cached_ns = _CACHED_READ_NS[reader.choice.fs.network]
         self._pool: ThreadPoolExecutor | None = None
 
     @property

@@ -14,7 +14,6 @@ import os
 import resource
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,23 +24,27 @@ from shardio._check import require_int, require_path
 from shardio.errors import ShardioError, UsageError
 from shardio.format.spec import LABEL_EXT
 from shardio.metrics.read import ReadDelta, ReadMetrics
+from shardio.metrics.snapshots import MetricsSnapshot, snapshot
+from shardio.metrics.steps import StepTimer
 from shardio.order import OrderSpec, RankStream
 from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import resolve_spec
-from shardio.read.deadline import with_deadline
 from shardio.read.packed import Event, Handoff, PackedDataset
 from shardio.read.readahead import StreamReadahead
 from shardio.read.recovery import RecoveryPolicy
-from shardio.read.strategy import ReadStrategy, choose_strategy
-from shardio.read.timeouts import resolve_read_timeout
+from shardio.read.setup import set_up_reader
+from shardio.read.strategy import ReadStrategy
+from shardio.read.timeouts import replaceable_readers
 from shardio.runtime.batch import read_batch, read_batch_mapped, share_tensors
 from shardio.runtime.decode import Decoder, decode_sample, make_decoder
 from shardio.runtime.loader import ShardLoader
 from shardio.runtime.mptemp import ensure_short as ensure_short_mp_tempdir
-from shardio.runtime.protocol import run_positions
+from shardio.runtime.plan import RunNeeds, RunPlan, RunState
+from shardio.runtime.protocol import FAULTS_KEY
 from shardio.runtime.recovering import SampleRecovery, make_policy
-from shardio.runtime.transport import BatchRing
+from shardio.runtime.stallwatch import watched_opener
+from shardio.runtime.transport import max_batch_bytes
 from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, WorkerFailure, labels_to_tensor
 
 if TYPE_CHECKING:
@@ -90,33 +93,6 @@ def collate_samples(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         else:
             batch[field] = values
     return batch
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class _ReadPlan:
-    """What the loader tells its workers before they start (they get it with the dataset):
-    which batches each reads, so that each advises its next batches before reading them.
-
-    A worker reads batches ``id``, ``id + workers``, ... (the DataLoader deals batches to its
-    workers in turn, and asks each for ``depth`` at once when the epoch starts). Before
-    reading its first, a worker advises its next ``depth - 1`` too: the cold start of the
-    epoch. In stream mode it then advises one more before each batch, keeping ``depth - 1``
-    ahead; in map mode each later batch is advised as it is read (``read_batch``), since
-    advising it ahead as well would double the advice calls.
-
-    Attributes:
-        positions: map mode: the samples of the rank's batches, in order (batch ``b`` is
-            ``positions[b * batch_size:(b + 1) * batch_size]``); None in stream mode, whose
-            ``_stream_plan`` holds them.
-        batch_size: samples per batch.
-        workers: DataLoader workers.
-        depth: batches of each worker advised at once (its prefetch factor, at least 2).
-    """
-
-    positions: Any  # an array or a lazy RankStream (map mode), or None
-    batch_size: int
-    workers: int
-    depth: int
 
 
 class ShardDataset(Dataset[dict[str, Any]]):
@@ -193,12 +169,8 @@ class ShardDataset(Dataset[dict[str, Any]]):
     """
 
     mode = "map"
-    # Set by the loader before its workers start; see _plan_reads.
-    _read_plan: _ReadPlan | None = None
-    _board: Any = None  # persistent workers: the loader's run board (see begin_run)
-    _board_run = -1
-    _board_cut = False
-    _advised_in = -1  # map mode: the process whose first batches were advised
+    # A loader's pass while it drives this dataset (its plan, set before its workers start).
+    _run: RunState | None = None
     # From __getstate__: what a worker started by pickling opens the packed dataset with.
     _handoff: Handoff | None = None
 
@@ -264,14 +236,16 @@ class ShardDataset(Dataset[dict[str, Any]]):
         if read_strategy is not None and not isinstance(read_strategy, str):
             raise UsageError(f"read_strategy must be a string, got {type(read_strategy).__name__}")
         # Chosen once, here (workers get the choice with the dataset), with the one statfs of
-        # the dataset (each is a metadata-server request).
-        self.read_choice = choose_strategy(self.path, read_strategy)
-        fs = self.read_choice.fs
+        # the dataset (each is a metadata-server request): as shardio.dali chooses.
+        self._reader = set_up_reader(
+            self.path, read_strategy=read_strategy, read_timeout_s=read_timeout_s, opener=opener
+        )
+        self.read_choice = self._reader.choice
         # The deadline in force (0: none); the opener runs every call under it.
-        self.read_timeout_s = resolve_read_timeout(self.path, read_timeout_s, fs=fs)
-        self.opener = with_deadline(opener, self.read_timeout_s, scope=self.path)
+        self.read_timeout_s = self._reader.read_timeout_s
+        self.opener = self._reader.opener
         self.timed = bool(metrics)
-        self._ds: PackedDataset | None = self._open_packed(fs=fs)
+        self._ds: PackedDataset | None = self._open_packed(fs=self.read_choice.fs)
         self.num_samples = len(self._ds)
         self._shard_sizes = np.array(
             [s.num_samples for s in self._ds.manifest.shards], dtype=np.int64
@@ -283,9 +257,6 @@ class ShardDataset(Dataset[dict[str, Any]]):
         # The one owner of the epoch and the position in it (advanced as samples reach the
         # training loop, by direct iteration or by a loader).
         self.cursor = EpochCursor(self.spec, self._shard_sizes, ranks=ranks)
-        self._stream_plan: tuple[np.ndarray[Any, Any], int | None] | None = None
-        self._ring: BatchRing | None = None  # the loader's, while it iterates
-        self._ship_metrics = False  # set by the loader: workers send their figures
         self._received = ReadMetrics()  # what workers sent (the training process's sum)
 
     # -- pickling: workers reopen the dataset lazily (no mmap or descriptors cross) ----------
@@ -319,11 +290,9 @@ class ShardDataset(Dataset[dict[str, Any]]):
     def _open_packed(self, *, fs: Any = None, handoff: Handoff | None = None) -> PackedDataset:
         """This process's reader: with the recovery policy's re-staging, its events routed
         to the recovery."""
-        return PackedDataset(
-            self.path,
+        return self._reader.open(
             max_open=self.max_open,
             cache=self.cache,
-            opener=self.opener,
             timed=self.timed,
             fs=fs,
             handoff=handoff,
@@ -413,17 +382,27 @@ class ShardDataset(Dataset[dict[str, Any]]):
             out.merge(self._closed_metrics)
         return out
 
-    def absorb_metrics(self, delta: object) -> None:
-        """Add a worker's figures (called by the loader with each batch's).
+    def snapshot(self, steps: StepTimer, *, transport: Mapping[str, int]) -> MetricsSnapshot:
+        """This rank's read figures (:meth:`read_metrics`) with a loader's ``steps`` and
+        ``transport`` counts."""
+        ranks = self.cursor.ranks()
+        return snapshot(
+            self.read_metrics(),
+            steps,
+            rank=ranks.rank,
+            world_size=ranks.world_size,
+            transport=transport,
+        )
 
-        Raises:
-            UsageError: ``delta`` is malformed.
-        """
-        self._received.absorb(delta)
+    @property
+    def dataset_id(self) -> str | None:
+        """The id of this dataset (the xxh3-128 of its manifest's bytes), or None."""
+        found = self.packed.resolver.dataset_id
+        return found if isinstance(found, str) else None
 
     def _drain_metrics(self) -> ReadDelta | None:
         """In a worker of the loader: this process's figures since its last batch."""
-        if not self._ship_metrics or self._ds is None or get_worker_info() is None:
+        if self._run is None or not self.timed or self._ds is None or get_worker_info() is None:
             return None
         return self._ds.metrics.drain()
 
@@ -597,7 +576,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         """A batch: packed in shared memory when undecoded, else collated decoded samples."""
         if get_worker_info() is not None:
             self._follow_board()
-            if self.mode == "map" and self._read_plan is not None:
+            if self.mode == "map":
                 self._advise_planned(indices)
             try:
                 # Shared now, not while torch pickles it (a full /dev/shm would fail there).
@@ -606,78 +585,64 @@ class ShardDataset(Dataset[dict[str, Any]]):
                 return WorkerFailure(exc, self._drain_metrics())
         return self._read_items(indices)
 
-    # -- a loader's run (LoaderDataset) -----------------------------------------------------
-    def begin_run(
-        self,
-        positions: Any,
-        *,
-        batch_size: int,
-        workers: int,
-        prefetch: object = None,
-        forked: bool = False,
-        ring: BatchRing | None = None,
-        board: Any = None,
-        drop_last: bool = False,
-    ) -> None:
-        """In the training process, before a loader starts its workers (they get the dataset
-        with what is set here).
+    # -- a loader's run (ReadSource) ----------------------------------------------------------
+    def needs(self, positions: Any, *, batch_size: int, workers: int) -> RunNeeds:
+        """What a loader's run over ``positions`` needs (see :class:`RunNeeds`): a ring when
+        undecoded batches cross from ``workers`` over ``transport="ring"``."""
+        ringed = self.transport == "ring" and workers > 0
+        ringed = ringed and self.decode is None and self.transform is None
+        opener = watched_opener(self)
+        return RunNeeds(
+            mode=self.mode,
+            slot_bytes=max_batch_bytes(self.packed, positions, batch_size) if ringed else None,
+            read_timeout_s=self.read_timeout_s,
+            # Readers behind the deadline's threads: a kill replaces none (no stall watch).
+            watch=opener if replaceable_readers(self.read_choice.fs) else None,
+            shards=len(self.packed.manifest.shards),
+            where=self.path,
+        )
 
-        Args:
-            positions: the rank's samples that make this run's batches, in order (an array,
-                or a lazy RankStream for an epoch too large for one).
-            batch_size: samples per batch.
-            workers: DataLoader workers (0: read in the training process).
-            prefetch: the DataLoader's prefetch factor (None or invalid: its default, 2).
-            forked: the workers are forked (they inherit this process's descriptors).
-            ring: the shared-memory ring the workers fill, or None.
-            board: persistent workers: a shared int64 tensor ``[run, epoch, consumed]`` the
-                loader rewrites before each later run; a worker that sees a new run
-                recomputes its positions from it (:func:`run_positions`), as the loader
-                does for that run.
-            drop_last: the loader cuts each run to whole batches (for ``board``).
-        """
-        self._board = board
-        self._board_run = -1 if board is None else int(board[0])
-        self._board_cut = drop_last
-        self._ring = ring
-        self._ship_metrics = self.timed  # workers send their figures with each batch
-        if workers > 0:
-            self._plan_reads(
-                positions, batch_size=batch_size, workers=workers, prefetch=prefetch,
-                forked=forked,
-            )  # fmt: skip
-        if self.mode == "stream":
-            self._stream_plan = (positions, batch_size)
+    def begin_run(self, plan: RunPlan) -> None:
+        """In the training process, before a loader starts its workers (they get the dataset
+        with its plan): with workers, the stamps of the epoch's shards checked once here and,
+        forked, its first shards opened here for all of them."""
+        self._run = RunState(plan)
+        if plan.workers == 0:
+            return
+        positions = plan.positions
+        # One stamp check per shard of the epoch, here, instead of one in every worker:
+        # each worker still opens a copy without following a symlink, locks it and checks
+        # every member, so a decision gone stale costs a fallback to the source, never a byte.
+        # An epoch too large to scan (a lazy stream) checks the shards its rank may read.
+        self.packed.decide(positions if isinstance(positions, np.ndarray) else self._shards_read())
+        if plan.forked:
+            self.packed.open_ahead(self._first_shards(positions))
 
     def _follow_board(self) -> None:
-        """In a persistent worker at a run's start: take that run's epoch and position from
-        the loader's board, and recompute the positions it deals (the same as the loader's)."""
-        board = self._board
-        if board is None or int(board[0]) == self._board_run:
-            return
-        self._board_run = int(board[0])
-        self.cursor.place(int(board[1]), int(board[2]))
-        self.packed.resolver.recheck_unstaged()  # copies staged since the last epoch
-        batch_size = (
-            self._stream_plan[1] if self._stream_plan is not None
-            else self._read_plan.batch_size if self._read_plan is not None else None
-        )  # fmt: skip
-        if batch_size is None:
-            return
-        positions = run_positions(self.cursor.stream(), batch_size, self._board_cut)
-        if self._stream_plan is not None:
-            self._stream_plan = (positions, batch_size)
-        if self._read_plan is not None and self._read_plan.positions is not None:
-            self._read_plan = dataclasses.replace(self._read_plan, positions=positions)
-            self._advised_in = -1  # advise this run's first batches too
+        """In a persistent worker at a pass's start: follow the loader's board (the copies
+        staged since the last epoch are looked for again)."""
+        if self._run is not None and self._run.follow(self.cursor):
+            self.packed.resolver.recheck_unstaged()
 
     def end_run(self) -> None:
         """After a loader's run (its workers shut down): direct use reads as before."""
-        self._board = None
-        self._stream_plan = None
-        self._read_plan = None
-        self._ring = None
-        self._ship_metrics = False
+        self._run = None
+
+    def absorb(self, sent: dict[str, Any]) -> None:
+        """Take a worker's figures and recovery events out of ``sent`` (a batch), and the
+        loader's own fault counts (``worker_restarts``, ``stalls``, ``stall_ms``).
+
+        Raises:
+            UsageError: the figures are malformed.
+        """
+        delta = sent.pop(METRICS_KEY, None)
+        if delta is not None:
+            self._received.absorb(delta)
+        events = sent.pop(EVENTS_KEY, None)
+        if events is not None:
+            self.absorb_events(events)
+        for name, value in sent.pop(FAULTS_KEY, {}).items():
+            self._received.add(name, require_int(value, name, minimum=0))
 
     def absorb_events(self, events: list[dict[str, Any]]) -> None:
         """Recovery events a worker sent (kept with a recovery policy; a dataset without one
@@ -687,51 +652,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         elif events:
             logger.debug("%d recovery events without a recovery policy: dropped", len(events))
 
-    def count_faults(self, **counts: int) -> None:
-        """Add what a loader saw to this rank's read figures (``worker_restarts``,
-        ``stalls``, ``stall_ms``)."""
-        for name, value in counts.items():
-            self._received.add(name, require_int(value, name, minimum=0))
-
     # -- read-ahead advice ------------------------------------------------------------------
-    def _plan_reads(
-        self,
-        positions: Any,
-        *,
-        batch_size: int,
-        workers: int,
-        prefetch: object,
-        forked: bool = False,
-    ) -> None:
-        """In the training process, before the loader starts its workers (they get the
-        dataset with what is set here): the batches each worker reads, so each advises its
-        first ones before reading any, and where each shard of the epoch is read from.
-
-        Args:
-            positions: the rank's samples that make batches, in order (an array, or a lazy
-                RankStream for an epoch too large for one).
-            batch_size: samples per batch.
-            workers: DataLoader workers (at least 1).
-            prefetch: the DataLoader's prefetch factor (None or invalid: its default, 2).
-            forked: the workers are forked (they inherit this process's descriptors): the
-                epoch's first shards are opened here, once, for all of them.
-        """
-        depth = prefetch if isinstance(prefetch, int) and prefetch >= 2 else 2
-        self._read_plan = _ReadPlan(
-            positions=positions if self.mode == "map" else None,
-            batch_size=batch_size,
-            workers=workers,
-            depth=depth,
-        )
-        self._advised_in = -1
-        # One stamp check per shard of the epoch, here, instead of one in every worker:
-        # each worker still opens a copy without following a symlink, locks it and checks
-        # every member, so a decision gone stale costs a fallback to the source, never a byte.
-        # An epoch too large to scan (a lazy stream) checks the shards its rank may read.
-        self.packed.decide(positions if isinstance(positions, np.ndarray) else self._shards_read())
-        if forked:
-            self.packed.open_ahead(self._first_shards(positions))
-
     def _first_shards(self, positions: Any) -> list[int]:
         """The shards of the epoch in the order its first samples reach them (a lazy stream:
         the shards this rank may read, by number)."""
@@ -760,12 +681,13 @@ class ShardDataset(Dataset[dict[str, Any]]):
     def _advise_planned(self, indices: Sequence[int]) -> None:
         """Map mode, in a loader's worker, before its first batch ``indices`` (workers start
         afresh each epoch): advise its next ``depth - 1`` batches of the plan too."""
-        plan, info = self._read_plan, get_worker_info()
-        if plan is None or plan.positions is None or info is None:
+        run, info = self._run, get_worker_info()
+        if run is None or info is None or run.plan.workers == 0:
             return
-        if self._advised_in == os.getpid():
+        if run.advised_in == os.getpid():
             return
-        self._advised_in = os.getpid()
+        run.advised_in = os.getpid()
+        plan = run.plan
         first, size = info.id, plan.batch_size
         if not np.array_equal(plan.positions[first * size : (first + 1) * size], indices):
             return  # not the batch the plan deals this worker first (another sampler)
@@ -807,25 +729,48 @@ class ShardDataset(Dataset[dict[str, Any]]):
             batch[METRICS_KEY] = delta  # travels with the batch: no channel of its own
         return self._to_send(batch)
 
-    def _read_raw(self, checked: list[int]) -> Any:
-        """Read a batch of checked indices, undecoded, in the transport's form."""
+    def read_samples(self, indices: Sequence[int]) -> dict[str, Any]:
+        """Samples ``indices`` undecoded, as one batch in this process's memory
+        (:func:`~shardio.runtime.batch.read_batch`'s form), read through the recovery policy;
+        in a DataLoader worker the recovery's events go along (``EVENTS_KEY``). What a mix
+        reads this dataset's share of its batch with.
+
+        Raises:
+            IndexError: an index out of range.
+        """
+        checked = [self._sample_index(i) for i in indices]
+        return self._read_checked(self._read_local, checked)  # type: ignore[no-any-return]
+
+    def _read_local(self, checked: list[int]) -> dict[str, Any]:
+        self._share_strategy()
+        return read_batch(self.packed, checked, verify=self.verify, shared=False)
+
+    def _share_strategy(self) -> None:
+        """In a DataLoader worker: take its share of the requests in flight."""
         worker = get_worker_info()
         if worker is not None and self._ds is not None and self._ds.read_strategy is not None:
             self._ds.read_strategy = self._batch_strategy()  # a forked worker's share
+
+    def _read_raw(self, checked: list[int]) -> Any:
+        """Read a batch of checked indices, undecoded, in the transport's form."""
+        self._share_strategy()
+        worker = get_worker_info()
         if self.transport == "mmap":
             batch = read_batch_mapped(self.packed, checked, verify=self.verify)
             return batch if worker is not None else labels_to_tensor(batch)
-        if worker is not None and self._ring is not None:
-            return self._ring.read(self.packed, checked, worker=worker.id, verify=self.verify)
+        ring = self._run.plan.ring if self._run is not None else None
+        if worker is not None and ring is not None:
+            return ring.read(self.packed, checked, worker=worker.id, verify=self.verify)
         # "shm", a plain DataLoader's worker (no ring) or in-process: a buffer of its own.
         return read_batch(self.packed, checked, verify=self.verify, shared=worker is not None)
 
     def _to_send(self, batch: Any) -> Any:
         """``batch`` as a worker sends it: a ring slot's batch as a small description."""
         worker = get_worker_info()
-        if worker is None or self._ring is None or not isinstance(batch, dict):
+        ring = self._run.plan.ring if self._run is not None else None
+        if worker is None or ring is None or not isinstance(batch, dict):
             return batch
-        return self._ring.describe(batch, worker=worker.id)
+        return ring.describe(batch, worker=worker.id)
 
     def loader(self, batch_size: int, num_workers: int = 0, **kwargs: Any) -> ShardLoader:
         """The DataLoader shardio recommends: batches built in the workers and moved through
@@ -884,8 +829,9 @@ class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
         info = get_worker_info()
         if info is not None:
             self._follow_board()
-        if self._stream_plan is not None:
-            positions, batch_size = self._stream_plan
+        run = self._run
+        if run is not None:
+            positions, batch_size = run.plan.positions, run.plan.batch_size
         else:
             # A restarted direct iteration continues after what was delivered (an epoch read
             # to its end is read again).
@@ -904,8 +850,8 @@ class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
             return
         n_chunks = -(-len(positions) // batch_size)
         # This worker's next batches: all ``depth - 1`` of them before its first batch (the
-        # cold start of the epoch), then one more before each (see _ReadPlan).
-        depth = self._read_plan.depth if self._read_plan is not None else 2
+        # cold start of the epoch), then one more before each (see RunPlan).
+        depth = run.plan.depth if run is not None and run.plan.workers > 0 else 2
         readahead = self._stream_readahead(positions, batch_size, worker, workers)
         if readahead is not None:
             self.packed.advising = False  # the read-ahead fills the page cache

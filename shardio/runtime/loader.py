@@ -14,7 +14,7 @@ import logging
 import multiprocessing
 import time
 import weakref
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,17 +24,18 @@ from torch.utils.data import DataLoader, Sampler
 
 from shardio._check import require_int
 from shardio.errors import StorageError, UsageError
-from shardio.metrics.snapshots import MetricsSnapshot, snapshot
+from shardio.metrics.snapshots import MetricsSnapshot
 from shardio.metrics.steps import StepTimer
-from shardio.read.timeouts import check_read_timeout, replaceable_readers
+from shardio.read.timeouts import check_read_timeout
 from shardio.runtime import internals
 from shardio.runtime.mptemp import ensure_short as ensure_short_mp_tempdir
 from shardio.runtime.placement import worker_pinning
-from shardio.runtime.protocol import LoaderDataset, run_positions
+from shardio.runtime.plan import RunNeeds, RunPlan, run_positions
+from shardio.runtime.protocol import FAULTS_KEY, ReadSource
 from shardio.runtime.reaping import kill_workers, stop_workers
-from shardio.runtime.stallwatch import StallWatch, WorkersStuckError, watched_opener
-from shardio.runtime.transport import BatchRing, RingBatch, max_batch_bytes
-from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, WorkerFailure, labels_to_tensor
+from shardio.runtime.stallwatch import StallWatch, WorkersStuckError
+from shardio.runtime.transport import BatchRing, RingBatch
+from shardio.runtime.wire import METRICS_KEY, WorkerFailure, labels_to_tensor
 
 __all__ = ["ShardLoader"]
 
@@ -83,10 +84,11 @@ class _PositionSampler(Sampler[int]):
 
 
 class ShardLoader:
-    """Iterate batches of a ShardDataset; resumable mid-epoch.
+    """Iterate batches of a ShardDataset or a MixedDataset; resumable mid-epoch.
 
     Args:
-        dataset: the ShardDataset (map or stream mode).
+        dataset: the ShardDataset (map or stream mode) or MixedDataset: any
+            :class:`~shardio.runtime.protocol.ReadSource`.
         batch_size: samples per batch (an int >= 1).
         num_workers: DataLoader worker processes (an int >= 0).
         drop_last: drop this rank's last incomplete batch.
@@ -117,7 +119,7 @@ class ShardLoader:
 
     def __init__(
         self,
-        dataset: LoaderDataset,
+        dataset: ReadSource,
         *,
         batch_size: int,
         num_workers: int = 0,
@@ -157,6 +159,7 @@ class ShardLoader:
         self._ring_counts: torch.Tensor | None = None  # the last ring's, shared with workers
         self._transport_done = {"ring": 0, "fallback": 0}  # of the iterations before it
         self._live: weakref.ref[_Batches] | None = None  # the last iteration
+        self._needs: RunNeeds | None = None  # the current (or last) run's
         self.steps = StepTimer()
 
     def set_epoch(self, epoch: int) -> None:
@@ -175,6 +178,7 @@ class ShardLoader:
     def _dataloader(
         self,
         positions: Any,
+        mode: str,
         *,
         ring: BatchRing | None = None,
         timeout: float = 0.0,
@@ -201,20 +205,23 @@ class ShardLoader:
                     common["worker_init_fn"] = pinning
             if watch is not None:
                 common["worker_init_fn"] = watch.init_fn(common.get("worker_init_fn"))
-        # Before the workers start, which take the dataset with it: the batches each reads
-        # (each advises its first ones before reading any), the staged shards, the ring.
+        # Before the workers start, which take the source and its plan with it: the batches
+        # each reads (each advises its first ones before reading any), the ring, the board.
+        prefetch = common.get("prefetch_factor")
         self.dataset.begin_run(
-            positions,
-            batch_size=self.batch_size,
-            workers=self.num_workers,
-            prefetch=common.get("prefetch_factor"),
-            forked=self.num_workers > 0 and _forks(common.get("multiprocessing_context")),
-            ring=ring,
-            board=board,
-            drop_last=self.drop_last,
+            RunPlan(
+                positions=positions,
+                batch_size=self.batch_size,
+                workers=self.num_workers,
+                depth=prefetch if isinstance(prefetch, int) and prefetch >= 2 else 2,
+                forked=self.num_workers > 0 and _forks(common.get("multiprocessing_context")),
+                drop_last=self.drop_last,
+                ring=ring,
+                board=board,
+            )
         )
         data: Any = self.dataset  # a torch Dataset (map mode) or IterableDataset (stream)
-        if self.dataset.mode == "stream":
+        if mode == "stream":
             return DataLoader(data, batch_size=None, collate_fn=_identity, **common), None
         sampler = _PositionSampler(positions)
         loader = DataLoader(
@@ -227,19 +234,14 @@ class ShardLoader:
         )
         return loader, sampler
 
-    def _make_ring(self, positions: Any) -> BatchRing | None:
-        """The ring of one iteration over ``positions``, when its batches take one."""
-        ds = self.dataset
-        if ds.transport != "ring" or self.num_workers == 0:
+    def _make_ring(self, needs: RunNeeds) -> BatchRing | None:
+        """The ring of one iteration, when its batches take one."""
+        if needs.slot_bytes is None or self.num_workers == 0:
             return None
-        if ds.decode is not None or ds.transform is not None:
-            return None  # decoded samples are collated, not read into a buffer
         prefetch = self.kwargs.get("prefetch_factor", _PREFETCH)
         prefetch = 2 if prefetch is None else require_int(prefetch, "prefetch_factor", minimum=0)
         return BatchRing.allocate(
-            workers=self.num_workers,
-            slots=prefetch + _SPARE_SLOTS,
-            slot_bytes=max_batch_bytes(ds.packed, positions, self.batch_size),
+            workers=self.num_workers, slots=prefetch + _SPARE_SLOTS, slot_bytes=needs.slot_bytes
         )
 
     @property
@@ -263,16 +265,9 @@ class ShardLoader:
         process's own reads; step time, wait and stall fraction are measured where the
         training loop takes each batch. A batch's reads count once the batch is delivered.
         """
-        ranks = self.dataset.cursor.ranks()
         current = self.transport_stats
         transport = {k: v + current[k] for k, v in self._transport_done.items()}
-        return snapshot(
-            self.dataset.read_metrics(),
-            self.steps,
-            rank=ranks.rank,
-            world_size=ranks.world_size,
-            transport=transport,
-        )
+        return self.dataset.snapshot(self.steps, transport=transport)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         batches = self._iterate()
@@ -301,7 +296,7 @@ class ShardLoader:
         """Stop the persistent workers, if any are kept."""
         self._keeper.drop()
 
-    def _watchdog_s(self) -> float:
+    def _watchdog_s(self, needs: RunNeeds) -> float:
         """Seconds without a batch after which the workers are deemed stuck (0: never)."""
         if self.num_workers == 0:
             return 0.0
@@ -310,7 +305,7 @@ class ShardLoader:
         given = self.kwargs.get("timeout")
         if given:
             return float(given)
-        return default_watchdog_s(self.dataset.read_timeout_s)
+        return default_watchdog_s(needs.read_timeout_s)
 
     def _iterate(self) -> _Batches:
         """Iterate, replacing workers that stopped answering (see ``worker_timeout_s``)."""
@@ -322,19 +317,19 @@ class ShardLoader:
             except WorkersStuckError as stuck:
                 # Whatever they had prefetched is lost, not delivered: the next run starts at
                 # the first sample not yet handed to the training loop, as a resume would.
-                self.dataset.count_faults(worker_restarts=self.num_workers)
+                self._count_faults(worker_restarts=self.num_workers)
                 if stuck.stalls:
                     # Each stall held its shard: the new workers fail its reads at once, so
                     # restarts for stalls end (one per shard at most), unless the holds do
                     # not reach them (no usable /dev/shm): bounded by the shards then.
                     stalled = stalled + 1 if not stuck.progressed else 1
-                    self.dataset.count_faults(
+                    self._count_faults(
                         stalls=stuck.stalls, stall_ms=int(stuck.stalls * stuck.waited_s * 1000)
                     )
                     if stalled > self._stall_restart_limit():
                         raise StorageError(
                             errno.ETIMEDOUT,
-                            f"reads of {self.dataset.path} stalled for {stuck.waited_s:g} s "
+                            f"reads of {self._where()} stalled for {stuck.waited_s:g} s "
                             f"{stalled} times in a row with no batch delivered between: is "
                             "a storage server down?",
                         ) from None
@@ -350,7 +345,7 @@ class ShardLoader:
                     raise StorageError(
                         errno.ETIMEDOUT,
                         f"no batch arrived for {stuck.waited_s:g} s, {fruitless} times in a row "
-                        f"after replacing the DataLoader workers: reads of {self.dataset.path} "
+                        f"after replacing the DataLoader workers: reads of {self._where()} "
                         "do not complete (is a storage server down?)",
                     ) from None
                 logger.warning(
@@ -359,22 +354,26 @@ class ShardLoader:
                     self.dataset.cursor.consumed,
                 )
 
+    def _count_faults(self, **counts: int) -> None:
+        """Add what this loader saw to the rank's read figures."""
+        self.dataset.absorb({FAULTS_KEY: counts})
+
+    def _where(self) -> str:
+        """What the last run read, for messages."""
+        return self._needs.where if self._needs is not None else "the dataset"
+
     def _stall_restart_limit(self) -> int:
         """Restarts for stalls in a row, with no batch between, before the loader gives up:
         one per shard and then some (each stall holds a shard)."""
-        return len(self.dataset.packed.manifest.shards) + self.max_worker_restarts + 1
+        shards = self._needs.shards if self._needs is not None else 0
+        return shards + self.max_worker_restarts + 1
 
-    def _stall_watch(self) -> StallWatch | None:
-        """The watch over this iteration's workers' reads, when they read under a deadline."""
-        if self.num_workers == 0:
+    def _stall_watch(self, needs: RunNeeds) -> StallWatch | None:
+        """The watch over this iteration's workers' reads, when they read under a deadline
+        through readers that a kill can replace."""
+        if self.num_workers == 0 or needs.watch is None:
             return None
-        opener = watched_opener(self.dataset)
-        if opener is None:
-            return None
-        choice = getattr(self.dataset, "read_choice", None)
-        if not replaceable_readers(getattr(choice, "fs", None)):
-            return None  # the workers read through the deadline's threads: none is killed
-        return StallWatch(workers=self.num_workers, timeout_s=opener.timeout_s)
+        return StallWatch(workers=self.num_workers, timeout_s=needs.watch.timeout_s)
 
     def _iterate_once(self) -> _Batches:
         cursor = self.dataset.cursor
@@ -394,7 +393,10 @@ class ShardLoader:
             self._transport_done = {k: v + last[k] for k, v in self._transport_done.items()}
             self._ring_counts = None
         clock = time.perf_counter_ns
-        watchdog = self._watchdog_s()
+        needs = self._needs = self.dataset.needs(
+            positions, batch_size=self.batch_size, workers=self.num_workers if kept is None else 0
+        )
+        watchdog = self._watchdog_s(needs)
         progressed = finished = False
         batches: Any = None
         if kept is not None:
@@ -406,9 +408,9 @@ class ShardLoader:
                 kept.sampler.positions = positions
         else:
             # Allocated before the DataLoader starts its workers: they get it with the dataset.
-            ring = self._make_ring(positions)
+            ring = self._make_ring(needs)
             self._ring_counts = ring.counts if ring is not None else None
-            watch = self._stall_watch()
+            watch = self._stall_watch(needs)
         try:
             self.steps.start()
             if kept is not None:
@@ -418,7 +420,7 @@ class ShardLoader:
                 if board is not None:
                     board.share_memory_()  # type: ignore[no-untyped-call]
                 loader, sampler = self._dataloader(
-                    positions, ring=ring, timeout=watchdog, watch=watch, board=board
+                    positions, needs.mode, ring=ring, timeout=watchdog, watch=watch, board=board
                 )
                 batches = iter(loader)
                 if board is not None:
@@ -478,28 +480,22 @@ class ShardLoader:
     def _arrived(self, item: Any, ring: BatchRing | None) -> dict[str, Any]:
         """The batch a worker's ``item`` stands for, its figures and events taken out."""
         if isinstance(item, WorkerFailure) and item.metrics is not None:
-            self.dataset.absorb_metrics(item.metrics)
+            self.dataset.absorb({METRICS_KEY: item.metrics})
         batch = _arrived(item, ring)
-        delta = batch.pop(METRICS_KEY, None)
-        if delta is not None:
-            self.dataset.absorb_metrics(delta)
-        events = batch.pop(EVENTS_KEY, None)
-        if events is not None:
-            self.dataset.absorb_events(events)
+        self.dataset.absorb(batch)
         return batch  # type: ignore[no-any-return]
 
     @property
     def dataset_id(self) -> str | None:
-        """The id of the dataset this loader reads (the xxh3-128 of its manifest's bytes):
-        what a checkpoint of its position records, so that it resumes no other dataset."""
-        found = self.dataset.packed.resolver.dataset_id
-        return found if isinstance(found, str) else None
+        """The id of the dataset (or mix) this loader reads: what a checkpoint of its
+        position records, so that it resumes no other dataset."""
+        return self.dataset.dataset_id
 
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch stands: global positions delivered to the training loop."""
         return self.dataset.cursor.state()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`, also with another number of ranks."""
         self.dataset.cursor.load(state)
 

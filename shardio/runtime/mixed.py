@@ -38,22 +38,19 @@ into which each source's labels are then remapped by class name.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
-import numbers
 import os
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import xxhash
-from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+from torch.utils.data import Dataset, get_worker_info
 
 from shardio._check import require_int
-from shardio.errors import StorageError, UsageError
+from shardio.errors import ShardioError, UsageError
 from shardio.format.spec import LABEL_EXT
 from shardio.metrics.read import ReadMetrics
 from shardio.metrics.snapshots import MetricsSnapshot, snapshot
@@ -61,29 +58,24 @@ from shardio.metrics.steps import StepTimer
 from shardio.order.mix import MixCursor, MixOrder, check_weight, mix_counts, mix_schedule
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import OrderSpec
-from shardio.order.streams import RankStream
-from shardio.read.timeouts import check_read_timeout
+from shardio.runtime.batch import share_tensors, shared_uint8
 from shardio.runtime.dataset import ShardDataset, collate_samples
-from shardio.runtime.loader import default_watchdog_s
-from shardio.runtime.reaping import kill_workers, stop_workers
+from shardio.runtime.labels import described, label_maps, remap
+from shardio.runtime.loader import ShardLoader
+from shardio.runtime.mixread import Allocate, read_shares
+from shardio.runtime.plan import RunNeeds, RunPlan, RunState
+from shardio.runtime.protocol import FAULTS_KEY
+from shardio.runtime.transport import estimated_batch_bytes, largest_batch, sample_bytes
+from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, SOURCE_KEY, WorkerFailure
 
-__all__ = [
-    "METRICS_KEY",
-    "SOURCE_KEY",
-    "MixedDataset",
-    "MixedLoader",
-    "collate_mixed",
-    "mix_counts",
-    "mix_schedule",
-]
+__all__ = ["SOURCE_KEY", "MixedDataset", "collate_mixed", "mix_counts", "mix_schedule"]
 
-SOURCE_KEY = "__source__"  # each sample's source index (its keys are the source's own)
 MIXED_STATE_VERSION = 1
-METRICS_KEY = "__mix_metrics__"  # a worker's read figures per source, with its batch
 _SEED_LIMIT = 2**64
 _CHUNK = 1 << 16  # positions of a rank's share computed at once (8 bytes each)
 _BLOCK = 256  # positions located at once by ``locate``
-_SHOWN_CLASSES = 6  # class names of a label map shown in a message
+_SPAN = 1 << 13  # a rank's positions located at once for its batches (see _located)
+_SPANS_KEPT = 4
 
 
 class MixedDataset(Dataset[dict[str, Any]]):
@@ -146,7 +138,7 @@ class MixedDataset(Dataset[dict[str, Any]]):
             datasets.append(ds)
             weights.append(check_weight(weight, s))
         _refuse_repeats(datasets)
-        self.classes, self._relabel = _label_maps(datasets, classes)
+        self.classes, self._relabel = label_maps(datasets, classes)
         self.remaps_labels = classes is not None  # classes= given: the labels are the mix's
         if not isinstance(drop_last, bool):
             raise UsageError(f"drop_last must be True or False, got {drop_last!r}")
@@ -167,13 +159,23 @@ class MixedDataset(Dataset[dict[str, Any]]):
         self.counts = tuple(mix_counts([ds.num_samples for ds in datasets], self.weights))
         self.num_samples = sum(self.counts)
         spec = OrderSpec(order="sequential", seed=self.seed, drop_last=drop_last)
-        self.cursor = MixCursor(spec, self.num_samples, [ds.cursor for ds in datasets])
+        self.cursor = _MixPosition(spec, self.num_samples, self)
         self.cursor.ranks()  # the layouts agree, or one line now
         self.cursor.set_epoch(datasets[0].epoch)
         self._order: MixOrder | None = None  # the epoch's, computed position by position
         self._block: tuple[tuple[int, int], np.ndarray[Any, Any], np.ndarray[Any, Any]] | None
         self._block = None  # the block of positions located last (see locate)
-        self._ship_metrics = False  # set by MixedLoader: its workers send their read figures
+        # Each source reads its share of a batch with one batch read when every source is a
+        # ShardDataset read undecoded (a source that reads its samples otherwise, by its own
+        # __getitem__ or a decoder, is read sample by sample) and the labels agree (all or
+        # none labelled: a batch's cls is one tensor).
+        self._batched = all(_reads_batches(ds) for ds in datasets) and (
+            len({ds.classes is None for ds in datasets}) == 1
+        )
+        self._run: RunState | None = None  # a loader's pass (see begin_run)
+        self._spans: dict[tuple[int, ...], tuple[np.ndarray[Any, Any], ...]] = {}
+        self._received = ReadMetrics()  # what the loader saw (worker restarts)
+        self.delivered = dict.fromkeys(self.source_names, 0)  # samples per source, by a loader
 
     # -- the epoch ---------------------------------------------------------------------------
     @property
@@ -272,43 +274,98 @@ class MixedDataset(Dataset[dict[str, Any]]):
             raise UsageError(f"a sample of source {s} already has a {SOURCE_KEY!r} field")
         table = self._relabel[s]
         if table is not None and LABEL_EXT in sample:
-            sample[LABEL_EXT] = self._remapped(s, sample, table)
+            sample[LABEL_EXT] = remap(s, sample, table)
         sample[SOURCE_KEY] = s
         return sample
 
-    def _remapped(self, s: int, sample: dict[str, Any], table: tuple[int, ...]) -> int:
-        label = sample[LABEL_EXT]
-        key = sample.get("__key__")
-        if isinstance(label, bool) or not isinstance(label, numbers.Integral):
-            raise UsageError(
-                f"sample {key!r} of source {s} of the mix has a {LABEL_EXT!r} of type "
-                f"{type(label).__name__}: classes= remaps integer labels (a transform must "
-                "keep it one)"
-            )
-        if not 0 <= int(label) < len(table):
-            raise UsageError(
-                f"sample {key!r} of source {s} of the mix has label {int(label)}, outside its "
-                f"label map of {len(table)} classes"
-            )
-        return table[int(label)]
-
-    def __getitems__(self, positions: Sequence[int]) -> dict[str, Any]:
-        """A batch: the samples collated, ``__source__`` an int64 tensor; in a worker, the
-        read figures of the sources it read go along."""
+    def __getitems__(self, positions: Sequence[int]) -> Any:
+        """A batch: each source's share read with one batch read (see :mod:`.mixread`),
+        ``__source__`` an int64 tensor; in a loader's worker, the read figures of the sources
+        it read go along, and an error of the data travels intact."""
         wanted = [require_int(p, "mix position") for p in positions]
         if any(not 0 <= p < self.num_samples for p in wanted):
             bad = next(p for p in wanted if not 0 <= p < self.num_samples)
             raise IndexError(f"position {bad} out of range for a mix of {self.num_samples}")
-        source, index = self.locate_many(np.asarray(wanted, dtype=np.int64))
-        batch = collate_mixed(
-            [self._read(s, i) for s, i in zip(source.tolist(), index.tolist(), strict=True)]
-        )
-        batch[SOURCE_KEY] = torch.tensor(batch[SOURCE_KEY], dtype=torch.int64)
-        if self._ship_metrics and get_worker_info() is not None:
-            read = {int(s) for s in batch[SOURCE_KEY].tolist()}
-            deltas = [(s, self.sources[s].packed.metrics.drain()) for s in sorted(read)]
-            batch[METRICS_KEY] = [(s, d) for s, d in deltas if d is not None]
+        info = get_worker_info()
+        if info is None:
+            return self._read_batch(wanted, None)
+        if self._run is not None:
+            self._run.follow(self.cursor)  # persistent workers: the pass's epoch
+        try:
+            # Shared now, not while torch pickles it (a full /dev/shm would fail there).
+            return share_tensors(self._read_batch(wanted, info.id))
+        except ShardioError as exc:
+            return WorkerFailure(exc, self._drain(range(len(self.sources))))
+
+    def _read_batch(self, wanted: list[int], worker: int | None) -> dict[str, Any]:
+        """The batch of positions ``wanted``, read in worker ``worker`` (None: here)."""
+        source, index = self._located(np.asarray(wanted, dtype=np.int64))
+        if not self._batched:
+            batch = collate_mixed(
+                [self._read(s, i) for s, i in zip(source.tolist(), index.tolist(), strict=True)]
+            )
+            batch[SOURCE_KEY] = torch.tensor(batch[SOURCE_KEY], dtype=torch.int64)
+        else:
+            ring = self._run.plan.ring if self._run is not None else None
+
+            def build(allocate: Allocate) -> dict[str, Any]:
+                return read_shares(self.sources, source, index, allocate, self._relabelled)
+
+            if worker is not None and ring is not None:
+                batch = ring.fill(build, worker=worker)
+            else:
+                batch = build(_shared if worker is not None else _local)
+        if worker is not None and self._run is not None:
+            batch[METRICS_KEY] = self._drain(np.unique(source).tolist())
+            ring = self._run.plan.ring
+            if ring is not None:
+                return ring.describe(batch, worker=worker)  # type: ignore[return-value]
         return batch
+
+    def _located(self, positions: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], ...]:
+        """:meth:`locate_many` of a batch's ``positions``, a span of the rank's positions
+        (every ``step``-th) at a time: locating costs mostly per call (the sources' orders
+        are computed for the positions given), and a rank's batches follow each other."""
+        n = len(positions)
+        step = int(positions[1] - positions[0]) if n > 1 else 1
+        if step < 1 or (np.diff(positions) != step).any():
+            step = 1
+        width = _SPAN * step
+        residue = positions % step
+        span = (positions - residue) // width
+        source = np.empty(n, dtype=np.int64)
+        index = np.empty(n, dtype=np.int64)
+        for s, r in {(int(a), int(b)) for a, b in zip(span, residue, strict=True)}:
+            key = (self.cursor.epoch, step, s, r)
+            found = self._spans.get(key)
+            if found is None:
+                start = s * width + r
+                wanted = np.arange(start, min(start + width, self.num_samples), step)
+                found = self._spans[key] = self.locate_many(wanted)
+                while len(self._spans) > _SPANS_KEPT:
+                    del self._spans[next(iter(self._spans))]
+            mine = (span == s) & (residue == r)
+            at = (positions[mine] - s * width - r) // step
+            source[mine], index[mine] = found[0][at], found[1][at]
+        return source, index
+
+    def _relabelled(self, s: int, labels: np.ndarray[Any, Any], keys: list[str]) -> Any:
+        """Source ``s``'s ``labels`` in the mix's label map."""
+        table = self._relabel[s]
+        if table is None:
+            return labels
+        return np.array(
+            [
+                remap(s, {LABEL_EXT: int(v), "__key__": k}, table)
+                for v, k in zip(labels, keys, strict=True)
+            ],
+            dtype=np.int64,
+        )
+
+    def _drain(self, read: Any) -> list[tuple[int, Any]]:
+        """In a worker: the read figures of sources ``read`` since its last batch."""
+        deltas = [(s, self.sources[s].packed.metrics.drain()) for s in read]
+        return [(s, d) for s, d in deltas if d is not None]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """The rest of this rank's epoch, sample by sample (the position advances with each;
@@ -331,7 +388,7 @@ class MixedDataset(Dataset[dict[str, Any]]):
         """The id of the mix (the xxh3-128 of its seed, its sources' dataset ids and weights,
         and the label map given as ``classes=``): what a checkpoint of its position records
         (:mod:`shardio.checkpoint`), so that it resumes no other mix; None when a source's id
-        is unknown. Its loader's (:attr:`MixedLoader.dataset_id`) is the same."""
+        is unknown. Its loader's (:attr:`ShardLoader.dataset_id`) is the same."""
         parts = [
             (ds.packed.resolver.dataset_id, weight)
             for ds, weight in zip(self.sources, self.weights, strict=True)
@@ -361,14 +418,8 @@ class MixedDataset(Dataset[dict[str, Any]]):
 
     def state_dict(self) -> dict[str, Any]:
         """The position in the mix (global positions delivered) and what the mix is made of
-        (plain values: JSON-ready)."""
-        return {
-            "version": MIXED_STATE_VERSION,
-            "kind": "mixed",
-            "sources": self._identity(),
-            "cursor": self.cursor.state(),
-            "classes": list(self.classes) if self.classes is not None else None,
-        }
+        (plain values: JSON-ready): ``cursor.state()``."""
+        return self.cursor.state()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`, also with another number of ranks.
@@ -377,6 +428,10 @@ class MixedDataset(Dataset[dict[str, Any]]):
             UsageError: the state is malformed, of another version, or of another mix (other
                 sources, weights, seed or source orders).
         """
+        self.cursor.load(state)
+
+    def _check_state(self, state: Mapping[str, Any]) -> None:
+        """Refuse a state of another mix (see :meth:`load_state_dict`)."""
         if not isinstance(state, Mapping) or state.get("kind") != "mixed":
             raise UsageError("not the state of a MixedDataset (no 'kind': 'mixed')")
         if state.get("version") != MIXED_STATE_VERSION:
@@ -405,14 +460,131 @@ class MixedDataset(Dataset[dict[str, Any]]):
         if "classes" in state and state["classes"] != mine_classes:  # absent: an older state
             raise UsageError(
                 "state was saved for a mix whose labels mean other classes "
-                f"({_described(state['classes'])}; this mix: {_described(mine_classes)}): "
+                f"({described(state['classes'])}; this mix: {described(mine_classes)}): "
                 "cannot resume"
             )
-        self.cursor.load(state.get("cursor"))  # type: ignore[arg-type]
 
-    def loader(self, batch_size: int, num_workers: int = 0, **kwargs: Any) -> MixedLoader:
-        """A DataLoader over this rank's share of the mix, resumable with ``state_dict``."""
-        return MixedLoader(self, batch_size=batch_size, num_workers=num_workers, **kwargs)
+    # -- a loader's run (ReadSource) -----------------------------------------------------------
+    def needs(self, positions: Any, *, batch_size: int, workers: int) -> RunNeeds:
+        """What a loader's run over ``positions`` needs: a ring when the sources' shares are
+        read in batch reads and every source crosses over ``transport="ring"``; no stall
+        watch (the watchdog still replaces stuck workers)."""
+        ringed = workers > 0 and self._batched
+        ringed = ringed and all(ds.transport == "ring" for ds in self.sources)
+        return RunNeeds(
+            mode="map",
+            slot_bytes=self._slot_bytes(positions, batch_size) if ringed else None,
+            read_timeout_s=max(float(ds.read_timeout_s or 0.0) for ds in self.sources),
+            watch=None,
+            shards=0,
+            where=", ".join(str(ds.path) for ds in self.sources),
+        )
+
+    def _slot_bytes(self, positions: Any, batch_size: int) -> int:
+        """The largest batch payload among the batches ``positions`` makes (a lazy stream:
+        an estimate from the sources' mean samples)."""
+        n = len(positions)
+        if not isinstance(positions, np.ndarray):
+            return max(estimated_batch_bytes(ds.packed, n, batch_size) for ds in self.sources)
+        source, index = self.locate_many(positions)
+        sizes = np.zeros(n, dtype=np.int64)
+        for s, ds in enumerate(self.sources):
+            places = np.flatnonzero(source == s)
+            if len(places):
+                sizes[places] = sample_bytes(ds.packed, index[places])
+        return largest_batch(sizes, batch_size)
+
+    def begin_run(self, plan: RunPlan) -> None:
+        """Take a loader's pass (its workers get it with the mix)."""
+        self._run = RunState(plan)
+
+    def end_run(self) -> None:
+        """After a loader's pass: direct use reads as before."""
+        self._run = None
+
+    def absorb(self, sent: dict[str, Any]) -> None:
+        """Take the workers' figures and recovery events (per source) out of ``sent`` (a
+        delivered batch, whose samples count as drawn from their sources) and the loader's
+        own fault counts.
+
+        Raises:
+            UsageError: the figures are malformed.
+        """
+        for s, delta in sent.pop(METRICS_KEY, None) or ():
+            self.sources[s].absorb({METRICS_KEY: delta})
+        for s, events in sent.pop(EVENTS_KEY, None) or ():
+            self.sources[s].absorb({EVENTS_KEY: events})
+        for name, value in sent.pop(FAULTS_KEY, {}).items():
+            self._received.add(name, require_int(value, name, minimum=0))
+        drawn = sent.get(SOURCE_KEY)
+        if drawn is not None:
+            counts = np.bincount(np.asarray(drawn), minlength=len(self.sources))
+            for name, n in zip(self.source_names, counts.tolist(), strict=True):
+                self.delivered[name] += n
+
+    def read_metrics(self) -> ReadMetrics:
+        """This rank's read figures: its sources' added up, with the loader's faults."""
+        read = self._received.copy()
+        for ds in self.sources:
+            read.merge(ds.read_metrics())
+        return read
+
+    def snapshot(self, steps: StepTimer, *, transport: Mapping[str, int]) -> MetricsSnapshot:
+        """The sources' read figures added up, a loader's ``steps`` and ``transport`` counts,
+        and in ``sources`` the samples delivered per source (the mix drawn)."""
+        ranks = self.ranks()
+        return snapshot(
+            self.read_metrics(),
+            steps,
+            rank=ranks.rank,
+            world_size=ranks.world_size,
+            transport=transport,
+            sources=self.delivered,
+        )
+
+    def loader(self, batch_size: int, num_workers: int = 0, **kwargs: Any) -> ShardLoader:
+        """The one loader (:class:`~shardio.runtime.loader.ShardLoader`) over this rank's
+        share of the mix: ring transport, persistent workers, the watchdog, ``close()``,
+        resumable with ``state_dict``."""
+        return ShardLoader(self, batch_size=batch_size, num_workers=num_workers, **kwargs)
+
+
+class _MixPosition(MixCursor):
+    """The mix's cursor, whose state is the mix's: what it is made of goes along, and is
+    checked when a state is loaded (what a loader's ``state_dict`` gives)."""
+
+    def __init__(self, spec: OrderSpec, total: int, mix: MixedDataset) -> None:
+        super().__init__(spec, total, [ds.cursor for ds in mix.sources])
+        self.mix = mix
+
+    def state(self) -> dict[str, Any]:
+        mix = self.mix
+        return {
+            "version": MIXED_STATE_VERSION,
+            "kind": "mixed",
+            "sources": mix._identity(),
+            "cursor": super().state(),
+            "classes": list(mix.classes) if mix.classes is not None else None,
+        }
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        self.mix._check_state(state)
+        super().load(state.get("cursor"))  # type: ignore[arg-type]
+
+
+def _reads_batches(ds: ShardDataset) -> bool:
+    """Whether source ``ds`` reads a share of a batch with one batch read: a ShardDataset
+    read undecoded through its own reads (one that overrides ``__getitem__`` is read by it)."""
+    reads = type(ds).__getitem__ is ShardDataset.__getitem__
+    return reads and ds.decode is None and ds.transform is None
+
+
+def _local(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def _shared(nbytes: int) -> torch.Tensor:
+    return shared_uint8(nbytes)
 
 
 def _refuse_repeats(datasets: Sequence[ShardDataset]) -> None:
@@ -439,92 +611,6 @@ def _refuse_repeats(datasets: Sequence[ShardDataset]) -> None:
         seen.append((ident.dataset_id, real))
 
 
-def _show_classes(classes: Sequence[str]) -> str:
-    """A label map for a one-line message: its first names and its size."""
-    shown = ", ".join(repr(c) for c in classes[:_SHOWN_CLASSES])
-    more = ", ..." if len(classes) > _SHOWN_CLASSES else ""
-    return f"[{shown}{more}] ({len(classes)} classes)"
-
-
-def _described(classes: object) -> str:
-    """A saved or current label map for a message."""
-    if classes is None:
-        return "no labels"
-    if isinstance(classes, list) and all(isinstance(c, str) for c in classes):
-        return f"label map {_show_classes(classes)}"
-    return f"label map {type(classes).__name__}"
-
-
-def _first_difference(a: Sequence[str], b: Sequence[str]) -> str:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return f"class {i} is {x!r} in one, {y!r} in the other"
-    return f"one has {len(a)} classes, the other {len(b)}"
-
-
-def _label_maps(
-    datasets: Sequence[ShardDataset], classes: Sequence[str] | None
-) -> tuple[tuple[str, ...] | None, tuple[tuple[int, ...] | None, ...]]:
-    """The mix's label map and, per source, the table from its labels to the mix's (None:
-    unchanged).
-
-    Raises:
-        UsageError: labelled sources with different maps and no ``classes``; a bad
-            ``classes``, or one that lacks a class of a source.
-    """
-    maps = [ds.classes for ds in datasets]
-    labelled = [(s, found) for s, found in enumerate(maps) if found is not None]
-    if classes is None:
-        for s, mine in labelled[1:]:
-            t, first = labelled[0]
-            if mine != first:
-                raise UsageError(
-                    f"sources {t} ({datasets[t].path}) and {s} ({datasets[s].path}) of the mix "
-                    f"have different label maps, {_show_classes(first)} and "
-                    f"{_show_classes(mine)} ({_first_difference(first, mine)}): one cls would "
-                    "mean two classes; give the mix's map as classes=[...] to remap them"
-                )
-        return (labelled[0][1] if labelled else None), (None,) * len(datasets)
-    wanted = _check_classes(classes)
-    if not labelled:
-        raise UsageError("classes= remaps the sources' labels, but no source of the mix has any")
-    position = {name: i for i, name in enumerate(wanted)}
-    tables: list[tuple[int, ...] | None] = []
-    for s, found in enumerate(maps):
-        if found is None:
-            tables.append(None)
-            continue
-        missing = [name for name in found if name not in position]
-        if missing:
-            raise UsageError(
-                f"source {s} of the mix ({datasets[s].path}) has classes that classes= lacks: "
-                f"{_show_classes(missing)}"
-            )
-        table = tuple(position[name] for name in found)
-        tables.append(None if table == tuple(range(len(table))) else table)
-    return wanted, tuple(tables)
-
-
-def _check_classes(classes: object) -> tuple[str, ...]:
-    """``classes`` as a label map: a non-empty list of distinct, non-empty strings.
-
-    Raises:
-        UsageError: naming what is wrong.
-    """
-    if not isinstance(classes, Sequence) or isinstance(classes, str | bytes):
-        raise UsageError(f"classes must be a list of class names, got {type(classes).__name__}")
-    if not classes:
-        raise UsageError("classes must name at least one class, got none")
-    seen: set[str] = set()
-    for i, name in enumerate(classes):
-        if not isinstance(name, str) or not name:
-            raise UsageError(f"classes[{i}] must be a non-empty string, got {name!r}")
-        if name in seen:
-            raise UsageError(f"classes holds {name!r} twice")
-        seen.add(name)
-    return tuple(classes)
-
-
 def _unknown_id(key: str, theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> bool:
     """A dataset id that one side could not tell (None) does not count as a difference."""
     return key == "dataset_id" and (theirs.get(key) is None or ours[key] is None)
@@ -540,175 +626,3 @@ def collate_mixed(samples: list[dict[str, Any]]) -> dict[str, Any]:
     if all(v is not None for v in batch.get(LABEL_EXT, [None])):
         batch[LABEL_EXT] = torch.tensor(batch[LABEL_EXT], dtype=torch.int64)
     return batch
-
-
-def _identity_collate(batch: Any) -> Any:
-    return batch
-
-
-class _PositionSampler(Sampler[int]):
-    """A rank's positions of the mix, computed a chunk at a time (a Python list of a rank's
-    share of a billion-sample mix would take tens of GB)."""
-
-    def __init__(self, positions: RankStream) -> None:
-        self.positions = positions
-
-    def __iter__(self) -> Iterator[int]:
-        for start in range(0, len(self.positions), _CHUNK):
-            yield from self.positions.take(start, start + _CHUNK).tolist()
-
-    def __len__(self) -> int:
-        return len(self.positions)
-
-
-class MixedLoader:
-    """Batches of a :class:`MixedDataset` through a torch DataLoader; resumable mid-epoch.
-
-    The loader counts the samples it hands to the training loop (the mix's cursor), so
-    ``state_dict()`` after step k resumes at the first sample not yet delivered, as
-    ShardLoader does. Batches are collated samples (``jpeg`` a list of bytes, ``cls`` and
-    ``__source__`` int64 tensors), read in the workers by each sample's own source.
-
-    Args:
-        dataset: the mix.
-        batch_size: samples per batch (an int >= 1).
-        num_workers: DataLoader worker processes (an int >= 0).
-        drop_last: drop this rank's last incomplete batch.
-        worker_timeout_s: with workers, the seconds without a batch after which the loader
-            kills them and raises ``StorageError`` (ETIMEDOUT; a read that never returns:
-            a dead data server, a hung mount). None (default): as ShardLoader, six read
-            deadlines of the slowest source, at least a minute, or none when no source reads
-            under a deadline; 0: never. ``state_dict()`` then resumes at the first sample
-            not delivered.
-        **kwargs: passed to ``torch.utils.data.DataLoader`` (pin_memory, prefetch_factor,
-            multiprocessing_context, ...).
-    """
-
-    def __init__(
-        self,
-        dataset: MixedDataset,
-        *,
-        batch_size: int,
-        num_workers: int = 0,
-        drop_last: bool = False,
-        worker_timeout_s: float | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self.batch_size = require_int(batch_size, "batch_size", minimum=1)
-        self.worker_timeout_s = check_read_timeout(worker_timeout_s, "worker_timeout_s")
-        self.num_workers = require_int(num_workers, "num_workers", minimum=0)
-        if not isinstance(drop_last, bool):
-            raise UsageError(f"drop_last must be True or False, got {drop_last!r}")
-        for key in ("sampler", "batch_sampler", "shuffle", "collate_fn", "batch_size", "timeout"):
-            if key in kwargs:
-                hint = " (pass worker_timeout_s)" if key == "timeout" else ""
-                raise UsageError(f"MixedLoader sets {key} itself{hint}")
-        if kwargs.get("in_order") is False:
-            raise UsageError("MixedLoader needs in_order=True: resume relies on the order")
-        self.dataset = dataset
-        self.drop_last = drop_last
-        self.kwargs = kwargs
-        self.steps = StepTimer()
-        self.delivered = dict.fromkeys(dataset.source_names, 0)  # samples per source
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (the mix's and its sources')."""
-        self.dataset.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        n = self.dataset.samples_per_rank()
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-    def _watchdog_s(self) -> float:
-        """Seconds without a batch after which the workers are deemed stuck (0: never)."""
-        if self.num_workers == 0:
-            return 0.0
-        if self.worker_timeout_s is not None:
-            return self.worker_timeout_s
-        return default_watchdog_s(max(ds.read_timeout_s or 0.0 for ds in self.dataset.sources))
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        cursor = self.dataset.cursor
-        cursor.begin()  # an epoch read to its end is read again, as a DataLoader does
-        world = cursor.ranks().world_size
-        positions = cursor.stream()
-        if self.drop_last:
-            positions = positions.head(len(positions) // self.batch_size * self.batch_size)
-        # Nothing of the epoch's size is computed: each process locates the positions of its
-        # batches when it reads them (MixSchedule), a few microseconds a sample.
-        self.dataset._ship_metrics = self.num_workers > 0
-        watchdog = self._watchdog_s()
-        loader = DataLoader(
-            self.dataset,
-            batch_size=self.batch_size,
-            sampler=_PositionSampler(positions),
-            num_workers=self.num_workers,
-            collate_fn=_identity_collate,
-            timeout=watchdog,
-            **self.kwargs,
-        )
-        names = self.dataset.source_names
-        batches = iter(loader)
-        clock = time.perf_counter_ns
-        try:
-            self.steps.start()
-            while True:
-                asked = clock()
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    cursor.finish()
-                    return
-                except RuntimeError as exc:
-                    if not watchdog or "timed out" not in str(exc):
-                        raise
-                    kill_workers(batches)
-                    paths = ", ".join(str(ds.path) for ds in self.dataset.sources)
-                    raise StorageError(
-                        errno.ETIMEDOUT,
-                        f"no batch arrived for {watchdog:g} s from the mix's DataLoader "
-                        f"workers (killed): reads of {paths} do not complete (is a storage "
-                        f"server down?); state_dict() resumes after {cursor.consumed} samples",
-                    ) from None
-                for s, delta in batch.pop(METRICS_KEY, ()):
-                    self.dataset.sources[s].absorb_metrics(delta)
-                drawn = np.bincount(batch[SOURCE_KEY].numpy(), minlength=len(names))
-                for name, n in zip(names, drawn.tolist(), strict=True):
-                    self.delivered[name] += n
-                cursor.advance(len(batch["__key__"]) * world)
-                now = clock()
-                self.steps.batch(wait_ns=now - asked, samples=len(batch["__key__"]), now_ns=now)
-                yield batch
-        finally:
-            # Now, not when the garbage collector finds the iterator: batches in flight of a
-            # run left early must not arrive later.
-            stop_workers(batches)
-            self.dataset._ship_metrics = False
-
-    def metrics(self) -> MetricsSnapshot:
-        """This rank's data path so far: the sources' read figures added up, the loop's
-        timings, and in ``sources`` the samples delivered per source (the mix drawn)."""
-        read = ReadMetrics()
-        for ds in self.dataset.sources:
-            read.merge(ds.read_metrics())
-        ranks = self.dataset.ranks()
-        return snapshot(
-            read,
-            self.steps,
-            rank=ranks.rank,
-            world_size=ranks.world_size,
-            sources=self.delivered,
-        )
-
-    @property
-    def dataset_id(self) -> str | None:
-        """The id of the mix it reads (:attr:`MixedDataset.dataset_id`)."""
-        return self.dataset.dataset_id
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where the mix stands (:meth:`MixedDataset.state_dict`)."""
-        return self.dataset.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict`, also with another number of ranks."""
-        self.dataset.load_state_dict(state)

@@ -1,95 +1,58 @@
-"""What ShardLoader needs of a dataset: the small protocol ShardDataset satisfies.
+"""What ShardLoader needs of what it reads: the small source protocol.
 
-The loader drives a run of DataLoader workers through these public calls only: the epoch
-cursor (the one owner of the epoch and the position in it, which the loader advances as it
-hands batches to the training loop), the run's plan handed to the workers
-(:meth:`begin_run`, :meth:`end_run`), and the figures and events the workers send back
-(:meth:`absorb_metrics`, :meth:`absorb_events`, :meth:`count_faults`).
+ShardDataset and MixedDataset satisfy it; the loader reaches them through these members
+only. The source owns the epoch and the position in it (:attr:`~ReadSource.cursor`, which
+the loader advances as it hands batches to the training loop), says what a run over some
+positions needs (:meth:`~ReadSource.needs`), is given each pass's frozen
+:class:`~shardio.runtime.plan.RunPlan` (:meth:`~ReadSource.begin_run`,
+:meth:`~ReadSource.end_run`), takes back what the workers send beside the samples
+(:meth:`~ReadSource.absorb`) and reports the rank's figures (:meth:`~ReadSource.snapshot`).
+Its batch read is its torch face: ``__getitems__`` (map mode) or ``__iter__`` (stream mode),
+which the DataLoader calls in the workers.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
-
-import numpy as np
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from shardio.metrics.read import ReadMetrics
+    from shardio.metrics.snapshots import MetricsSnapshot
+    from shardio.metrics.steps import StepTimer
     from shardio.order.cursor import EpochCursor
-    from shardio.order.streams import RankStream
-    from shardio.read import Opener
-    from shardio.read.packed import PackedDataset
-    from shardio.runtime.transport import BatchRing
+    from shardio.runtime.plan import RunNeeds, RunPlan
 
-__all__ = ["MATERIALISE_LIMIT", "LoaderDataset", "run_positions"]
+__all__ = ["FAULTS_KEY", "ReadSource"]
 
-# Samples of a rank's epoch held as one array; a longer epoch stays a lazy RankStream.
-MATERIALISE_LIMIT = 1 << 22
+# What the loader itself saw (worker restarts, stalls), handed to ``absorb`` under this key.
+FAULTS_KEY = "__shardio_faults__"
 
 
-def run_positions(stream: RankStream, batch_size: int, drop_last: bool) -> Any:
-    """The samples of a loader's run over ``stream`` (the rest of the rank's epoch) that make
-    its batches: an array (a lazy stream for a very long epoch), cut to whole batches with
-    ``drop_last``. The loader and its persistent workers compute it alike."""
-    positions: Any = stream.materialise() if len(stream) <= MATERIALISE_LIMIT else stream
-    if drop_last:
-        n = len(positions) // batch_size * batch_size
-        return positions[:n] if isinstance(positions, np.ndarray) else positions.head(n)
-    return positions
-
-
-class LoaderDataset(Protocol):
-    """A dataset ShardLoader can drive (a torch ``Dataset`` or ``IterableDataset`` too)."""
+@runtime_checkable
+class ReadSource(Protocol):
+    """A source ShardLoader can drive (a torch ``Dataset`` or ``IterableDataset`` too)."""
 
     @property
-    def mode(self) -> str: ...
+    def cursor(self) -> EpochCursor:
+        """The one owner of the epoch and the position in it (its ``state()`` is what a
+        checkpoint records)."""
 
     @property
-    def transport(self) -> str: ...
+    def dataset_id(self) -> str | None:
+        """What a checkpoint of the position records, so it resumes no other data."""
 
-    @property
-    def decode(self) -> Any: ...
+    def needs(self, positions: Any, *, batch_size: int, workers: int) -> RunNeeds:
+        """What a run over ``positions`` needs of the loader (asked before its plan)."""
 
-    @property
-    def transform(self) -> Any: ...
+    def begin_run(self, plan: RunPlan) -> None:
+        """Take a pass's plan, before the loader starts its workers (they get it along)."""
 
-    @property
-    def path(self) -> str: ...
+    def end_run(self) -> None:
+        """After the pass (its workers shut down or parked): direct use reads as before."""
 
-    @property
-    def timed(self) -> bool: ...
+    def absorb(self, sent: dict[str, Any]) -> None:
+        """Take out of ``sent`` (a delivered batch, or ``{FAULTS_KEY: counts}`` of the
+        loader's own) what it carries beside the samples, into the rank's figures."""
 
-    @property
-    def read_timeout_s(self) -> float: ...
-
-    @property
-    def opener(self) -> Opener | None: ...
-
-    @property
-    def cursor(self) -> EpochCursor: ...
-
-    @property
-    def packed(self) -> PackedDataset: ...
-
-    def begin_run(
-        self,
-        positions: Any,
-        *,
-        batch_size: int,
-        workers: int,
-        prefetch: object = None,
-        forked: bool = False,
-        ring: BatchRing | None = None,
-        board: Any = None,
-        drop_last: bool = False,
-    ) -> None: ...
-
-    def end_run(self) -> None: ...
-
-    def read_metrics(self) -> ReadMetrics: ...
-
-    def absorb_metrics(self, delta: object) -> None: ...
-
-    def absorb_events(self, events: list[dict[str, Any]]) -> None: ...
-
-    def count_faults(self, **counts: int) -> None: ...
+    def snapshot(self, steps: StepTimer, *, transport: Mapping[str, int]) -> MetricsSnapshot:
+        """The rank's data path so far: read figures, ``steps``' timings, ``transport``."""

@@ -26,7 +26,7 @@ import logging
 import os
 import secrets
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,9 +36,9 @@ from shardio.errors import ShardioError, StorageError
 from shardio.format.spec import LABEL_EXT
 from shardio.read.packed import PackedDataset
 from shardio.runtime.batch import SHM_DIR, ByteColumn, payload_rows, read_batch, shared_uint8
-from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, WorkerFailure
+from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, SOURCE_KEY, WorkerFailure
 
-__all__ = ["BatchRing", "RingBatch", "max_batch_bytes"]
+__all__ = ["BatchRing", "RingBatch", "max_batch_bytes", "sample_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +55,26 @@ _RINGS: weakref.WeakValueDictionary[int, BatchRing] = weakref.WeakValueDictionar
 _SLOT_HEADROOM = 2.0
 
 
+def sample_bytes(ds: PackedDataset, positions: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The payload :func:`read_batch` reads for each sample of ``positions`` (int64; the
+    records come checked, ``index.records``, so a damaged index sizes nothing)."""
+    rows, where = payload_rows(ds, ds.index.records(positions))
+    sizes = ds.index.members["size"][rows].astype(np.int64)
+    return np.bincount(where, weights=sizes, minlength=len(positions)).astype(np.int64)
+
+
+def estimated_batch_bytes(ds: PackedDataset, n: int, batch_size: int) -> int:
+    """A batch's payload estimated from ``ds``'s mean sample (a lazily ordered epoch of
+    ``n`` samples: too many to scan); a larger batch takes a fresh segment."""
+    manifest = ds.manifest
+    mean = manifest.data_bytes / max(1, manifest.num_samples)
+    return int(mean * min(n, batch_size) * _SLOT_HEADROOM) + 1
+
+
 def max_batch_bytes(ds: PackedDataset, positions: Any, batch_size: int) -> int:
     """The largest payload among the batches ``positions`` makes, cut every ``batch_size``.
 
-    The payload is what :func:`read_batch` reads (:func:`payload_rows`). The records come
-    checked (``index.records``), so a damaged index cannot size the ring. For a lazy
+    The payload is what :func:`read_batch` reads (:func:`payload_rows`). For a lazy
     :class:`~shardio.order.RankStream` (an epoch too large to scan), an estimate from the
     dataset's mean sample size instead.
 
@@ -73,14 +88,15 @@ def max_batch_bytes(ds: PackedDataset, positions: Any, batch_size: int) -> int:
     if n == 0:
         return 0
     if not isinstance(positions, np.ndarray):
-        manifest = ds.manifest
-        mean = manifest.data_bytes / max(1, manifest.num_samples)
-        return int(mean * min(n, batch_size) * _SLOT_HEADROOM) + 1
-    rows, where = payload_rows(ds, ds.index.records(positions))
-    ends = np.concatenate([[0], np.cumsum(ds.index.members["size"][rows].astype(np.int64))])
-    # ``where`` ascends, so the members of batch b are those in [b*B, (b+1)*B).
-    cuts = np.searchsorted(where, np.append(np.arange(0, n, batch_size), n))
-    return int((ends[cuts[1:]] - ends[cuts[:-1]]).max())
+        return estimated_batch_bytes(ds, n, batch_size)
+    return largest_batch(sample_bytes(ds, positions), batch_size)
+
+
+def largest_batch(sizes: np.ndarray[Any, Any], batch_size: int) -> int:
+    """The largest sum of ``sizes`` over consecutive runs of ``batch_size`` (0: none)."""
+    if not len(sizes):
+        return 0
+    return int(np.add.reduceat(sizes, np.arange(0, len(sizes), batch_size)).max())
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -265,6 +281,17 @@ class BatchRing:
             ChecksumMismatchError: a member's bytes differ from the index.
             StorageError: a shard is missing or short.
         """
+        return self.fill(
+            lambda allocate: read_batch(ds, indices, verify=verify, allocate=allocate),
+            worker=worker,
+        )
+
+    def fill(
+        self, build: Callable[[Callable[[int], torch.Tensor]], dict[str, Any]], *, worker: int
+    ) -> dict[str, Any]:
+        """The batch ``build(allocate)`` makes in worker ``worker``, its payload in what
+        ``allocate(nbytes)`` gives: a free slot of the worker's row, else a fresh segment.
+        A slot claimed is freed again when ``build`` raises."""
         claimed: list[int] = []
 
         def allocate(nbytes: int) -> torch.Tensor:
@@ -276,7 +303,7 @@ class BatchRing:
             return self.buffer[start : start + nbytes]
 
         try:
-            return read_batch(ds, indices, verify=verify, allocate=allocate)
+            return build(allocate)
         except BaseException:
             for slot in claimed:
                 self._state[worker, slot] = FREE
@@ -290,9 +317,10 @@ class BatchRing:
             (the fallback) ``batch`` itself, its labels made an ndarray (inline in the
             message: a tensor would cost one more shared segment).
         """
+        for key in (LABEL_EXT, SOURCE_KEY):  # inline in the message: no segment of their own
+            if isinstance(batch.get(key), torch.Tensor):
+                batch[key] = batch[key].numpy()
         labels = batch.get(LABEL_EXT)
-        if isinstance(labels, torch.Tensor):
-            batch[LABEL_EXT] = labels = labels.numpy()
         columns = {ext: col for ext, col in batch.items() if isinstance(col, ByteColumn)}
         where = self._slot_of(next(iter(columns.values())).buffer) if columns else None
         if where is None or where[0] != worker:
@@ -375,9 +403,13 @@ class BatchRing:
             return "labels are not int64 of one per sample"
         problem = _columns_problem(message.columns, n, message.nbytes)
         if problem is None and not (
-            isinstance(message.extras, dict) and set(message.extras) <= {EVENTS_KEY, METRICS_KEY}
+            isinstance(message.extras, dict)
+            and set(message.extras) <= {EVENTS_KEY, METRICS_KEY, SOURCE_KEY}
         ):
             problem = "extras hold other entries than recovery events and read metrics"
+        sources = message.extras.get(SOURCE_KEY) if problem is None else None
+        if sources is not None and not _is_array(sources, np.int64, n):
+            problem = "sources are not int64 of one per sample"
         return problem
 
 

@@ -523,3 +523,27 @@ def test_mixed_decoding_with_no_gpu_found_is_refused(
     monkeypatch.setenv("SHARDIO_SYSFS", fake_sysfs(tmp_path, {0: "0-3"}, []))
     with pytest.raises(UsageError, match="give device_id"):
         DALIOptions(batch_size=4, decode="mixed")
+
+
+@pytest.mark.parametrize("strategy", [None, "pfs"])
+def test_dali_and_the_dataset_set_up_the_same_reader(
+    packed_tar: Packed, monkeypatch: pytest.MonkeyPatch, strategy: str | None
+) -> None:
+    """One reader set-up (shardio.read.setup): the same deadline and strategy for a path."""
+    from shardio.dali._source import VerifiedSource
+    from shardio.order.spec import OrderSpec
+
+    if strategy is not None:
+        monkeypatch.setenv("SHARDIO_READ_STRATEGY", strategy)
+    ds = ShardDataset(packed_tar.path, ranks=RankInfo())
+    source = VerifiedSource(
+        packed_tar.path, batch_size=8, spec=OrderSpec(), ranks=RankInfo(), verify=True,
+        cache=None, exts=("jpeg",),
+    )  # fmt: skip
+    try:
+        assert source.read_choice == ds.read_choice
+        assert source.read_timeout_s == ds.read_timeout_s
+        assert type(source.packed.opener) is type(ds.packed.opener)
+    finally:
+        source.close()
+        ds.close()

@@ -29,8 +29,11 @@ from shardio.order import RankInfo
 from shardio.order.cursor import EpochCursor
 from shardio.order.spec import OrderSpec
 from shardio.packing.run import PackOptions, pack
+from shardio.runtime.batch import ByteColumn
 from shardio.runtime.dataset import ShardDataset
+from shardio.runtime.loader import ShardLoader
 from shardio.runtime.mixed import MixedDataset, mix_counts, mix_schedule
+from shardio.runtime.protocol import ReadSource
 
 BATCH = 16
 WEIGHTS = (0.7, 0.3)
@@ -690,3 +693,81 @@ def test_a_state_resumes_only_a_mix_whose_labels_mean_the_same_classes(labelled)
     # A state of an earlier release (no "classes") still resumes.
     older = {k: v for k, v in state.items() if k != "classes"}
     assert keys(resumed(lambda: mix(["truck", "dog", "cat"]).loader(4), older)) == whole[8:]
+
+
+# ------------------------------------------------------------------ the one loader
+
+
+class _CountStarts:
+    """A worker_init_fn that leaves one file per worker start (picklable for spawn)."""
+
+    def __init__(self, where: pathlib.Path) -> None:
+        self.where = str(where)
+
+    def __call__(self, worker_id: int) -> None:
+        open(os.path.join(self.where, f"{os.getpid()}-{worker_id}"), "w").close()
+
+
+def test_a_mix_and_a_dataset_get_the_one_loader(sources):
+    single = ShardDataset(sources[0])
+    assert type(mixed(sources).loader(4)) is type(single.loader(4)) is ShardLoader
+
+
+def test_a_mix_crosses_from_two_workers_over_the_ring_in_batch_reads(sources, payload):
+    expected = keys(mixed(sources).loader(BATCH))
+    loader = mixed(sources).loader(BATCH, 2)
+    got = []
+    try:
+        for batch in loader:
+            assert isinstance(batch["jpg"], ByteColumn)  # one buffer, not a list of bytes
+            assert batch["__source__"].dtype == batch["cls"].dtype == torch.int64
+            for key, data in zip(batch["__key__"], batch["jpg"], strict=True):
+                assert bytes(data) == payload[key], key
+            got += batch["__key__"]
+        assert got == expected
+        stats = loader.transport_stats
+        assert stats["ring"] > 0 and stats["ring"] + stats["fallback"] == len(loader)
+    finally:
+        loader.close()
+
+
+def test_a_mix_keeps_its_workers_across_epochs_and_close_stops_them(sources, tmp_path):
+    loader = mixed(sources).loader(BATCH, 2, worker_init_fn=_CountStarts(tmp_path))
+    whole = {}
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        whole[epoch] = keys(loader)
+        reference = mixed(sources)
+        reference.set_epoch(epoch)
+        assert whole[epoch] == keys(reference.loader(BATCH)), epoch
+    assert whole[0] != whole[1]
+    assert len(os.listdir(tmp_path)) == 2  # started once, kept for the second epoch
+    batches = iter(loader)
+    next(batches)
+    loader.close()
+    assert next(batches, None) is None  # the live iteration ended, its workers stopped
+    loader.close()  # idempotent
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_a_mix_over_two_workers_resumes_exactly(sources, persistent):
+    whole = keys(mixed(sources, seed=3).loader(BATCH, 2, persistent_workers=persistent))
+    loader = mixed(sources, seed=3).loader(BATCH, 2, persistent_workers=persistent)
+    head = take(loader, 5)
+    state = saved(loader.state_dict())
+    loader.close()
+    again = resumed(lambda: mixed(sources, seed=3).loader(BATCH, 2), state)
+    assert_resumed_exactly(head, keys(again), whole)
+    assert again.metrics().sources == {"0": 200 - sum(1 for k in head if "/a_" in k),
+                                       "1": 86 - sum(1 for k in head if "/b_" in k)}  # fmt: skip
+
+
+def test_the_source_protocol_is_small_and_both_datasets_satisfy_it(sources):
+    members = [m for m in vars(ReadSource) if not m.startswith("_")]
+    assert len(members) <= 7, members
+    for source in (
+        ShardDataset(sources[0]),
+        ShardDataset(sources[1], mode="stream"),
+        mixed(sources),
+    ):
+        assert isinstance(source, ReadSource), type(source)

@@ -106,7 +106,7 @@ def test_a_lazy_epoch_reads_what_an_array_would(packed_tar, monkeypatch, mode, w
     ranks = RankInfo(rank=1, world_size=2)
     eager = ShardDataset(packed_tar.path, mode=mode, ranks=ranks, seed=3)
     expected = [list(b["__key__"]) for b in eager.loader(batch_size=16, num_workers=workers)]
-    import shardio.runtime.protocol as protocol_module
+    import shardio.runtime.plan as protocol_module
 
     monkeypatch.setattr(protocol_module, "MATERIALISE_LIMIT", 10)
     monkeypatch.setattr(loader_module, "_CHUNK", 7)
