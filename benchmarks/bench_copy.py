@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The verified staging copy of one shard (``shardio.cache.verified.copy_verified``): seconds for
+"""The verified staging copy of one shard (``shardio.staging.verified.copy_verified``): seconds for
 a kernel copy into a temp file plus the hash of the copy, page cache warm.
 
 ``python benchmarks/bench_copy.py [--size-mib 1024] [--repeat 7] [--code DIR]``: ``--code``
@@ -30,9 +30,9 @@ def main() -> int:
     import xxhash
 
     try:
-        import shardio.cache.verified as cache_copy
+        import shardio.staging.verified as cache_copy
     except ImportError:  # a checkout from before the copy had its own module
-        import shardio.cache.copy as cache_copy  # type: ignore[no-redef]
+        import shardio.staging.copy as cache_copy  # type: ignore[no-redef]
     from shardio.metrics.progress import Counters
 
     with tempfile.TemporaryDirectory(dir=args.dir) as work:

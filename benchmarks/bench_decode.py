@@ -411,7 +411,7 @@ def _shell(argv: Sequence[str]) -> str:
 
 
 def _prepare(args: argparse.Namespace, src: str) -> Data:
-    from shardio.read.packed import PackedDataset
+    from shardio.read.reader import ShardReader
 
     base = os.path.join(
         args.workdir,
@@ -430,7 +430,7 @@ def _prepare(args: argparse.Namespace, src: str) -> Data:
             raise SystemExit(f"packing failed:\n{run.stderr_tail}")
         with open(pack + ".done", "w") as fh:
             fh.write(_shell(pack_argv) + "\n")
-    with PackedDataset(pack) as ds:
+    with ShardReader(pack) as ds:
         shard_bytes = [int(s.size_bytes) for s in ds.manifest.shards]
         num_samples = len(ds)
     count, payload = common.tree_payload(src)

@@ -290,9 +290,9 @@ def _shell(argv: Sequence[str]) -> str:
 def _locate(pack: str, shard: int, which: str) -> Damage:
     """Where to flip a byte of shard ``shard``: the middle of the jpeg member of its first
     (``which="first"``) or middle sample."""
-    from shardio.read.packed import PackedDataset
+    from shardio.read.reader import ShardReader
 
-    with PackedDataset(pack) as ds:
+    with ShardReader(pack) as ds:
         samples = [int(s) for s in (ds.index.samples["shard"] == shard).nonzero()[0]]
         sample = samples[0] if which == "first" else samples[len(samples) // 2]
         member = next(
@@ -327,7 +327,7 @@ def _read_byte(path: str, offset: int) -> int | None:
 
 
 def _prepare(args: argparse.Namespace, src: str) -> Data:
-    from shardio.read.packed import PackedDataset
+    from shardio.read.reader import ShardReader
 
     base = os.path.join(
         args.workdir,
@@ -349,7 +349,7 @@ def _prepare(args: argparse.Namespace, src: str) -> Data:
         with open(pack + ".done", "w") as fh:
             fh.write(_shell(pack_argv) + "\n")
 
-    with PackedDataset(pack) as ds:
+    with ShardReader(pack) as ds:
         shards = ds.manifest.shards
         shard_bytes = [int(s.size_bytes) for s in shards]
         n_shards = len(shards)
@@ -409,7 +409,7 @@ def _prepare(args: argparse.Namespace, src: str) -> Data:
 def _rot(data: Data) -> None:
     """Silent corruption of the staged copy (bit rot): flip the byte and refresh the stamp,
     so that the file's stat shows nothing and only a checksum can tell."""
-    from shardio.cache.protocol import write_stamp
+    from shardio.staging.protocol import write_stamp
 
     d = data.stage_damage
     _write_byte(os.path.join(data.stage, d.rel), d.offset, d.original ^ 0xFF)
@@ -418,7 +418,7 @@ def _rot(data: Data) -> None:
 
 def _copy_intact(data: Data) -> bool:
     """Whether the staged copy holds the original byte and its stamp matches."""
-    from shardio.cache.protocol import stamp_matches
+    from shardio.staging.protocol import stamp_matches
 
     d = data.stage_damage
     return _read_byte(os.path.join(data.stage, d.rel), d.offset) == d.original and stamp_matches(

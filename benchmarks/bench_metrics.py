@@ -6,7 +6,7 @@ here when missing), measures:
 1. the cost of metrics: one loader epoch (``ShardDataset(..., metrics=True|False).loader(
    batch_size=64, num_workers=2)``, map and stream, warm page cache), each in its own child
    process, the two settings alternating round after round; the ratio of the medians. And,
-   in one process without workers, the time per member read of ``PackedDataset`` with and
+   in one process without workers, the time per member read of ``ShardReader`` with and
    without the read timing (``timed=True|False``), which is the cost itself without the
    noise of a whole epoch;
 2. ``shardio bench PACK --compare loose:TREE --cold`` with a ``--compute-ms`` that puts the
@@ -84,10 +84,10 @@ def _epoch_child(argv: Sequence[str]) -> int:
 
 def _member_cost(pack: str, rounds: int) -> dict[str, float]:
     """ns per member read in one process, timed and untimed, alternating; medians."""
-    from shardio.read.packed import PackedDataset
+    from shardio.read.reader import ShardReader
 
     times: dict[bool, list[float]] = {True: [], False: []}
-    with PackedDataset(pack) as probe:
+    with ShardReader(pack) as probe:
         members = probe.index.members
         shards = probe.index.samples["shard"]
         first = probe.index.samples["first_member"]
@@ -101,7 +101,7 @@ def _member_cost(pack: str, rounds: int) -> dict[str, float]:
     view = memoryview(buf)
     for _ in range(rounds):
         for timed in (True, False):
-            with PackedDataset(pack, timed=timed) as ds:
+            with ShardReader(pack, timed=timed) as ds:
                 t0 = time.perf_counter_ns()
                 for m, shard, size in jobs:
                     ds.read_member_into(m, view[:size], shard=shard)

@@ -69,8 +69,8 @@ def _imagenet_manifest(shard_bytes: int) -> Any:
 
 
 def _staged_per_node(shard_bytes: int) -> list[list[str]]:
-    from shardio.cache import StageOptions, node_shard_order
     from shardio.order import OrderSpec
+    from shardio.staging import StageOptions, node_shard_order
 
     manifest = _imagenet_manifest(shard_bytes)
     rows = []

@@ -42,13 +42,13 @@ def main() -> int:
     _run("verify", str(out), "--no-progress")
     _run("inspect", str(out))
 
-    from shardio import PackedDataset
+    from shardio import ShardReader
 
     os.sync()  # the pack is on disk; the reads below come from the page cache
     start = time.perf_counter()
     nbytes = 0
     labels: set[int] = set()
-    with PackedDataset(out) as ds:
+    with ShardReader(out) as ds:
         for i in range(len(ds)):
             sample = ds.read_sample(i)
             nbytes += len(sample["jpeg"])

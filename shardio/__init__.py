@@ -2,7 +2,7 @@
 
 Public API (torch-side names load lazily, so packing never imports torch)::
 
-    from shardio import pack, PackOptions, verify_dataset, repair_dataset, PackedDataset
+    from shardio import pack, PackOptions, verify_dataset, repair_dataset, ShardReader
     from shardio import ShardWriter                      # write shards from code
     from shardio import inspect_dataset                  # what `shardio inspect` shows
     from shardio import ShardDataset, ResilientDataset   # import torch on first use
@@ -43,7 +43,6 @@ __all__ = [
     "PackError",
     "PackOptions",
     "PackResult",
-    "PackedDataset",
     "RankInfo",
     "ReadStalledError",
     "RecoveryPolicy",
@@ -52,6 +51,7 @@ __all__ = [
     "SampleUnavailableError",
     "ShardDataset",
     "ShardLoader",
+    "ShardReader",
     "ShardWriter",
     "ShardioError",
     "SourceError",
@@ -83,7 +83,7 @@ _LAZY = {
     "merge_parts": "shardio.packing.merge",
     "ShardWriter": "shardio.packing.writer",
     "WriteResult": "shardio.packing.writer",
-    "PackedDataset": "shardio.read.packed",
+    "ShardReader": "shardio.read.reader",
     "ShardDataset": "shardio.runtime.dataset",
     "ShardLoader": "shardio.runtime.loader",
     "RankInfo": "shardio.order.ranks",
@@ -99,7 +99,7 @@ _LAZY = {
     "add_parity": "shardio.tools.parity",
     "drop_parity": "shardio.tools.parity",
     "OrderSpec": "shardio.order.spec",
-    "EpochStager": "shardio.cache.ahead",
+    "EpochStager": "shardio.staging.ahead",
 }
 
 
@@ -109,4 +109,7 @@ def _missing(name: str, exc: ModuleNotFoundError) -> BaseException | None:
     return None
 
 
-__getattr__, __dir__ = lazy_face(__name__, _LAZY, on_missing=_missing)
+# Renamed in 0.2; each old name warns (DeprecationWarning) and goes in 0.3 (CHANGELOG.md).
+_RENAMED = {"PackedDataset": "ShardReader"}
+
+__getattr__, __dir__ = lazy_face(__name__, _LAZY, on_missing=_missing, renamed=_RENAMED)

@@ -4,7 +4,7 @@ A package face that imported its submodules eagerly would load them into every p
 imports any one of them (a DataLoader worker reading one shard would load the stager, the
 Prometheus exporter and an HTTP server). A face lists its names instead::
 
-    __getattr__, __dir__ = lazy_face(__name__, {"stage_dataset": "shardio.cache.stage"})
+    __getattr__, __dir__ = lazy_face(__name__, {"stage_dataset": "shardio.staging.stage"})
 
 and names them under ``if TYPE_CHECKING:`` for type checkers. A renamed name stays one
 release in ``renamed`` (old name -> new name): it loads the new one and warns.

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from killing import kill_session
 
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 
 NUM_FILES = 601  # odd: the last position of one rank is padding
 SHARD_SIZE_BYTES = 32 * 1024  # about 9 samples a shard
@@ -48,7 +48,7 @@ def write_tree(
 
 def payload_members(src: pathlib.Path) -> tuple[list[str], dict[str, list[tuple[str, int, int]]]]:
     """(keys in dataset order, rel -> (key, offset, size) of each payload member)."""
-    with PackedDataset(src) as ds:
+    with ShardReader(src) as ds:
         keys = [ds.key(i) for i in range(len(ds))]
         members: dict[str, list[tuple[str, int, int]]] = {s.path: [] for s in ds.manifest.shards}
         for i, key in enumerate(keys):

@@ -42,9 +42,9 @@ def tree_files(root: pathlib.Path) -> dict[str, bytes]:
 
 def flip_member(root: pathlib.Path, shard: int) -> str:
     """Flip a byte in the middle of a member of ``shard``; return the sample's key."""
-    from shardio.read.packed import PackedDataset
+    from shardio.read.reader import ShardReader
 
-    with PackedDataset(root) as ds:
+    with ShardReader(root) as ds:
         entry = ds.manifest.shards[shard]
         sample = entry.first_sample + entry.num_samples // 2
         member = next(iter(ds.index.sample_member_range(sample)))

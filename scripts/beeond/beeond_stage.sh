@@ -75,7 +75,7 @@ pdsh=()
 [[ "${BEEOND_PDSH:-1}" == 1 ]] && pdsh=(-P)
 
 # Where `shardio stage SRC` puts SRC when $SLURM_TMPDIR is the mount point: the rule of
-# shardio.cache.default_stage_dir (name as Python's os.path.basename(os.path.abspath(SRC)),
+# shardio.staging.default_stage_dir (name as Python's os.path.basename(os.path.abspath(SRC)),
 # then 8 hex digits of the SHA-256 of SRC's real path: one area per source).
 staged_path() {
     local src="$1" job="${SLURM_JOB_ID:-nojob}" name hash

@@ -12,7 +12,7 @@ from shardio.cli.common import EXIT_DAMAGED, EXIT_FAIL, EXIT_OK, Subparsers, one
 from shardio.units import format_size
 
 if TYPE_CHECKING:
-    from shardio.checkpoint.check import CheckedCheckpoint
+    from shardio.checkpoint.audit import CheckedCheckpoint
 
 __all__ = ["EXIT_UNAVAILABLE", "add_parser", "run"]
 
@@ -92,7 +92,7 @@ def _line(item: CheckedCheckpoint) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``shardio checkpoint ls|verify|latest``."""
-    from shardio.checkpoint.check import latest_intact
+    from shardio.checkpoint.audit import latest_intact
     from shardio.errors import CheckpointError, CheckpointUnavailableError, NoCheckpointError
 
     if args.checkpoint_action in ("ls", "verify"):
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _list_or_verify(args: argparse.Namespace) -> int:
     """``shardio checkpoint ls`` or ``verify``: read only, no lease asked for or taken."""
-    from shardio.checkpoint.check import list_dir, verify_checkpoints
+    from shardio.checkpoint.audit import list_dir, verify_checkpoints
 
     if args.checkpoint_action == "ls":
         items, temps = list_dir(args.dir)

@@ -19,9 +19,9 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``shardio ls``: one sample key (or member path) a line, as bytes."""
-    from shardio.read.packed import PackedDataset
+    from shardio.read.reader import ShardReader
 
-    with PackedDataset(args.dst) as ds:
+    with ShardReader(args.dst) as ds:
         if sys.stdout is None:  # started with fd 1 closed: nobody to list to
             return EXIT_OK
         out = sys.stdout.buffer

@@ -62,7 +62,7 @@ def add_parser(sub: Subparsers) -> None:
         "--ahead",
         0,
         "also stage the shards of this many following epochs and evict the rest "
-        "(a rotating order; see shardio.cache.EpochStager)",
+        "(a rotating order; see shardio.staging.EpochStager)",
     )
     add_whole_number(st, "--window-shards", None, "override the spec's window")
     st.add_argument(
@@ -101,8 +101,8 @@ def add_parser(sub: Subparsers) -> None:
 
 def default_stage_dir(src: str, environ: Mapping[str, str] | None = None) -> str:
     """The job's private node-local staging area for ``src`` (see
-    shardio.cache.default_stage_dir), from this process's environment by default."""
-    from shardio.cache import default_stage_dir as private_stage_dir
+    shardio.staging.default_stage_dir), from this process's environment by default."""
+    from shardio.staging import default_stage_dir as private_stage_dir
 
     return private_stage_dir(src, os.environ if environ is None else environ)
 
@@ -188,8 +188,8 @@ def _stage_timeout(src: str, given: float | None) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``shardio stage`` (and ``stage --clean``)."""
-    from shardio.cache import StageOptions, clean_stage, stage_dataset
     from shardio.cli.progressbar import ProgressBar
+    from shardio.staging import StageOptions, clean_stage, stage_dataset
 
     if args.clean:
         return _clean(args, clean_stage)

@@ -23,7 +23,7 @@ from shardio.metrics.read import ReadMetrics
 from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo, detect_ranks, given_ranks
 from shardio.order.spec import OrderSpec, resolve_spec
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.read.setup import set_up_reader
 from shardio.topology.place import local_gpu
 from shardio.topology.sysfs import SYSFS_ENV, read_topology
@@ -246,7 +246,7 @@ class ShardPipeline:
             exts=o.exts,
         )
 
-    def _reader_paths(self, opened: PackedDataset) -> tuple[list[str], list[str]]:
+    def _reader_paths(self, opened: ShardReader) -> tuple[list[str], list[str]]:
         """Shard and .idx paths for DALI's reader: staged copies where verified, shuffled by
         shard when ``shuffle`` (the same on every rank), since DALI splits ranks by range.
 

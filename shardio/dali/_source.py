@@ -3,7 +3,7 @@
 Torch-free and DALI-free. The order is ShardDataset's for the same order spec, epoch and
 ranks: an :class:`~shardio.order.cursor.EpochCursor` holds the epoch and the position in it,
 so a pass starts where the last delivered batch left off (mid-epoch resume). Every member
-passes shardio's xxh3-64 check (:meth:`PackedDataset.read_member_into`) before DALI sees it.
+passes shardio's xxh3-64 check (:meth:`ShardReader.read_member_into`) before DALI sees it.
 """
 
 from __future__ import annotations

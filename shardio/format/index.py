@@ -29,8 +29,8 @@ import numpy as np
 import xxhash
 
 from shardio.errors import FormatError, StorageError
-from shardio.format.checks import check_records
-from shardio.format.checks import parse_exts as _parse_exts
+from shardio.format.bounds import check_records
+from shardio.format.bounds import parse_exts as _parse_exts
 from shardio.format.manifest import Manifest, ShardEntry
 from shardio.format.spec import (
     INDEX_HEADER_SIZE,

@@ -40,7 +40,7 @@ from shardio.packing.workfiles import (
 )
 from shardio.storage.atomic import atomic_write
 from shardio.storage.files import open_regular
-from shardio.writers.base import ShardWriter, SourceChangedError
+from shardio.writers.base import ShardFileWriter, SourceChangedError
 from shardio.writers.hdf5 import HDF5ShardWriter
 from shardio.writers.tar import TarShardWriter, dali_index_text
 
@@ -160,7 +160,7 @@ def _prefetch(
 
 
 def _stream(
-    writer: ShardWriter, root: bytes, f: PlannedFile, calls: SourceCalls
+    writer: ShardFileWriter, root: bytes, f: PlannedFile, calls: SourceCalls
 ) -> tuple[int, int, int] | str:
     """Stream one large file into the writer: (offset, size, xxh3-64) or why it was skipped.
 
@@ -187,7 +187,7 @@ def _stream(
 class _Shard:
     """The state of one shard being written."""
 
-    def __init__(self, job: ShardJob, writer: ShardWriter) -> None:
+    def __init__(self, job: ShardJob, writer: ShardFileWriter) -> None:
         self.job = job
         self.writer = writer
         self.builder = IndexBuilder()
@@ -237,7 +237,7 @@ class _Shard:
             self.num_members += len(entries)
 
 
-def _new_writer(job: ShardJob, path: str) -> ShardWriter:
+def _new_writer(job: ShardJob, path: str) -> ShardFileWriter:
     if job.shard_format == "tar":
         return TarShardWriter(path, durable=job.durable)
     plan = job.plan
@@ -259,7 +259,7 @@ class FilledShard(Protocol):
 
 def finish_shard_files(
     shard: FilledShard,
-    writer: ShardWriter,
+    writer: ShardFileWriter,
     *,
     fingerprint: str,
     seq: int,

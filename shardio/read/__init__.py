@@ -9,7 +9,7 @@ Every byte that reaches training passes through these pieces, each in one module
 - ``resolver``: where shard k is read from now (staged copy or source) and the staging-cache
   protocol shared with ``shardio stage`` (stamps, locks, dropping and re-staging a copy);
 - ``check``: the one member check (xxh3-64);
-- ``packed``: :class:`PackedDataset`, which reads members through the three above;
+- ``packed``: :class:`ShardReader`, which reads members through the three above;
 - ``recovery`` and ``journal``: retry, re-stage, rebuild and the raise/skip policy, journaled.
 """
 

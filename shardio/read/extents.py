@@ -8,7 +8,7 @@ member read one ``pread`` at a time in the reading thread is latency-bound. Two 
   I/O threads (``os.preadv`` releases the GIL) with ``inflight`` requests at once. Every
   member is hashed on the calling thread once its bytes lie in the final buffer; a request
   that fails, comes back short, or holds a member that fails its check hands the members
-  concerned to :meth:`PackedDataset.read_member_into`, which owns recovery (staged copies,
+  concerned to :meth:`ShardReader.read_member_into`, which owns recovery (staged copies,
   error types, stalls), so that recovery stays in one place.
 - :class:`StreamReadahead` (stream mode): one thread per reading process that reads the
   shards of the epoch's windows sequentially, in first-use order, in large requests into a
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardio.errors import ReadStalledError
-from shardio.read.check import member_digest_problem
-from shardio.read.packed import PackedDataset
+from shardio.read.digest import member_digest_problem
+from shardio.read.reader import ShardReader
 from shardio.read.strategy import ReadStrategy
 from shardio.storage.opener import Opener, read_fully
 
@@ -195,7 +195,7 @@ def _read_requests(opener: Opener, jobs: Sequence[_Job]) -> list[Any]:
 
 
 def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
-    ds: PackedDataset,
+    ds: ShardReader,
     rows: Sequence[int],
     shards: Sequence[int],
     samples: Sequence[int],

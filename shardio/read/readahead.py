@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.storage.opener import Opener, read_fully
 
 __all__ = ["StreamReadahead"]
@@ -62,7 +62,7 @@ class StreamReadahead:
 
     def __init__(
         self,
-        ds: PackedDataset,
+        ds: ShardReader,
         shard_order: Sequence[int],
         *,
         request_bytes: int,

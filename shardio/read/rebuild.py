@@ -37,7 +37,7 @@ import tempfile
 from shardio.errors import IntegrityError, ShardioError, StorageError
 from shardio.format.checksum import fd_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.storage.files import open_regular
 from shardio.storage.opener import Opener
 
@@ -75,7 +75,7 @@ class ParityRebuild:
 
     def __init__(
         self,
-        ds: PackedDataset,
+        ds: ShardReader,
         *,
         lock_timeout_s: float = LOCK_TIMEOUT_S,
         in_place: bool | None = None,
@@ -230,7 +230,7 @@ class ParityRebuild:
         return f"ParityRebuild({self.ds.root!r})"
 
 
-def parity_rebuild_for(ds: PackedDataset) -> ParityRebuild | None:
+def parity_rebuild_for(ds: ShardReader) -> ParityRebuild | None:
     """The default hook for ``ds``: one when its dataset has parity and is read in place
     (a staging area opened directly holds no parity: its source is repaired by
     ``shardio verify --repair``)."""

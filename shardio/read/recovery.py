@@ -6,7 +6,7 @@ in this order (a :class:`~shardio.errors.SampleDecodeError`, whose bytes are int
 straight to step 4: re-reading or rebuilding gives the same bytes):
 
 1. the bad staged copy (if the bytes came from one) was already dropped and staged again
-   from the source, verified, once per node, by the reader (``PackedDataset(restage=True)``);
+   from the source, verified, once per node, by the reader (``ShardReader(restage=True)``);
 2. the sample is read again with bounded exponential backoff (transient EIO), each time
    through freshly opened files;
 3. the shard is rebuilt by the ``rebuild`` hook: the caller's, or for a dataset with parity
@@ -50,7 +50,7 @@ from shardio.errors import (
     UsageError,
 )
 from shardio.read.journal import RepairJournal
-from shardio.read.packed import Event, PackedDataset
+from shardio.read.reader import Event, ShardReader
 
 __all__ = ["POLICIES", "Recovery", "RecoveryPolicy"]
 
@@ -136,7 +136,7 @@ class Recovery:
 
     def __init__(
         self,
-        ds: PackedDataset,
+        ds: ShardReader,
         policy: RecoveryPolicy,
         *,
         candidates: Callable[[int], Iterable[int]],
@@ -163,8 +163,8 @@ class Recovery:
         self._pending: list[Event] = []
         journal = policy.journal
         if journal is None and ds.resolver.can_restage():
-            from shardio.cache.protocol import STAGE_DIR
             from shardio.read.journal import JOURNAL_NAME
+            from shardio.staging.protocol import STAGE_DIR
 
             journal = os.path.join(str(ds.cache_root), STAGE_DIR, JOURNAL_NAME)
         self.journal = RepairJournal(journal) if journal is not None else None

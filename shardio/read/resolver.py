@@ -1,7 +1,7 @@
 """The resolver: where shard k is read from now (a staged copy or the source).
 
 A shard is read from its staged copy while that copy's stamp matches (see the protocol in
-:mod:`shardio.cache.protocol`), else from the source. A staging area given as the cache is
+:mod:`shardio.staging.protocol`), else from the source. A staging area given as the cache is
 checked at open (:meth:`ShardResolver.check_cache`): another dataset's area is refused, and
 a missing or empty one is said once and counted (``cache_missing``); a bad copy is staged
 again only into an area that holds this very dataset. A copy that fails a read is dropped
@@ -26,8 +26,12 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from shardio.cache.copy import source_rebuild, stage_one
-from shardio.cache.identity import (
+from shardio.errors import ShardioError
+from shardio.format.manifest import Manifest
+from shardio.metrics.progress import Counters
+from shardio.metrics.read import ReadMetrics
+from shardio.staging.copy import source_rebuild, stage_one
+from shardio.staging.identity import (
     DatasetIdentity,
     area_dataset_id,
     cache_problem,
@@ -35,7 +39,7 @@ from shardio.cache.identity import (
     identity_of,
     same_dataset,
 )
-from shardio.cache.protocol import (
+from shardio.staging.protocol import (
     STAGE_DIR,
     StampCache,
     drop_if_same,
@@ -43,10 +47,6 @@ from shardio.cache.protocol import (
     shard_lock,
     stamp_path,
 )
-from shardio.errors import ShardioError
-from shardio.format.manifest import Manifest
-from shardio.metrics.progress import Counters
-from shardio.metrics.read import ReadMetrics
 from shardio.storage.files import make_dirs_inside
 
 __all__ = ["Location", "ShardResolver"]

@@ -3,7 +3,7 @@
 :func:`set_up_reader` chooses the read strategy and resolves the read deadline with one
 ``statfs`` of the dataset (each is a metadata-server request on a parallel filesystem), and
 wraps the opener in the deadline; :meth:`ReaderSetup.open` opens the
-:class:`~shardio.read.packed.PackedDataset` through it. ``ShardDataset`` and
+:class:`~shardio.read.reader.ShardReader` through it. ``ShardDataset`` and
 ``shardio.dali`` both read through it, so the same path gets the same deadline and strategy.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardio.read.deadline import with_deadline
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.read.strategy import StrategyChoice, choose_strategy
 from shardio.read.timeouts import resolve_read_timeout
 from shardio.storage.opener import Opener
@@ -38,10 +38,10 @@ class ReaderSetup:
     read_timeout_s: float
     opener: Opener | None
 
-    def open(self, **kwargs: Any) -> PackedDataset:
+    def open(self, **kwargs: Any) -> ShardReader:
         """The packed dataset, read through :attr:`opener` on the filesystem described
-        (``kwargs``: PackedDataset's other arguments, ``fs=None`` to describe it again)."""
-        return PackedDataset(self.path, **{"opener": self.opener, "fs": self.choice.fs, **kwargs})
+        (``kwargs``: ShardReader's other arguments, ``fs=None`` to describe it again)."""
+        return ShardReader(self.path, **{"opener": self.opener, "fs": self.choice.fs, **kwargs})
 
 
 def set_up_reader(

@@ -22,7 +22,7 @@ from shardio.errors import StorageError, UsageError
 from shardio.format.spec import LABEL_EXT
 from shardio.read.extents import read_members_planned
 from shardio.read.mapcache import FileIdentity, MapCache
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.units import format_size
 
 __all__ = [
@@ -278,7 +278,7 @@ def _share(value: Any, shm_dir: str, depth: int) -> None:
 
 
 def payload_rows(
-    ds: PackedDataset, samples: np.ndarray[Any, Any]
+    ds: ShardReader, samples: np.ndarray[Any, Any]
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """(member rows, sample positions) of every member a batch of ``samples`` reads.
 
@@ -327,7 +327,7 @@ def _buffer_for(
 
 
 def read_batch(
-    ds: PackedDataset,
+    ds: ShardReader,
     indices: Sequence[int],
     *,
     verify: bool = True,
@@ -413,7 +413,7 @@ def read_batch(
 
 
 def read_batch_mapped(
-    ds: PackedDataset, indices: Sequence[int], *, verify: bool = True
+    ds: ShardReader, indices: Sequence[int], *, verify: bool = True
 ) -> dict[str, Any]:
     """Verify a batch in place and describe it as MappedColumns (no payload copied).
 

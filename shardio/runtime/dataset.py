@@ -30,8 +30,8 @@ from shardio.order import OrderSpec, RankStream
 from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import resolve_spec
-from shardio.read.packed import Event, Handoff, PackedDataset
 from shardio.read.readahead import StreamReadahead
+from shardio.read.reader import Event, Handoff, ShardReader
 from shardio.read.recovery import RecoveryPolicy
 from shardio.read.setup import set_up_reader
 from shardio.read.strategy import ReadStrategy
@@ -245,7 +245,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self.read_timeout_s = self._reader.read_timeout_s
         self.opener = self._reader.opener
         self.timed = bool(metrics)
-        self._ds: PackedDataset | None = self._open_packed(fs=self.read_choice.fs)
+        self._ds: ShardReader | None = self._open_packed(fs=self.read_choice.fs)
         self.num_samples = len(self._ds)
         self._shard_sizes = np.array(
             [s.num_samples for s in self._ds.manifest.shards], dtype=np.int64
@@ -277,7 +277,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         ensure_short_mp_tempdir()  # a worker started by pickling sends its batches through it
 
     @property
-    def packed(self) -> PackedDataset:
+    def packed(self) -> ShardReader:
         """The underlying packed dataset, opened in this process on first use."""
         if self._ds is None:
             handoff, self._handoff = self._handoff, None
@@ -287,7 +287,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
                 self._closed_metrics = None
         return self._ds
 
-    def _open_packed(self, *, fs: Any = None, handoff: Handoff | None = None) -> PackedDataset:
+    def _open_packed(self, *, fs: Any = None, handoff: Handoff | None = None) -> ShardReader:
         """This process's reader: with the recovery policy's re-staging, its events routed
         to the recovery."""
         return self._reader.open(

@@ -22,7 +22,7 @@ import xxhash
 from shardio.errors import UsageError
 from shardio.order import RankStream
 from shardio.order.ranks import RankInfo
-from shardio.read.packed import Event, PackedDataset
+from shardio.read.reader import Event, ShardReader
 from shardio.read.rebuild import parity_rebuild_for
 from shardio.read.recovery import Recovery, RecoveryPolicy
 
@@ -47,7 +47,7 @@ class Recoverable(Protocol):
     """What a recovery needs of the dataset it reads for (ShardDataset has it)."""
 
     @property
-    def packed(self) -> PackedDataset: ...
+    def packed(self) -> ShardReader: ...
 
     @property
     def seed(self) -> int: ...
@@ -103,7 +103,7 @@ class SampleRecovery:
         self.events: list[Event] = []
         self._recovery: Recovery | None = None
         self._pid = -1
-        self._for: PackedDataset | None = None
+        self._for: ShardReader | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"policy": self.policy, "rebuild": self.rebuild}

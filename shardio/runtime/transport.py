@@ -34,7 +34,7 @@ import torch
 
 from shardio.errors import ShardioError, StorageError
 from shardio.format.spec import LABEL_EXT
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.runtime.batch import SHM_DIR, ByteColumn, payload_rows, read_batch, shared_uint8
 from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, SOURCE_KEY, WorkerFailure
 
@@ -55,7 +55,7 @@ _RINGS: weakref.WeakValueDictionary[int, BatchRing] = weakref.WeakValueDictionar
 _SLOT_HEADROOM = 2.0
 
 
-def sample_bytes(ds: PackedDataset, positions: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def sample_bytes(ds: ShardReader, positions: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """The payload :func:`read_batch` reads for each sample of ``positions`` (int64; the
     records come checked, ``index.records``, so a damaged index sizes nothing)."""
     rows, where = payload_rows(ds, ds.index.records(positions))
@@ -63,7 +63,7 @@ def sample_bytes(ds: PackedDataset, positions: np.ndarray[Any, Any]) -> np.ndarr
     return np.bincount(where, weights=sizes, minlength=len(positions)).astype(np.int64)
 
 
-def estimated_batch_bytes(ds: PackedDataset, n: int, batch_size: int) -> int:
+def estimated_batch_bytes(ds: ShardReader, n: int, batch_size: int) -> int:
     """A batch's payload estimated from ``ds``'s mean sample (a lazily ordered epoch of
     ``n`` samples: too many to scan); a larger batch takes a fresh segment."""
     manifest = ds.manifest
@@ -71,7 +71,7 @@ def estimated_batch_bytes(ds: PackedDataset, n: int, batch_size: int) -> int:
     return int(mean * min(n, batch_size) * _SLOT_HEADROOM) + 1
 
 
-def max_batch_bytes(ds: PackedDataset, positions: Any, batch_size: int) -> int:
+def max_batch_bytes(ds: ShardReader, positions: Any, batch_size: int) -> int:
     """The largest payload among the batches ``positions`` makes, cut every ``batch_size``.
 
     The payload is what :func:`read_batch` reads (:func:`payload_rows`). For a lazy
@@ -271,7 +271,7 @@ class BatchRing:
         return slot
 
     def read(
-        self, ds: PackedDataset, indices: Sequence[int], *, worker: int, verify: bool = True
+        self, ds: ShardReader, indices: Sequence[int], *, worker: int, verify: bool = True
     ) -> dict[str, Any]:
         """Read a batch in worker ``worker``: into a free slot of its row, else a fresh segment.
 

@@ -5,7 +5,7 @@ of the caller's (staging and repair, in the kernel where it can), tells its size
 identity, passes read-ahead advice and (for the opt-in mapped transport only) maps it. The
 POSIX one is the default; :mod:`shardio.read.deadline` bounds every call of another in time,
 and :mod:`shardio.read.faults` wraps it to inject faults in tests. Openers are passed in
-(``PackedDataset(root, opener=...)``, ``verify_dataset(root, opener=...)``,
+(``ShardReader(root, opener=...)``, ``verify_dataset(root, opener=...)``,
 ``copy_verified(..., opener=...)``) and must pickle, since DataLoader and verify workers get a
 copy. ``tests/conformance/test_openers.py`` is what every opener must pass.
 """

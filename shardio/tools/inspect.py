@@ -15,7 +15,7 @@ from typing import Any
 from shardio.format.label_source import LabelSource
 from shardio.format.manifest import Manifest
 from shardio.format.spec import CLASSES_SHOWN
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.read.strategy import StrategyChoice, choose_strategy
 from shardio.storage.striping import describe_layout
 
@@ -87,7 +87,7 @@ def inspect_dataset(path: str | os.PathLike[str]) -> DatasetInfo:
         StorageError: it cannot be read.
     """
     root = os.fspath(path)
-    with PackedDataset(root) as ds:
+    with ShardReader(root) as ds:
         choice = choose_strategy(root)
         return DatasetInfo(
             path=root,

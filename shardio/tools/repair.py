@@ -4,9 +4,9 @@ Two kinds of destination:
 
 - **A staging area** (``shardio stage``): every staged copy that is missing, damaged, stale
   or lacks its DALI index is staged again from the area's source (or ``source``), through
-  :func:`shardio.cache.copy.stage_one`, under the shard's lock, so ranks reading or staging
+  :func:`shardio.staging.copy.stage_one`, under the shard's lock, so ranks reading or staging
   the same area meanwhile stay safe; a damaged copy is dropped only if it is still the file
-  verify found bad (:func:`shardio.cache.protocol.drop_if_same`). A symlink or special file
+  verify found bad (:func:`shardio.staging.protocol.drop_if_same`). A symlink or special file
   where a copy belongs is refused, never read, replaced or removed.
 - **A packed dataset**, with ``source``: another copy of the same dataset (its manifest must
   list the same shards with the same xxh3-128). A damaged, truncated or missing shard (or
@@ -38,12 +38,12 @@ import time
 from collections.abc import Iterator
 
 from shardio._pool import check_workers
-from shardio.cache.identity import check_area_holds, source_identity
-from shardio.cache.protocol import read_area_marker
 from shardio.errors import UsageError
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.metrics.progress import ProgressCallback
+from shardio.staging.identity import check_area_holds, source_identity
+from shardio.staging.protocol import read_area_marker
 from shardio.storage.dirlock import lock_directory
 from shardio.storage.opener import Opener
 from shardio.tools.repair_job import RepairJob

@@ -12,9 +12,9 @@ import logging
 import os
 import stat
 
-from shardio.cache.verified import copy_verified
 from shardio.errors import UsageError
 from shardio.metrics.progress import Counters
+from shardio.staging.verified import copy_verified
 from shardio.storage.atomic import (
     create_temp,
     fsync_dir,

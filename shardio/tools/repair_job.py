@@ -12,13 +12,13 @@ import logging
 import os
 from collections.abc import Callable
 
-from shardio.cache.copy import leftover_temps, source_rebuild, stage_one, temps_of
-from shardio.cache.dali_index import dali_index_reader
-from shardio.cache.protocol import STAGE_DIR, drop_if_same, shard_lock
 from shardio.errors import FormatError, IntegrityError, ShardioError, StorageError
 from shardio.format.checksum import digest_or_none, file_xxh3_128
 from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
 from shardio.metrics.progress import Counters, ProgressCallback
+from shardio.staging.copy import leftover_temps, source_rebuild, stage_one, temps_of
+from shardio.staging.dali_index import dali_index_reader
+from shardio.staging.protocol import STAGE_DIR, drop_if_same, shard_lock
 from shardio.storage.files import make_dirs_inside
 from shardio.storage.opener import Opener, PosixOpener
 from shardio.tools.repair_files import refuse_non_regular, replace_verified, write_new

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from shardio.errors import FormatError, StorageError, UsageError
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.storage.atomic import TEMP_MARK, create_temp
 
 __all__ = ["UnpackResult", "unpack_dataset"]
@@ -47,7 +47,7 @@ class _File:
     rel: bytes
 
 
-def _plan(ds: PackedDataset, where: str) -> list[_File]:
+def _plan(ds: ShardReader, where: str) -> list[_File]:
     """Every file to restore, checked before a byte is written.
 
     Raises:
@@ -170,7 +170,7 @@ def _temp_name(taken: set[bytes], rel_dir: bytes) -> bytes:
 
 
 def _write_tree(
-    ds: PackedDataset,
+    ds: ShardReader,
     files: list[_File],
     tree: bytes,
     shown: Callable[[bytes], str],
@@ -245,7 +245,7 @@ def unpack_dataset(
     def shown(rel: bytes) -> str:
         return os.fsdecode(os.path.join(os.fsencode(out), rel))
 
-    with PackedDataset(root) as ds:
+    with ShardReader(root) as ds:
         files = _plan(ds, ds.index.path)
         counters = Counters(shared=False)  # one thread writes: no shared memory needed
         tracker = (

@@ -27,11 +27,11 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from shardio._pool import WorkerPool, check_workers
-from shardio.cache.identity import source_mismatch
 from shardio.errors import ShardioError, UsageError
 from shardio.format.manifest import ShardEntry
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
+from shardio.staging.identity import source_mismatch
 from shardio.storage.files import describe_kind
 from shardio.storage.opener import Opener
 from shardio.tools.verify_bytes import file_digest
@@ -148,7 +148,7 @@ def verify_dataset(
     start = time.monotonic()
     check_workers(workers, what="workers")
     root = os.fspath(root)
-    ds = PackedDataset(root, opener=opener)
+    ds = ShardReader(root, opener=opener)
     problems: list[ShardProblem] = []
     source = ds.manifest.staged_from
     try:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from shardio.format.checksum import hex64, new_file_hasher
-from shardio.read.check import member_digest_problem
-from shardio.read.packed import PackedDataset
+from shardio.read.digest import member_digest_problem
+from shardio.read.reader import ShardReader
 from shardio.storage.files import refuse_irregular
 from shardio.storage.opener import Opener, open_named, read_fully
 from shardio.tools.verify_report import BadMember
@@ -44,7 +44,7 @@ class _Reader:
         return memoryview(self._buf)[lo - self._lo : max(lo, min(hi, self._hi)) - self._lo]
 
 
-def file_digest(ds: PackedDataset, path: str, what: str) -> str:
+def file_digest(ds: ShardReader, path: str, what: str) -> str:
     """xxh3-128 of the file at ``path``, read through the dataset's opener."""
     fd = open_named(ds.opener, path, what=what)
     try:
@@ -66,12 +66,12 @@ def _feed(hasher: Any, reader: _Reader, lo: int, hi: int) -> None:
         lo += len(part)
 
 
-def _bad(ds: PackedDataset, sample: int, mrec: Any, actual: str) -> BadMember:
+def _bad(ds: ShardReader, sample: int, mrec: Any, actual: str) -> BadMember:
     ext = ds.index.exts[int(mrec["ext_id"])]
     return BadMember(ds.key(sample), ext, hex64(int(mrec["xxh3_64"])), actual)
 
 
-def _scan(ds: PackedDataset, shard: int, fd: int, size: int) -> tuple[list[BadMember], str]:
+def _scan(ds: ShardReader, shard: int, fd: int, size: int) -> tuple[list[BadMember], str]:
     """Check every member of ``shard`` in the open file ``fd`` (``size`` bytes) and hash the
     whole file; return (the bad members, the file's xxh3-128)."""
     entry = ds.manifest.shards[shard]
@@ -107,7 +107,7 @@ def _scan(ds: PackedDataset, shard: int, fd: int, size: int) -> tuple[list[BadMe
 
 
 def check_bytes(
-    ds: PackedDataset, shard: int, fd: int, reasons: list[str]
+    ds: ShardReader, shard: int, fd: int, reasons: list[str]
 ) -> tuple[list[BadMember], int]:
     """Scan an open shard file; add to ``reasons``; return (bad members, bytes checked)."""
     entry = ds.manifest.shards[shard]

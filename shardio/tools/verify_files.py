@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import stat
 
-from shardio.cache.protocol import read_plan, stamp_matches, stamp_path
 from shardio.errors import FormatError, ShardioError, StorageError
 from shardio.format.checksum import file_xxh3_128
 from shardio.format.manifest import ShardEntry
 from shardio.metrics.progress import Counters
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
+from shardio.staging.protocol import read_plan, stamp_matches, stamp_path
 from shardio.storage.files import describe_kind, refuse_irregular
 from shardio.storage.opener import Opener, open_named
 from shardio.tools.verify_bytes import check_bytes
@@ -30,7 +30,7 @@ from shardio.tools.verify_report import (
 
 __all__ = ["adopt_dataset", "forget_root", "init_counters", "verify_parity_task", "verify_task"]
 
-_DATASETS: dict[str, PackedDataset] = {}
+_DATASETS: dict[str, ShardReader] = {}
 _PLANS: dict[str, set[str] | None] = {}
 
 
@@ -41,14 +41,14 @@ def _plan(root: str) -> set[str] | None:
     return _PLANS[root]
 
 
-def _open(root: str, opener: Opener | None = None) -> PackedDataset:
+def _open(root: str, opener: Opener | None = None) -> ShardReader:
     ds = _DATASETS.get(root)
     if ds is None:
-        ds = _DATASETS[root] = PackedDataset(root, opener=opener)
+        ds = _DATASETS[root] = ShardReader(root, opener=opener)
     return ds
 
 
-def adopt_dataset(root: str, ds: PackedDataset) -> None:
+def adopt_dataset(root: str, ds: ShardReader) -> None:
     """Check the shards of ``root`` in this process through ``ds`` (already open)."""
     _DATASETS[root] = ds
 
@@ -59,12 +59,12 @@ def forget_root(root: str) -> None:
     _PLANS.pop(root, None)
 
 
-def _open_shard(ds: PackedDataset, path: str, what: str, *, nofollow: bool = False) -> int:
+def _open_shard(ds: ShardReader, path: str, what: str, *, nofollow: bool = False) -> int:
     """``path`` opened through the dataset's opener; StorageError naming it."""
     return open_named(ds.opener, path, what=what, nofollow=nofollow)
 
 
-def _index_problem(ds: PackedDataset, shard: int) -> ShardProblem | None:
+def _index_problem(ds: ShardReader, shard: int) -> ShardProblem | None:
     """The shard's index records, checked: damaged records are the dataset's damage (the
     index), never a staged copy's."""
     try:

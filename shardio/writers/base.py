@@ -12,7 +12,7 @@ from shardio.errors import PackError
 __all__ = [
     "STREAM_CHUNK_BYTES",
     "ReadInto",
-    "ShardWriter",
+    "ShardFileWriter",
     "SourceChangedError",
     "copy_stream",
 ]
@@ -79,7 +79,7 @@ def copy_stream(
         done += n
 
 
-class ShardWriter(Protocol):
+class ShardFileWriter(Protocol):
     """Writes one shard under a temp name and publishes it atomically on ``finish``.
 
     A sample is written as ``begin_sample``, then ``add_member``/``add_stream`` per member,

@@ -239,7 +239,7 @@ def test_a_read_strategy_over_the_opener_delivers_the_same_batches(
     from trees import write_tree
 
     from shardio.packing.run import PackOptions, pack
-    from shardio.read.packed import PackedDataset
+    from shardio.read.reader import ShardReader
     from shardio.read.strategy import choose_strategy
     from shardio.runtime.batch import read_batch
 
@@ -248,9 +248,9 @@ def test_a_read_strategy_over_the_opener_delivers_the_same_batches(
     root = tmp_path / "out"
     pack(tmp_path / "src", root, PackOptions(shard_size_bytes=8192, workers=1))
     chosen = choose_strategy(root, strategy).strategy
-    with PackedDataset(root) as plain:
+    with ShardReader(root) as plain:
         expected = [plain.read_sample(i) for i in range(len(plain))]
-    with PackedDataset(root, opener=opener, read_strategy=chosen) as ds:
+    with ShardReader(root, opener=opener, read_strategy=chosen) as ds:
         order = random.Random(3).sample(range(len(ds)), len(ds))
         for start in range(0, len(order), 16):
             indices = order[start : start + 16]
@@ -264,9 +264,9 @@ def test_a_read_strategy_over_the_opener_delivers_the_same_batches(
 
 # Direct byte reads left outside the opener, each with why: none of them reads a shard.
 _DIRECT_READS_ALLOWED = {
-    ("shardio.cache.protocol", "_read_stamp"): "a stamp of a staged copy",
-    ("shardio.cache.clean", "_copy_out"): "the repair journal, kept before a clean",
-    ("shardio.cache.copy", "_staged_equals"): "a small file compared whole (DALI index)",
+    ("shardio.staging.protocol", "_read_stamp"): "a stamp of a staged copy",
+    ("shardio.staging.clean", "_copy_out"): "the repair journal, kept before a clean",
+    ("shardio.staging.copy", "_staged_equals"): "a small file compared whole (DALI index)",
     ("shardio.read.unavailable", "_read_small"): "the node's registry of unavailable shards",
     ("shardio.read.faults", "map"): "anonymous memory for the faulted bytes",
 }

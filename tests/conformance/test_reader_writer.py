@@ -35,7 +35,7 @@ from shardio.format.spec import (
     SHARD_DIR,
 )
 from shardio.packing.run import PackOptions, PackResult, pack
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.tools.unpack import unpack_dataset
 from shardio.tools.verify import verify_dataset
 
@@ -115,7 +115,7 @@ def pack_tree(src: str, dst: Path, shard_format: str, *, workers: int = 1) -> Pa
 
 def samples_by_key(root: str) -> dict[str, dict[str, Any]]:
     """Every sample of a dataset as key -> {ext: bytes or label, ...}."""
-    with PackedDataset(root) as ds:
+    with ShardReader(root) as ds:
         return {ds.key(i): ds.read_sample(i) for i in range(len(ds))}
 
 
@@ -137,7 +137,7 @@ class ReaderWriterSuite:
         self, packed: Packed, source_tree: SourceTree
     ) -> None:
         seen: dict[bytes, bytes] = {}
-        with PackedDataset(packed.root) as ds:
+        with ShardReader(packed.root) as ds:
             index = ds.index
             for i in range(len(ds)):
                 sample = ds.read_sample(i)
@@ -157,7 +157,7 @@ class ReaderWriterSuite:
     def test_samples_group_files_by_directory_and_stem(
         self, packed: Packed, source_tree: SourceTree
     ) -> None:
-        with PackedDataset(packed.root) as ds:
+        with ShardReader(packed.root) as ds:
             index = ds.index
             keys = [ds.key(i) for i in range(len(ds))]
             for i, key in enumerate(keys):
@@ -177,7 +177,7 @@ class ReaderWriterSuite:
     def test_labels_follow_the_class_directories(
         self, packed: Packed, source_tree: SourceTree
     ) -> None:
-        with PackedDataset(packed.root) as ds:
+        with ShardReader(packed.root) as ds:
             assert ds.manifest.label_layout == "class-dirs"
             assert ds.manifest.classes == tuple(os.fsdecode(c) for c in source_tree.classes)
             for i in range(len(ds)):
@@ -262,7 +262,7 @@ class ReaderWriterSuite:
         index_path = root / manifest.index.path
         assert manifest.index.size_bytes == index_path.stat().st_size
         assert manifest.index.xxh3_128 == file_xxh3_128(index_path)
-        with PackedDataset(packed.root) as ds:
+        with ShardReader(packed.root) as ds:
             shard_of_sample = ds.index.samples["shard"]
             assert manifest.num_samples == len(ds)
             assert manifest.num_members == len(ds.index.members)
@@ -291,7 +291,7 @@ class ReaderWriterSuite:
         assert len(manifest.shards) > 2  # the shard size was chosen to cut several
 
     def test_member_ranges_stay_inside_their_shard(self, packed: Packed) -> None:
-        with PackedDataset(packed.root) as ds:
+        with ShardReader(packed.root) as ds:
             for i in range(len(ds)):
                 shard = ds.manifest.shards[int(ds.index.samples[i]["shard"])]
                 for m in ds.index.sample_member_range(i):
@@ -307,7 +307,7 @@ class TestTar(ReaderWriterSuite):
     def _shard_members(packed: Packed) -> list[list[tuple[str, int, int, bytes]]]:
         """Per shard, the members the index promises: (name, offset, size, bytes)."""
         out: list[list[tuple[str, int, int, bytes]]] = []
-        with PackedDataset(packed.root) as ds:
+        with ShardReader(packed.root) as ds:
             out = [[] for _ in ds.manifest.shards]
             for i in range(len(ds)):
                 shard = int(ds.index.samples[i]["shard"])
@@ -438,7 +438,7 @@ class TestHDF5(ReaderWriterSuite):
     suffix = ".h5"
 
     def test_plain_h5py_reads_every_member(self, packed: Packed, source_tree: SourceTree) -> None:
-        with PackedDataset(packed.root) as ds:
+        with ShardReader(packed.root) as ds:
             index = ds.index
             for s, shard in enumerate(ds.manifest.shards):
                 first, count = shard.first_sample, shard.num_samples

@@ -15,7 +15,7 @@ from checkpointing import assert_state
 from killing import kill_session
 
 from shardio.checkpoint import load_latest
-from shardio.checkpoint.check import latest_intact, list_dir
+from shardio.checkpoint.audit import latest_intact, list_dir
 
 SCRIPT = pathlib.Path(__file__).parent / "scripts" / "checkpoint_loop.py"
 

@@ -25,7 +25,7 @@ from shardio import ShardDataset, ShardLoader
 from shardio.errors import ReadStalledError
 from shardio.read.deadline import DeadlineOpener
 from shardio.read.faults import Fault, FaultyOpener
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.read.unavailable import UnavailableShards
 from shardio.runtime.reaping import KILLED_GRACE_S, STOP_GRACE_S, kill_workers, stop_workers
 from shardio.storage.opener import PosixOpener
@@ -85,7 +85,7 @@ def release(tmp_path: pathlib.Path) -> Any:
 def test_an_epoch_over_a_dead_server_costs_about_a_deadline_per_dead_shard(
     dataset: pathlib.Path, release: pathlib.Path, tmp_path: pathlib.Path, workers: int
 ) -> None:
-    with PackedDataset(dataset) as ds:
+    with ShardReader(dataset) as ds:
         shard_names = [s.path for s in ds.manifest.shards]
         truth = {ds.key(i): ds.read_sample(i) for i in range(len(ds))}
         shard_of = {ds.key(i): ds.manifest.shards[ds.shard_of(i)].path for i in range(len(ds))}

@@ -22,7 +22,7 @@ from shardio import MixedDataset, RecoveryPolicy, ShardDataset, ShardLoader
 from shardio.errors import ReadStalledError, SampleUnavailableError, StorageError, UsageError
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.journal import read_journal
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 
 _SUBPROCESS_TIMEOUT_S = 120
 
@@ -44,7 +44,7 @@ def release(tmp_path: pathlib.Path) -> Any:
 
 def _truth(root: pathlib.Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Every sample's members by key, and the shard of each key."""
-    with PackedDataset(root) as ds:
+    with ShardReader(root) as ds:
         samples = {ds.key(i): ds.read_sample(i) for i in range(len(ds))}
         shards = [ds.manifest.shards[ds.shard_of(i)].path for i in range(len(ds))]
     return samples, shards
@@ -99,7 +99,7 @@ def test_a_dead_shard_costs_one_deadline_and_its_samples_are_substituted(
 def test_without_a_policy_a_stall_raises_naming_the_shard(
     dataset: pathlib.Path, release: pathlib.Path, workers: int
 ) -> None:
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         dead = probe.manifest.shards[0].path
     opener = FaultyOpener([Fault(kind="hang", path=dead, release=str(release))])
     ds = ShardDataset(dataset, shuffle=False, read_timeout_s=0.3, opener=opener)
@@ -131,7 +131,7 @@ def test_stuck_workers_are_replaced_and_the_epoch_resumes_exactly(
 ) -> None:
     truth, _ = _truth(dataset)
     expected = _epoch_keys(dataset, seed=3)
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         dead = probe.manifest.shards[5].path
     # No read deadline: the watchdog alone must notice (a stall the deadline cannot cover).
     opener = FaultyOpener([Fault(kind="hang", path=dead, release=str(release))])
@@ -155,7 +155,7 @@ def test_stuck_workers_are_replaced_and_the_epoch_resumes_exactly(
 def test_workers_that_never_progress_end_in_a_storage_error(
     dataset: pathlib.Path, release: pathlib.Path
 ) -> None:
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         dead = probe.manifest.shards[0].path
     opener = FaultyOpener([Fault(kind="hang", path=dead, release=str(release))])
     ds = ShardDataset(dataset, shuffle=False, read_timeout_s=0, opener=opener)
@@ -171,7 +171,7 @@ def test_a_mix_whose_workers_hang_ends_in_a_storage_error_and_resumes_exactly(
     """A mix's loader: a read that never returns (no deadline) kills the workers after
     worker_timeout_s and raises a StorageError; the state resumes exactly."""
     other = packed_small("hdf5")[0]
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         dead = probe.manifest.shards[len(probe.manifest.shards) // 2].path
     opener = FaultyOpener([Fault(kind="hang", path=dead, release=str(release))])
 
@@ -240,7 +240,7 @@ def test_sigkill_during_a_stall_then_resume_reads_exactly_the_rest(
 ) -> None:
     expected = [k for b in ShardLoader(ShardDataset(dataset, seed=5), batch_size=4)
                 for k in b["__key__"]]  # fmt: skip
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         order = [probe.shard_of(i) for i in range(len(probe))]
         keys = {probe.key(i): order[i] for i in range(len(probe))}
         # The shard of the 10th sample of the epoch: the run stalls after a few batches.

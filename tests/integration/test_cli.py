@@ -19,7 +19,7 @@ from trees import tree_files
 from shardio.cli.common import default_workers, parse_part
 from shardio.errors import UsageError
 from shardio.format.spec import FORMAT_VERSION
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 
 SUFFIX = {"tar": ".tar", "hdf5": ".h5"}
 
@@ -488,7 +488,7 @@ def test_verify_json_on_intact_dataset(packed: pathlib.Path, run_cli) -> None:
 
 def _member_of(dst: pathlib.Path, shard_no: int) -> tuple[str, str, int, int]:
     """(shard path, sample key, member offset, member size) of a JPEG member in a shard."""
-    with PackedDataset(dst) as ds:
+    with ShardReader(dst) as ds:
         entry = ds.manifest.shards[shard_no]
         sample = entry.first_sample + entry.num_samples // 2
         for m in ds.index.sample_member_range(sample):

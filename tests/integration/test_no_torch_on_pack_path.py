@@ -14,12 +14,12 @@ def test_pack_verify_unpack_import_neither_torch_nor_dali(tmp_path: Path) -> Non
     (src / "b.txt").write_bytes(b"world")
     script = f"""
 import sys
-from shardio import pack, PackOptions, verify_dataset, unpack_dataset, PackedDataset
+from shardio import pack, PackOptions, verify_dataset, unpack_dataset, ShardReader
 from shardio.cli.main import main
 pack({str(tmp_path / "src")!r}, {str(tmp_path / "out")!r}, PackOptions(workers=1))
 assert verify_dataset({str(tmp_path / "out")!r}).ok
 unpack_dataset({str(tmp_path / "out")!r}, {str(tmp_path / "back")!r})
-with PackedDataset({str(tmp_path / "out")!r}) as ds:
+with ShardReader({str(tmp_path / "out")!r}) as ds:
     ds.read_sample(0)
 assert main(["inspect", {str(tmp_path / "out")!r}]) == 0
 bad = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "nvidia", "webdataset"))
@@ -36,7 +36,7 @@ def test_stage_start_up_defers_numpy() -> None:
     cold start) to the thread that computes the order beside the index copy."""
     script = """
 import sys
-import shardio.cli.main, shardio.cache
+import shardio.cli.main, shardio.staging
 print("NUMPY", "numpy" in sys.modules)
 """
     out = subprocess.run(

@@ -27,7 +27,7 @@ import pytest
 import xxhash
 from mfsbed import Bed, forget_bed_holds, wait_for
 
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "pfs" / "moosefs.sh"
 _EPOCH_TIMEOUT_S = 200
@@ -113,7 +113,7 @@ def _one_copy(bed: Bed, root: pathlib.Path, shards: list[int]) -> dict[int, int]
 def _truth(root: pathlib.Path, out: pathlib.Path) -> tuple[list[str], list[int]]:
     """Digests of every member (read before any fault); keys and shards by sample."""
     digests: dict[str, dict[str, str]] = {}
-    with PackedDataset(root) as ds:
+    with ShardReader(root) as ds:
         shards = [ds.shard_of(i) for i in range(len(ds))]
         keys = [ds.key(i) for i in range(len(ds))]
         for i in range(len(ds)):
@@ -138,7 +138,7 @@ def _truth_from_tree(
             ext = path.suffix.lower().lstrip(".")
             digests.setdefault(key, {})[ext] = xxhash.xxh3_64_hexdigest(path.read_bytes())
     out.write_text(json.dumps(digests))
-    with PackedDataset(root) as ds:
+    with ShardReader(root) as ds:
         return [ds.key(i) for i in range(len(ds))], [ds.shard_of(i) for i in range(len(ds))]
 
 
@@ -403,13 +403,13 @@ _OPEN_INDEX = textwrap.dedent(
     """
     import os, sys, time
     from shardio import ShardDataset
-    from shardio.read.packed import PackedDataset
+    from shardio.read.reader import ShardReader
     began = time.monotonic()
     try:
         if len(sys.argv) > 2:
             ShardDataset(sys.argv[1], read_timeout_s=float(sys.argv[2]))
         else:
-            with PackedDataset(sys.argv[1]) as ds:
+            with ShardReader(sys.argv[1]) as ds:
                 ds.index.records(list(range(len(ds))))  # touch every page of the tables
         print("opened")
     except Exception as exc:
@@ -497,7 +497,7 @@ def test_a_dead_chunkserver_with_default_client_retries_costs_deadlines_not_minu
     dead = {f"shards/{p.name}" for p in on_dead if p not in spared}
     truth = tmp_path / "truth.json"
     keys, shards = _truth_from_tree(small_tree, root, truth)
-    with PackedDataset(root) as ds:
+    with ShardReader(root) as ds:
         names = [s.path for s in ds.manifest.shards]
     lost = {k for k, s in zip(keys, shards, strict=True) if names[s] in dead}
     bed.stop_chunkserver(dead_cs)

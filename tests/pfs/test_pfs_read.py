@@ -14,7 +14,7 @@ from mfsbed import PfsDataset
 from shardio import ShardDataset
 from shardio.bench.loop import drop_page_cache
 from shardio.order.ranks import RankInfo
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.read.strategy import choose_strategy
 
 BATCH = 16
@@ -39,7 +39,7 @@ def check_epoch(data: PfsDataset, batches: list[dict[str, Any]]) -> list[str]:
 def test_an_epoch_from_the_pfs_delivers_the_source_bytes(
     pfs_dataset: PfsDataset, mode: str, workers: int
 ) -> None:
-    with PackedDataset(pfs_dataset.path) as packed:
+    with ShardReader(pfs_dataset.path) as packed:
         files = [os.fspath(pfs_dataset.path / s.path) for s in packed.manifest.shards]
     # From the chunkservers, not the page cache the pack left (per file: other tests and
     # benchmarks share this machine's cache).

@@ -17,7 +17,7 @@ from shardio.bench.loop import drop_page_cache
 from shardio.errors import ChecksumMismatchError
 from shardio.order.ranks import RankInfo
 from shardio.read.faults import Fault, FaultyOpener
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.read.strategy import ENV_VAR
 
 BATCH = 16
@@ -25,7 +25,7 @@ SINGLE = RankInfo(rank=0, world_size=1)
 
 
 def _files(data: PfsDataset) -> list[str]:
-    with PackedDataset(data.path) as packed:
+    with ShardReader(data.path) as packed:
         return [os.fspath(data.path / s.path) for s in packed.manifest.shards]
 
 
@@ -78,7 +78,7 @@ def test_both_strategies_read_the_same_bytes_with_the_same_opens(
 def test_a_flipped_byte_is_caught_on_the_bed(
     pfs_dataset: PfsDataset, mode: str, workers: int
 ) -> None:
-    with PackedDataset(pfs_dataset.path) as packed:
+    with ShardReader(pfs_dataset.path) as packed:
         sample = packed.manifest.shards[1].first_sample + 2
         shard = packed.manifest.shards[1].path
         member = next(

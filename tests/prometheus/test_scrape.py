@@ -20,16 +20,16 @@ from typing import Any
 import pytest
 
 from shardio import RecoveryPolicy
-from shardio.cache.options import StageOptions
-from shardio.cache.stage import stage_dataset
 from shardio.errors import SampleUnavailableError
 from shardio.metrics import MetricsSnapshot, PrometheusExporter, alerts_path
 from shardio.metrics.prometheus_families import BUCKETS_S
 from shardio.metrics.read import COUNTERS, SOURCES
 from shardio.order.ranks import RankInfo
 from shardio.packing.run import PackOptions, pack
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.runtime.dataset import ShardDataset
+from shardio.staging.options import StageOptions
+from shardio.staging.stage import stage_dataset
 
 JOB = "shardio-prom-test"
 SCRAPE_JOB = "shardio-node"
@@ -38,7 +38,7 @@ HOUR_S = 3600.0
 
 def _corrupt_member(dataset: Path, shard_path: str) -> str:
     """Flip a byte in the middle of the first member of a sample in ``shard_path``; its key."""
-    with PackedDataset(dataset) as ds:
+    with ShardReader(dataset) as ds:
         for sample in range(len(ds)):
             rec = ds.index.samples[sample]
             path = ds.shard_path(int(rec["shard"]))
@@ -67,7 +67,7 @@ def run_dataset(small_tree: Path, tmp_path: Path) -> tuple[Path, Path, str]:
         os.fspath(dataset),
         PackOptions(shard_size_bytes=256 * 1024, durable=False),
     )
-    with PackedDataset(dataset) as ds:
+    with ShardReader(dataset) as ds:
         total = sum(s.size_bytes for s in ds.manifest.shards)
         num_shards = len(ds.manifest.shards)
     area = tmp_path / "area"

@@ -14,7 +14,7 @@ from trees import read_tree, write_tree
 from shardio.errors import ChecksumMismatchError
 from shardio.format.keys import split_name
 from shardio.packing.run import PackOptions, pack
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.tools.unpack import unpack_dataset
 from shardio.tools.verify import verify_dataset
 
@@ -52,7 +52,7 @@ def _no_cls_source_file(files: dict[bytes, bytes]) -> bool:
     return not any(split_name(p.rsplit(b"/", 1)[-1])[1].lower() == b"cls" for p in files)
 
 
-# The flip properties read samples with PackedDataset.read_sample, which today takes a source
+# The flip properties read samples with ShardReader.read_sample, which today takes a source
 # file's own ``.cls`` member in an unlabelled tree for a label and int()s it (a bug pinned by
 # the conformance suite's test_cls_source_files_of_an_unlabelled_tree_read_back_as_bytes).
 # Leaving such files out keeps these properties about checksums alone.
@@ -93,7 +93,7 @@ def pack_random_tree(
 def member_spans(root: str) -> list[dict[str, Any]]:
     """Every member of a dataset with its sample, key, shard file and byte range."""
     spans = []
-    with PackedDataset(root) as ds:
+    with ShardReader(root) as ds:
         for i in range(len(ds)):
             shard = int(ds.index.samples[i]["shard"])
             for m in ds.index.sample_member_range(i):
@@ -122,7 +122,7 @@ def flip(path: str, position: int, mask: int) -> None:
 
 
 def read_all(root: str) -> list[dict[str, Any]]:
-    with PackedDataset(root) as ds:
+    with ShardReader(root) as ds:
         return [ds.read_sample(i) for i in range(len(ds))]
 
 
@@ -167,7 +167,7 @@ def test_a_flipped_member_byte_is_caught(
     assert problem.path == target["shard_rel"]
     assert [(b.key, b.ext) for b in problem.bad_members] == [(target["key"], target["ext"])]
 
-    with PackedDataset(root) as ds:
+    with ShardReader(root) as ds:
         with pytest.raises(ChecksumMismatchError) as info:
             ds.read_sample(target["sample"])
         err = info.value

@@ -22,7 +22,7 @@ from trees import read_tree, write_tree
 
 from shardio.errors import ShardioError
 from shardio.packing.run import PackOptions, pack
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.tools.unpack import unpack_dataset
 from shardio.tools.verify import verify_dataset
 
@@ -53,7 +53,7 @@ def packed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return dst
 
 
-def _expected(ds: PackedDataset) -> list[dict[str, Any]]:
+def _expected(ds: ShardReader) -> list[dict[str, Any]]:
     return [ds.read_sample(i) for i in range(len(ds))]
 
 
@@ -110,7 +110,7 @@ EDITS = st.lists(
 def test_tampered_metadata_is_refused_or_harmless(
     packed: Path, tmp_path_factory: pytest.TempPathFactory, name: str, edits: list[Any]
 ) -> None:
-    with PackedDataset(packed) as ds:
+    with ShardReader(packed) as ds:
         expected = _expected(ds)
     work = tmp_path_factory.mktemp("case")
     ds_dir = work / "ds"
@@ -121,7 +121,7 @@ def test_tampered_metadata_is_refused_or_harmless(
     target.write_bytes(mutated)
     with _no_hang(20):
         try:
-            with PackedDataset(ds_dir) as ds:
+            with ShardReader(ds_dir) as ds:
                 got = _expected(ds)
             assert got == expected, "a tampered dataset handed over different samples"
         except ShardioError as exc:

@@ -30,7 +30,7 @@ def private_dir(mount: str | pathlib.Path) -> pathlib.Path:
 
 def area_name(name: str, src: str | pathlib.Path) -> str:
     """The area's name in it: the source's name and 8 hex digits of the SHA-256 of its
-    real path (shardio.cache.default_stage_dir)."""
+    real path (shardio.staging.default_stage_dir)."""
     return f"{name}-{hashlib.sha256(os.fsencode(os.path.realpath(src))).hexdigest()[:8]}"
 
 

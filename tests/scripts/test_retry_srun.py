@@ -159,7 +159,7 @@ def test_damaged_dataset_is_repaired_from_the_source(
 @pytest.fixture
 def staged(tiny_dataset: pathlib.Path, tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     """(source, staging area): a private copy of the tiny dataset, staged."""
-    from shardio.cache import StageOptions, stage_dataset
+    from shardio.staging import StageOptions, stage_dataset
 
     source = tmp_path / "src-ds"
     shutil.copytree(tiny_dataset, source)

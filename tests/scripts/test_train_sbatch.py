@@ -212,7 +212,7 @@ def private_dir(tmp_path: pathlib.Path) -> pathlib.Path:
 
 def default_area(tmp_path: pathlib.Path, src: str | os.PathLike[str]) -> pathlib.Path:
     """Where `shardio stage` stages ``src`` by default: ``<name>-<hash>`` in the private
-    directory (the name from abspath, the hash from realpath: shardio.cache's rule)."""
+    directory (the name from abspath, the hash from realpath: shardio.staging's rule)."""
     name = os.path.basename(os.path.abspath(src))
     digest = hashlib.sha256(os.fsencode(os.path.realpath(src))).hexdigest()[:8]
     return private_dir(tmp_path) / f"{name}-{digest}"

@@ -4,11 +4,11 @@ Every import counts: module level, under ``if TYPE_CHECKING:`` and inside functi
 deferred import is an arrow all the same). The rules:
 
 - no import circle between shardio's modules;
-- no upward import (L0 errors ... L7 cli); runtime goes through read/, not cache/ or storage/;
+- no upward import (L0 errors ... L7 cli); runtime goes through read/, not staging/ or storage/;
 - torch and DALI only in runtime/, dali/, checkpoint/ and bench/;
 - no module imports the package face ``shardio`` itself;
 - a package face imports none of its submodules at import time (names load on first use);
-- ``import shardio.read.packed`` loads no stager, exporter, HTTP server or torch.
+- ``import shardio.read.reader`` loads no stager, exporter, HTTP server or torch.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ LAYERS = {
     "_deprecated": 0,
     "storage": 1, "order": 1, "topology": 1,
     "format": 2, "metrics": 2,
-    "writers": 3, "cache": 3, "parity": 3,
+    "writers": 3, "staging": 3, "cache": 3, "parity": 3,
     "packing": 4, "read": 4,
     "tools": 5, "runtime": 5, "dali": 5,
     "checkpoint": 5,
@@ -159,7 +159,7 @@ def _violations() -> list[str]:
                 found.append(f"{where}: imports the package face (import from its module)")
             elif LAYERS.get(there, -1) > LAYERS.get(here, -1):
                 found.append(f"{where}: upward, L{LAYERS[here]} {here} -> L{LAYERS[there]} {there}")
-            elif here == "runtime" and there in {"cache", "storage"}:
+            elif here == "runtime" and there in {"staging", "storage"}:
                 found.append(f"{where}: runtime -> {there} (go through read/)")
     return found
 
@@ -183,7 +183,7 @@ def test_package_faces_import_no_submodule_at_import_time() -> None:
 @pytest.mark.parametrize(
     ("statement", "what"),
     [
-        ("import shardio.read.packed", "the reader"),
+        ("import shardio.read.reader", "the reader"),
         ("import shardio.order; shardio.order.OrderSpec", "the order spec"),
         ("import shardio.metrics.read", "the read counters"),
     ],
@@ -192,7 +192,7 @@ def test_reading_loads_no_stager_exporter_http_server_or_torch(statement: str, w
     probe = (
         f"import sys; {statement}; "
         "print(' '.join(sorted(m for m in sys.modules if m == 'torch' or m == 'http.server' "
-        "or m.startswith(('shardio.cache.stage', 'shardio.cache.ahead', 'shardio.metrics.'"
+        "or m.startswith(('shardio.staging.stage', 'shardio.staging.ahead', 'shardio.metrics.'"
         "'prometheus', 'shardio.metrics._http', 'shardio.runtime', 'shardio.packing')))))"
     )
     out = subprocess.run(

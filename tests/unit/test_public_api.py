@@ -6,6 +6,8 @@ import subprocess
 import sys
 import types
 
+import pytest
+
 import shardio
 
 
@@ -28,3 +30,29 @@ def test_every_public_name_resolves_and_none_is_a_module() -> None:
     for name in shardio.__all__:
         value = getattr(shardio, name)
         assert not isinstance(value, types.ModuleType), name
+
+
+def test_a_renamed_name_warns_and_gives_the_new_one() -> None:
+    """PackedDataset became ShardReader in 0.2: the old name warns and is the same class."""
+    with pytest.warns(
+        DeprecationWarning, match=r"shardio\.PackedDataset .* use shardio\.ShardReader"
+    ):
+        old = shardio.PackedDataset  # type: ignore[attr-defined]
+    assert old is shardio.ShardReader
+    assert "PackedDataset" not in shardio.__all__ and "PackedDataset" not in dir(shardio)
+
+
+def test_the_old_staging_package_warns_and_forwards() -> None:
+    code = (
+        "import warnings\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        "try:\n"
+        "    import shardio.cache\n"
+        "except DeprecationWarning as exc:\n"
+        "    print(exc)\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        "import shardio.cache, shardio.staging\n"
+        "assert shardio.cache.stage_dataset is shardio.staging.stage_dataset\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "shardio.cache is deprecated" in out.stdout and "shardio.staging" in out.stdout

@@ -181,6 +181,6 @@ def test_buffers_are_reused_and_each_save_holds_its_own_state(ckdir: pathlib.Pat
         assert [b.data_ptr() for b in saver._buffers] == [b.data_ptr() for b in first]
     ck = load_latest(ckdir)
     assert_state(ck.state, 2)
-    from shardio.checkpoint.check import verify_checkpoints
+    from shardio.checkpoint.audit import verify_checkpoints
 
     assert all(i.intact for i in verify_checkpoints(str(ckdir)))

@@ -108,7 +108,7 @@ def test_an_unreadable_manifest_is_not_damage(
     monkeypatch.setattr(catalog, "read_manifest", eio)
     with pytest.raises(CheckpointUnavailableError, match="cannot be read now"):
         load_latest(ckdir, environ=JOB)
-    from shardio.checkpoint.check import latest_intact
+    from shardio.checkpoint.audit import latest_intact
 
     with pytest.raises(CheckpointUnavailableError):
         latest_intact(str(ckdir))

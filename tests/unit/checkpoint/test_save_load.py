@@ -11,7 +11,7 @@ import torch
 from checkpointing import JOB, assert_state, state_of
 
 from shardio.checkpoint import load_latest, save
-from shardio.checkpoint.check import latest_intact, verify_checkpoints
+from shardio.checkpoint.audit import latest_intact, verify_checkpoints
 from shardio.errors import CheckpointError, NoCheckpointError, UsageError
 
 

@@ -18,7 +18,7 @@ import h5py
 import pytest
 
 from shardio.format.manifest import load_manifest
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.tools.unpack import unpack_dataset
 from shardio.tools.verify import verify_dataset
 
@@ -91,7 +91,7 @@ def test_manifest(golden: Path, shard_format: str) -> None:
 
 @pytest.mark.parametrize("shard_format", FORMATS)
 def test_samples_read_back_exactly(golden: Path, shard_format: str) -> None:
-    with PackedDataset(golden / shard_format) as ds:
+    with ShardReader(golden / shard_format) as ds:
         assert len(ds) == 4
         assert [ds.key(i) for i in range(4)] == KEYS
         assert ds.index.samples["label"].tolist() == LABELS

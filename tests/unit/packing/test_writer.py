@@ -23,7 +23,7 @@ import pytest
 
 from shardio import ShardWriter, verify_dataset
 from shardio.errors import FormatError, PackError, StorageError, UsageError
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.storage.runner import CommandResult
 
 SHARDIO = [sys.executable, "-m", "shardio"]
@@ -50,7 +50,7 @@ def _samples(n: int, *, seed: int = 0, labelled: bool = True) -> list[dict[str, 
 
 
 def _read_all(path: pathlib.Path) -> dict[str, dict[str, Any]]:
-    with PackedDataset(str(path)) as ds:
+    with ShardReader(str(path)) as ds:
         return {ds.key(i): ds.read_sample(i) for i in range(len(ds))}
 
 
@@ -88,7 +88,7 @@ def test_written_dataset_verifies_and_reads_back(tmp_path: pathlib.Path, fmt: st
     got = _read_all(out)
     _same(got, samples)
     # dataset order is write order
-    with PackedDataset(str(out)) as ds:
+    with ShardReader(str(out)) as ds:
         assert [ds.key(i) for i in range(len(ds))] == [s["__key__"] for s in samples]
     assert not (out / ".shardio-work").exists()
     proc = _cli("verify", out)
@@ -139,7 +139,7 @@ def test_the_samples_of_a_pack_written_again_are_the_same_dataset(
     src = write_tree(tmp_path / "src", files)
     packed = tmp_path / "packed"
     pack(src, str(packed), PackOptions(shard_format=fmt, shard_size_bytes=16384, durable=False))
-    with PackedDataset(str(packed)) as ds:
+    with ShardReader(str(packed)) as ds:
         samples = [ds.read_sample(i) for i in range(len(ds))]
         keys = [ds.key(i) for i in range(len(ds))]
         classes = ds.manifest.classes

@@ -16,7 +16,7 @@ def test_without_pyeclib_the_codec_names_the_extra() -> None:
         "    ParityCodec(2, 1, 4096)\n"
         "except MissingExtraError as exc:\n"
         "    print('ERR', exc)\n"
-        "import shardio.read.packed, shardio.packing.run\n"
+        "import shardio.read.reader, shardio.packing.run\n"
         "print('LOADED', sorted(m for m in sys.modules if m.startswith('shardio.parity.')))\n"
     )
     out = subprocess.run(

@@ -23,7 +23,7 @@ from shardio.errors import (
 )
 from shardio.read.deadline import DeadlineOpener, with_deadline
 from shardio.read.faults import Fault, FaultyOpener
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.read.timeouts import (
     DEFAULT_NETWORK_TIMEOUT_S,
     check_read_timeout,
@@ -341,7 +341,7 @@ class _EnxioOpener(PosixOpener):
 def test_packed_reads_raise_typed_errors(packed_small: Any, tmp_path: pathlib.Path) -> None:
     root = packed_small("tar")[0]
     with (
-        PackedDataset(root, opener=_EnxioOpener()) as ds,
+        ShardReader(root, opener=_EnxioOpener()) as ds,
         pytest.raises(StorageUnavailableError) as info,
     ):
         ds.read_sample(0)
@@ -349,7 +349,7 @@ def test_packed_reads_raise_typed_errors(packed_small: Any, tmp_path: pathlib.Pa
     assert "cannot read shard" in str(info.value)
     assert info.value.sample_index == 0
     release = tmp_path / "release"
-    with PackedDataset(root) as probe:
+    with ShardReader(root) as probe:
         name = probe.manifest.shards[0].path
     opener = DeadlineOpener(
         FaultyOpener([Fault(kind="hang", path=name, release=str(release))]),
@@ -357,7 +357,7 @@ def test_packed_reads_raise_typed_errors(packed_small: Any, tmp_path: pathlib.Pa
         registry=_registry(tmp_path),
     )
     try:
-        with PackedDataset(root, opener=opener) as ds:
+        with ShardReader(root, opener=opener) as ds:
             with pytest.raises(ReadStalledError) as stalled:
                 ds.read_sample(0)
             assert name in str(stalled.value) and "stalled for 0.2 s" in str(stalled.value)
@@ -443,7 +443,7 @@ def test_a_stalled_watched_read_is_held_and_counted(
 def test_opening_a_dataset_whose_tables_stall_is_abandoned_and_held(
     packed_small: Any, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import shardio.read.packed as packed
+    import shardio.read.reader as packed
 
     root = packed_small("tar")[0]
     release = threading.Event()
@@ -458,16 +458,16 @@ def test_opening_a_dataset_whose_tables_stall_is_abandoned_and_held(
     before = len(os.listdir("/proc/self/fd"))
     began = time.monotonic()
     with pytest.raises(ReadStalledError, match=f"opening the dataset {root} .*stalled for 0.1 s"):
-        PackedDataset(root, opener=opener)
+        ShardReader(root, opener=opener)
     assert time.monotonic() - began < 5
     # The manifest is held: the next open is refused at once, not stalled again.
     with pytest.raises(ReadStalledError, match=r"not attempted.*held unavailable"):
-        PackedDataset(root, opener=opener)
+        ShardReader(root, opener=opener)
     release.set()
     deadline = time.monotonic() + 10
     while opener.abandoned and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.05)
     assert len(os.listdir("/proc/self/fd")) <= before  # the late index was closed
-    with PackedDataset(root, opener=DeadlineOpener(timeout_s=5)) as ds:  # answers: opens
+    with ShardReader(root, opener=DeadlineOpener(timeout_s=5)) as ds:  # answers: opens
         assert ds.read_sample(0)

@@ -16,8 +16,8 @@ from shardio.errors import ChecksumMismatchError, StorageError, UsageError
 from shardio.read import extents, readahead
 from shardio.read.extents import Request, io_pool, plan_requests
 from shardio.read.faults import Fault, FaultyOpener
-from shardio.read.packed import PackedDataset
 from shardio.read.readahead import StreamReadahead
+from shardio.read.reader import ShardReader
 from shardio.read.strategy import PFS, ReadStrategy
 
 MiB = 1 << 20
@@ -103,7 +103,7 @@ def dataset(packed_small) -> pathlib.Path:  # type: ignore[no-untyped-def]
     return packed_small("tar")[0]
 
 
-def _payload_rows(ds: PackedDataset, samples: list[int]) -> tuple[list[int], list[int], list[int]]:
+def _payload_rows(ds: ShardReader, samples: list[int]) -> tuple[list[int], list[int], list[int]]:
     rows, shards, owners = [], [], []
     recs = ds.index.records(samples)
     for sample, rec in zip(samples, recs, strict=True):
@@ -115,9 +115,7 @@ def _payload_rows(ds: PackedDataset, samples: list[int]) -> tuple[list[int], lis
     return rows, shards, owners
 
 
-def _read_planned(
-    ds: PackedDataset, samples: list[int], strategy: ReadStrategy = PFS
-) -> list[bytes]:
+def _read_planned(ds: ShardReader, samples: list[int], strategy: ReadStrategy = PFS) -> list[bytes]:
     rows, shards, owners = _payload_rows(ds, samples)
     sizes = [int(ds.index.members[m]["size"]) for m in rows]
     buf = bytearray(sum(sizes))
@@ -128,7 +126,7 @@ def _read_planned(
     return [bytes(t) for t in targets]
 
 
-def _expected(ds: PackedDataset, samples: list[int]) -> list[bytes]:
+def _expected(ds: ShardReader, samples: list[int]) -> list[bytes]:
     rows, shards, owners = _payload_rows(ds, samples)
     return [
         ds.read_member(m, shard=s, sample=o) for m, s, o in zip(rows, shards, owners, strict=True)
@@ -141,7 +139,7 @@ def test_planned_reads_equal_member_reads(dataset: pathlib.Path, gap: int) -> No
         name="pfs", inflight=4, coalesce_gap_bytes=gap, request_bytes=64 * 1024,
         stream_readahead_bytes=0,
     )  # fmt: skip
-    with PackedDataset(dataset) as ds:
+    with ShardReader(dataset) as ds:
         samples = list(np.random.default_rng(1).permutation(len(ds))[:120])
         samples += list(range(0, 40))  # neighbours: coalesced
         expected = _expected(ds, samples)
@@ -151,7 +149,7 @@ def test_planned_reads_equal_member_reads(dataset: pathlib.Path, gap: int) -> No
         assert ds.metrics.counts["read_errors"] == 0
 
 
-def _member_of(ds: PackedDataset, sample: int) -> tuple[int, int]:
+def _member_of(ds: ShardReader, sample: int) -> tuple[int, int]:
     for m in ds.index.sample_member_range(sample):
         rec = ds.index.members[m]
         if int(rec["size"]) > 0:
@@ -160,12 +158,12 @@ def _member_of(ds: PackedDataset, sample: int) -> tuple[int, int]:
 
 
 def test_a_flipped_byte_is_still_caught(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as plain:
+    with ShardReader(dataset) as plain:
         shard_path = plain.manifest.shards[0].path
         sample = plain.manifest.shards[0].first_sample + 1
         offset, _size = _member_of(plain, sample)
     opener = FaultyOpener([Fault(kind="flip", path=shard_path, offset=offset + 3)])
-    with PackedDataset(dataset, opener=opener) as ds:
+    with ShardReader(dataset, opener=opener) as ds:
         with pytest.raises(ChecksumMismatchError) as info:
             _read_planned(ds, list(range(0, sample + 5)))
         assert info.value.key == ds.key(sample)
@@ -173,31 +171,31 @@ def test_a_flipped_byte_is_still_caught(dataset: pathlib.Path) -> None:
 
 
 def test_a_failed_request_falls_back_to_the_member_read(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as plain:
+    with ShardReader(dataset) as plain:
         expected = _expected(plain, list(range(60)))
     # The first reads fail once each: the planned request fails, the member read succeeds.
     opener = FaultyOpener([Fault(kind="eio", times=3)])
-    with PackedDataset(dataset, opener=opener) as ds:
+    with ShardReader(dataset, opener=opener) as ds:
         assert _read_planned(ds, list(range(60))) == expected
 
 
 def test_short_reads_are_completed(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as plain:
+    with ShardReader(dataset) as plain:
         expected = _expected(plain, list(range(50)))
-    with PackedDataset(dataset, opener=FaultyOpener([Fault(kind="short")])) as ds:
+    with ShardReader(dataset, opener=FaultyOpener([Fault(kind="short")])) as ds:
         assert _read_planned(ds, list(range(50))) == expected
 
 
 def test_a_truncated_shard_raises_a_storage_error(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as plain:
+    with ShardReader(dataset) as plain:
         shard_path = plain.manifest.shards[0].path
     opener = FaultyOpener([Fault(kind="truncate", path=shard_path, offset=100)])
-    with PackedDataset(dataset, opener=opener) as ds, pytest.raises(StorageError, match="truncat"):
+    with ShardReader(dataset, opener=opener) as ds, pytest.raises(StorageError, match="truncat"):
         _read_planned(ds, list(range(10)))
 
 
 def test_planned_reads_open_each_shard_once(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as ds:
+    with ShardReader(dataset) as ds:
         _read_planned(ds, list(range(len(ds))))
         _read_planned(ds, list(range(len(ds))))
         assert ds.metrics.counts["opens_source"] == len(ds.manifest.shards)
@@ -205,7 +203,7 @@ def test_planned_reads_open_each_shard_once(dataset: pathlib.Path) -> None:
 
 # -- StreamReadahead -------------------------------------------------------------------------
 def test_readahead_reads_every_shard_once_in_order(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as ds:
+    with ShardReader(dataset) as ds:
         order = list(range(len(ds.manifest.shards)))[::-1]
         total = sum(ds.manifest.shards[s].size_bytes for s in order)
         with StreamReadahead(ds, order, request_bytes=64 * 1024, ahead_bytes=1 << 30) as ra:
@@ -220,7 +218,7 @@ def test_readahead_reads_every_shard_once_in_order(dataset: pathlib.Path) -> Non
 
 
 def test_readahead_stays_within_its_bound(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as ds:
+    with ShardReader(dataset) as ds:
         order = list(range(len(ds.manifest.shards)))
         ra = StreamReadahead(ds, order, request_bytes=16 * 1024, ahead_bytes=64 * 1024).start()
         try:
@@ -237,7 +235,7 @@ def test_a_stalled_readahead_is_left_behind(
     release = dataset.parent / "release-readahead"
     opener = FaultyOpener([Fault(kind="hang", delay_s=30, release=os.fspath(release))])
     try:
-        with PackedDataset(dataset, opener=opener) as ds:
+        with ShardReader(dataset, opener=opener) as ds:
             ra = StreamReadahead(ds, [0, 1], request_bytes=1 << 20, ahead_bytes=1 << 30).start()
             began = time.monotonic()
             ra.before_batch([ds.manifest.shards[1].first_sample])
@@ -250,11 +248,11 @@ def test_a_stalled_readahead_is_left_behind(
 
 
 def test_readahead_of_an_unreadable_shard_does_not_block(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as plain:
+    with ShardReader(dataset) as plain:
         shard_path = plain.manifest.shards[0].path
     opener = FaultyOpener([Fault(kind="eio", path=shard_path)])
     with (
-        PackedDataset(dataset, opener=opener) as ds,
+        ShardReader(dataset, opener=opener) as ds,
         StreamReadahead(ds, [0, 1], request_bytes=1 << 20, ahead_bytes=1 << 30) as ra,
     ):
         ra.before_batch([0, ds.manifest.shards[1].first_sample])
@@ -284,7 +282,7 @@ def test_a_strategy_out_of_bounds_is_refused(change: dict[str, int]) -> None:
 def test_sibling_readers_each_read_every_shard_whole(dataset: pathlib.Path) -> None:
     """Two readers of one epoch (the loader's workers) each read the shards whole: the page
     cache holds one copy; split requests measured slower on the bed."""
-    with PackedDataset(dataset) as ds:
+    with ShardReader(dataset) as ds:
         order = list(range(len(ds.manifest.shards)))
         total = sum(ds.manifest.shards[s].size_bytes for s in order)
         for _ in range(2):

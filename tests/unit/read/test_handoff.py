@@ -1,4 +1,4 @@
-"""Staging decisions made once and handed on (ShardResolver.decide, PackedDataset.handoff),
+"""Staging decisions made once and handed on (ShardResolver.decide, ShardReader.handoff),
 and stamps read once while unchanged (StampCache): a decision gone stale costs a fallback to
 the source, never a wrong byte, and never a symlink followed."""
 
@@ -13,10 +13,10 @@ import shutil
 
 import pytest
 
-from shardio.cache.protocol import StampCache, stamp_path, write_stamp
-from shardio.cache.stage import StageOptions, stage_dataset
 from shardio.errors import FormatError, ReadStalledError
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
+from shardio.staging.protocol import StampCache, stamp_path, write_stamp
+from shardio.staging.stage import StageOptions, stage_dataset
 from shardio.storage.opener import PosixOpener
 
 
@@ -29,7 +29,7 @@ def staged(packed_small, tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.
     return src, area
 
 
-def _flip_first_member(ds: PackedDataset, path: str) -> None:
+def _flip_first_member(ds: ShardReader, path: str) -> None:
     """Flip a byte of sample 0's first member in the file at ``path``."""
     offset = int(ds.index.members[ds.index.sample_member_range(0)[0]]["offset"])
     with open(path, "r+b") as fh:
@@ -41,9 +41,9 @@ def _flip_first_member(ds: PackedDataset, path: str) -> None:
 
 def test_a_decided_copy_damaged_since_costs_a_fallback_not_a_byte(staged) -> None:
     src, area = staged
-    with PackedDataset(src) as clean:
+    with ShardReader(src) as clean:
         expected = clean.read_sample(0)
-    with PackedDataset(src, cache=area) as ds:
+    with ShardReader(src, cache=area) as ds:
         ds.decide(range(len(ds)))
         assert ds.resolver.handed() == frozenset(range(len(ds.manifest.shards)))
         copy = ds.shard_path(0)
@@ -58,10 +58,10 @@ def test_a_decided_copy_damaged_since_costs_a_fallback_not_a_byte(staged) -> Non
 
 def test_a_decided_copy_replaced_by_a_symlink_is_not_followed(staged, tmp_path) -> None:
     src, area = staged
-    with PackedDataset(src) as clean:
+    with ShardReader(src) as clean:
         expected = clean.read_sample(0)
         source = clean.shard_path(0)
-    with PackedDataset(src, cache=area) as ds:
+    with ShardReader(src, cache=area) as ds:
         ds.decide([0])
         copy = ds.shard_path(0)
         os.unlink(copy)
@@ -74,7 +74,7 @@ def test_a_decided_copy_replaced_by_a_symlink_is_not_followed(staged, tmp_path) 
 
 def test_forget_checks_a_handed_shard_again(staged) -> None:
     src, area = staged
-    with PackedDataset(src, cache=area) as ds:
+    with ShardReader(src, cache=area) as ds:
         ds.decide([0, 1])
         os.unlink(stamp_path(str(area), ds.manifest.shards[0].path))
         assert ds.resolver.locate(0).staged  # decided: not checked again
@@ -85,7 +85,7 @@ def test_forget_checks_a_handed_shard_again(staged) -> None:
 
 def test_without_a_staging_area_decide_is_a_no_op(staged) -> None:
     src, _area = staged
-    with PackedDataset(src) as ds:
+    with ShardReader(src) as ds:
         ds.decide(range(len(ds)))
         assert ds.resolver.handed() == frozenset()
         assert not ds.resolver.locate(0).staged
@@ -97,13 +97,13 @@ def test_a_handoff_carries_the_manifest_and_decisions_but_the_index_is_checked(
     src, area = staged
     copy = tmp_path / "copy"
     shutil.copytree(src, copy)
-    with PackedDataset(copy, cache=area) as parent:
+    with ShardReader(copy, cache=area) as parent:
         parent.decide(range(len(parent)))
         handoff = pickle.loads(pickle.dumps(parent.handoff()))
         expected = [parent.read_sample(i) for i in range(3)]
     assert handoff.staged == frozenset(range(len(handoff.manifest.shards)))
     (copy / "manifest.json").write_bytes(b"not read again")
-    with PackedDataset(copy, cache=area, handoff=handoff) as child:
+    with ShardReader(copy, cache=area, handoff=handoff) as child:
         assert child.resolver.handed() == handoff.staged
         assert [child.read_sample(i) for i in range(3)] == expected
         assert child.metrics["cache_hits"] >= 1
@@ -112,12 +112,12 @@ def test_a_handoff_carries_the_manifest_and_decisions_but_the_index_is_checked(
     data[8] ^= 0xFF  # the header: checked against the manifest at open
     index.write_bytes(bytes(data))
     with pytest.raises(FormatError):
-        PackedDataset(copy, cache=area, handoff=handoff)
+        ShardReader(copy, cache=area, handoff=handoff)
 
 
 def test_stamp_cache_reads_a_stamp_again_once_it_is_replaced(staged) -> None:
     src, area = staged
-    with PackedDataset(src) as ds:
+    with ShardReader(src) as ds:
         entry = ds.manifest.shards[0]
     dest = str(area)
     stamps = StampCache()
@@ -143,16 +143,16 @@ def test_stamp_cache_reads_a_stamp_again_once_it_is_replaced(staged) -> None:
     assert not stamps.matches(dest, entry.path, entry.xxh3_128)
 
 
-# -- descriptors handed on over fork (PackedDataset.open_ahead) ---------------------------------
+# -- descriptors handed on over fork (ShardReader.open_ahead) ---------------------------------
 
 
-def _first_sample_of(ds: PackedDataset, shard: int) -> int:
+def _first_sample_of(ds: ShardReader, shard: int) -> int:
     return int(sum(s.num_samples for s in ds.manifest.shards[:shard]))
 
 
 def test_open_ahead_opens_source_shards_in_order_while_the_pool_has_room(packed_small) -> None:
     src = packed_small("tar", "256KiB")[0]
-    with PackedDataset(src, max_open=3) as ds:
+    with ShardReader(src, max_open=3) as ds:
         shards = len(ds.manifest.shards)
         assert shards > 3
         order = list(reversed(range(shards)))
@@ -160,7 +160,7 @@ def test_open_ahead_opens_source_shards_in_order_while_the_pool_has_room(packed_
         assert [ds.pool.holds(ds.shard_path(s)) for s in order[:4]] == [True] * 3 + [False]
         assert ds.metrics["opens_source"] == 3
         assert ds.open_ahead(order[:3]) == 0, "held ones are not opened again"
-    with PackedDataset(src) as ds:
+    with ShardReader(src) as ds:
         assert ds.open_ahead(range(len(ds.manifest.shards)), limit=2) == 2
         assert ds.pool.held == 2
 
@@ -186,14 +186,14 @@ def test_open_ahead_passes_over_a_held_shard_and_stops_at_a_stalled_one(
     packed_small, waited_s, opened
 ) -> None:
     src = packed_small("tar", "256KiB")[0]
-    with PackedDataset(src, opener=_HoldsShardOne(waited_s)) as ds:
+    with ShardReader(src, opener=_HoldsShardOne(waited_s)) as ds:
         assert ds.open_ahead([0, 1, 2]) == opened
         assert ds.pool.holds(ds.shard_path(2)) == (opened == 2)
 
 
 def test_open_ahead_leaves_staged_copies_to_their_readers(staged) -> None:
     src, area = staged
-    with PackedDataset(src, cache=area) as ds:
+    with ShardReader(src, cache=area) as ds:
         ds.decide(range(len(ds)))
         assert ds.open_ahead(range(len(ds.manifest.shards))) == 0
         assert ds.metrics["opens_staged"] == 0
@@ -209,7 +209,7 @@ def _copy(packed_small, tmp_path) -> pathlib.Path:  # type: ignore[no-untyped-de
 def test_open_ahead_passes_over_shards_that_cannot_be_opened_a_few_times(
     packed_small, tmp_path
 ) -> None:
-    with PackedDataset(_copy(packed_small, tmp_path)) as ds:
+    with ShardReader(_copy(packed_small, tmp_path)) as ds:
         assert len(ds.manifest.shards) >= 7
         for shard in (1, 3, 4, 5):
             os.unlink(ds.shard_path(shard))
@@ -220,7 +220,7 @@ def test_open_ahead_passes_over_shards_that_cannot_be_opened_a_few_times(
             ds.read_sample(_first_sample_of(ds, 1))
 
 
-def _read_in_child(ds: PackedDataset, sample: int, conn) -> None:
+def _read_in_child(ds: ShardReader, sample: int, conn) -> None:
     try:
         counter = (
             "opens_staged" if ds.resolver.locate(ds.shard_of(sample)).staged else ("opens_source")
@@ -234,7 +234,7 @@ def _read_in_child(ds: PackedDataset, sample: int, conn) -> None:
         conn.close()
 
 
-def _fork_read(ds: PackedDataset, sample: int):
+def _fork_read(ds: ShardReader, sample: int):
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_read_in_child, args=(ds, sample, child))
@@ -248,7 +248,7 @@ def _fork_read(ds: PackedDataset, sample: int):
 def test_a_forked_reader_reads_through_inherited_descriptors_and_still_checks_bytes(
     packed_small, tmp_path
 ) -> None:
-    with PackedDataset(_copy(packed_small, tmp_path)) as ds:
+    with ShardReader(_copy(packed_small, tmp_path)) as ds:
         expected = ds.read_sample(0)
         ds.pool.close()
         assert ds.open_ahead([0]) == 1
@@ -267,7 +267,7 @@ def test_a_forked_reader_opens_staged_copies_itself(staged) -> None:
     """The parent's descriptor of a copy may name one dropped and staged again since: a
     forked reader opens (and locks) its own."""
     src, area = staged
-    with PackedDataset(src, cache=area) as ds:
+    with ShardReader(src, cache=area) as ds:
         expected = ds.read_sample(0)
         assert ds.metrics["opens_staged"] == 1
         status, opens, data = _fork_read(ds, 0)

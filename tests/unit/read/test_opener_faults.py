@@ -1,4 +1,4 @@
-"""The opener interface and the fault-injecting opener, read through PackedDataset."""
+"""The opener interface and the fault-injecting opener, read through ShardReader."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 
 from shardio.errors import ChecksumMismatchError, StorageError, UsageError
 from shardio.read.faults import Fault, FaultyOpener
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 
 
-def _first_shard_sample(ds: PackedDataset, shard: int = 0) -> int:
+def _first_shard_sample(ds: ShardReader, shard: int = 0) -> int:
     return ds.manifest.shards[shard].first_sample
 
 
-def _jpeg_offset(ds: PackedDataset, sample: int) -> tuple[int, int]:
+def _jpeg_offset(ds: ShardReader, sample: int) -> tuple[int, int]:
     for m in ds.index.sample_member_range(sample):
         rec = ds.index.members[m]
         if ds.index.exts[int(rec["ext_id"])] != "cls":
@@ -31,7 +31,7 @@ def dataset(packed_small) -> pathlib.Path:  # type: ignore[no-untyped-def]
 
 
 def test_posix_reads_match(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as plain, PackedDataset(dataset, opener=FaultyOpener()) as ds:
+    with ShardReader(dataset) as plain, ShardReader(dataset, opener=FaultyOpener()) as ds:
         for i in range(0, len(ds), 37):
             assert ds.read_sample(i) == plain.read_sample(i)
 
@@ -49,14 +49,14 @@ def test_posix_reads_match(dataset: pathlib.Path) -> None:
 def test_each_fault_is_an_exception_naming_the_sample(
     dataset: pathlib.Path, kind: str, error: type[Exception], needle: str
 ) -> None:
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         sample = _first_shard_sample(probe, 1) + 1
         offset, size = _jpeg_offset(probe, sample)
         rel = probe.manifest.shards[1].path
         key = probe.key(sample)
     fault_offset = offset + size // 2 if kind == "flip" else offset + 10
     fault = Fault(kind=kind, path=rel, offset=fault_offset)
-    with PackedDataset(dataset, opener=FaultyOpener([fault])) as ds:
+    with ShardReader(dataset, opener=FaultyOpener([fault])) as ds:
         with pytest.raises(error) as info:
             ds.read_sample(sample)
         assert needle in str(info.value)
@@ -67,11 +67,11 @@ def test_each_fault_is_an_exception_naming_the_sample(
 
 
 def test_eio_after_bytes_and_times(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         rel = probe.manifest.shards[0].path
         first = sum(int(probe.index.members[m]["size"]) for m in probe.index.sample_member_range(0))
     opener = FaultyOpener([Fault(kind="eio_after", path=rel, after_bytes=first, times=1)])
-    with PackedDataset(dataset, opener=opener) as ds:
+    with ShardReader(dataset, opener=opener) as ds:
         ds.read_sample(0)  # the first read is below the threshold
         with pytest.raises(StorageError) as info:
             ds.read_sample(1)
@@ -82,7 +82,7 @@ def test_eio_after_bytes_and_times(dataset: pathlib.Path) -> None:
 
 def test_short_and_slow_reads_still_deliver_verified_bytes(dataset: pathlib.Path) -> None:
     faults = [Fault(kind="short"), Fault(kind="slow", delay_s=0.0)]
-    with PackedDataset(dataset) as plain, PackedDataset(dataset, opener=FaultyOpener(faults)) as ds:
+    with ShardReader(dataset) as plain, ShardReader(dataset, opener=FaultyOpener(faults)) as ds:
         for i in range(0, len(ds), 23):
             assert ds.read_sample(i) == plain.read_sample(i)
         assert ds.opener.fired[0] > 0  # type: ignore[attr-defined]
@@ -92,7 +92,7 @@ def test_intermittent_eio_is_seeded(dataset: pathlib.Path) -> None:
     def outcomes(seed: int) -> list[bool]:
         opener = FaultyOpener([Fault(kind="eio", probability=0.5, seed=seed)])
         out = []
-        with PackedDataset(dataset, opener=opener) as ds:
+        with ShardReader(dataset, opener=opener) as ds:
             for i in range(40):
                 try:
                     ds.read_sample(i)
@@ -116,7 +116,7 @@ def test_faulty_opener_pickles_with_its_faults_and_fresh_counts(dataset: pathlib
 
 
 def test_map_applies_faults(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         path = probe.shard_path(0)
     opener = FaultyOpener([Fault(kind="flip", offset=5), Fault(kind="truncate", offset=100)])
     mm = opener.map(path)

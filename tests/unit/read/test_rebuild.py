@@ -19,7 +19,7 @@ pytest.importorskip("pyeclib")
 from shardio.errors import IntegrityError, StorageError
 from shardio.format.manifest import load_manifest
 from shardio.packing.run import PackOptions, pack
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.read.rebuild import SCRATCH_PREFIX, ParityRebuild
 
 
@@ -64,7 +64,7 @@ def _flip(path: pathlib.Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def _whole(packed: PackedDataset) -> list[dict[str, object]]:
+def _whole(packed: ShardReader) -> list[dict[str, object]]:
     return [packed.read_sample(i) for i in range(len(packed))]
 
 
@@ -74,9 +74,9 @@ def test_a_private_copy_is_served_and_the_dataset_never_written(
     rel = load_manifest(ds / "manifest.json").shards[1].path
     _flip(ds / rel)
     before = _snapshot(ds)
-    with PackedDataset(pristine) as good:
+    with ShardReader(pristine) as good:
         want = _whole(good)
-    with PackedDataset(ds) as packed:
+    with ShardReader(ds) as packed:
         hook = ParityRebuild(packed, in_place=False)
         assert hook(1) is True and hook.wrote and hook.aside
         path = packed.shard_path(1)
@@ -103,7 +103,7 @@ def test_a_writable_dataset_is_still_repaired_in_place(
 ) -> None:
     rel = load_manifest(ds / "manifest.json").shards[2].path
     (ds / rel).unlink()
-    with PackedDataset(ds) as packed:
+    with ShardReader(ds) as packed:
         hook = ParityRebuild(packed)
         assert hook(2) is True and hook.wrote and not hook.aside
         assert packed.shard_path(2) == os.path.join(packed.root, rel)
@@ -126,7 +126,7 @@ def test_the_private_copy_goes_to_the_staging_area_in_use(
 
     monkeypatch.setattr(tempfile, "mkdtemp", spy)
     _flip(ds / load_manifest(ds / "manifest.json").shards[0].path)
-    with PackedDataset(ds, cache=area) as packed:
+    with ShardReader(ds, cache=area) as packed:
         monkeypatch.setattr(packed.resolver, "cache_problem", None)  # an area in use
         assert ParityRebuild(packed, in_place=False)(0)
         packed.read_sample(0)
@@ -144,7 +144,7 @@ def test_a_group_beyond_repair_fails_and_leaves_nothing(
     for i in group.shards[:3]:  # three losses, two parity files
         (ds / man.shards[i].path).unlink()
     before = _snapshot(ds)
-    with PackedDataset(ds) as packed:
+    with ShardReader(ds) as packed:
         with pytest.raises(IntegrityError):
             ParityRebuild(packed, in_place=False)(group.shards[0])
         assert packed.shard_path(group.shards[0]) == os.path.join(
@@ -162,7 +162,7 @@ def test_a_full_scratch_disk_is_a_storage_error_naming_the_place(
 
     monkeypatch.setattr(tempfile, "mkdtemp", full)
     _flip(ds / load_manifest(ds / "manifest.json").shards[0].path)
-    with PackedDataset(ds) as packed:
+    with ShardReader(ds) as packed:
         with pytest.raises(StorageError, match=r"private directory.*No space") as exc:
             ParityRebuild(packed, in_place=False)(0)
         assert exc.value.errno == errno.ENOSPC
@@ -176,13 +176,13 @@ def test_the_copies_held_are_bounded(
     man = load_manifest(ds / "manifest.json")
     for i in (0, 1):
         _flip(ds / man.shards[i].path)
-    with PackedDataset(ds) as packed:
+    with ShardReader(ds) as packed:
         hook = ParityRebuild(packed, in_place=False)
         for i in (0, 1):
             assert hook(i)
         assert [packed.resolver.rebuilt(i) for i in (0, 1)] == [False, True]
         assert packed.shard_path(0) == os.path.join(packed.root, man.shards[0].path)
-        with PackedDataset(pristine) as good:
+        with ShardReader(pristine) as good:
             first = man.shards[1].first_sample
             assert packed.read_sample(first) == good.read_sample(first)
 
@@ -206,9 +206,9 @@ def test_a_forked_worker_reads_the_copy_only_while_its_descriptor_is_that_copy(
     man = load_manifest(ds / "manifest.json")
     _flip(ds / man.shards[1].path)
     first = man.shards[1].first_sample
-    with PackedDataset(pristine) as good:
+    with ShardReader(pristine) as good:
         want = good.read_sample(first)
-    with PackedDataset(ds) as packed:
+    with ShardReader(ds) as packed:
         assert ParityRebuild(packed, in_place=False)(1)
         fd = int(packed.shard_path(1).rsplit("/", 1)[1])
 

@@ -12,7 +12,7 @@ import pytest
 from shardio.errors import SampleUnavailableError, UsageError
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.journal import RepairJournal, read_journal
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.read.recovery import Recovery, RecoveryPolicy
 
 
@@ -21,15 +21,15 @@ def dataset(packed_small) -> pathlib.Path:  # type: ignore[no-untyped-def]
     return packed_small("tar")[0]
 
 
-def _read(ds: PackedDataset) -> Any:
+def _read(ds: ShardReader) -> Any:
     return lambda indices: [ds.read_sample(i) for i in indices]
 
 
-def _shard_faults(ds: PackedDataset, shard: int, kind: str, **kw: Any) -> list[Fault]:
+def _shard_faults(ds: ShardReader, shard: int, kind: str, **kw: Any) -> list[Fault]:
     return [Fault(kind=kind, path=ds.manifest.shards[shard].path, **kw)]
 
 
-def _recovery(ds: PackedDataset, waits: list[float], **kw: Any) -> Recovery:
+def _recovery(ds: ShardReader, waits: list[float], **kw: Any) -> Recovery:
     policy = RecoveryPolicy(**kw)
     share = list(range(len(ds)))
     return Recovery(
@@ -42,11 +42,11 @@ def _recovery(ds: PackedDataset, waits: list[float], **kw: Any) -> Recovery:
 
 
 def test_transient_eio_is_retried_with_backoff(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         faults = _shard_faults(probe, 0, "eio", times=2)
         expected = [probe.read_sample(i) for i in range(5)]
     waits: list[float] = []
-    with PackedDataset(dataset, opener=FaultyOpener(faults)) as ds:
+    with ShardReader(dataset, opener=FaultyOpener(faults)) as ds:
         rec = _recovery(ds, waits, retries=3, backoff_s=0.1, max_backoff_s=0.15)
         assert rec.read_batch(_read(ds), range(5)) == expected
         assert waits == [0.1, 0.15]  # doubled, capped
@@ -56,11 +56,11 @@ def test_transient_eio_is_retried_with_backoff(dataset: pathlib.Path) -> None:
 
 
 def test_raise_names_shard_sample_and_everything_tried(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         faults = _shard_faults(probe, 1, "replaced")
         sample = probe.manifest.shards[1].first_sample
         key, rel = probe.key(sample), probe.manifest.shards[1].path
-    with PackedDataset(dataset, opener=FaultyOpener(faults)) as ds:
+    with ShardReader(dataset, opener=FaultyOpener(faults)) as ds:
         rec = _recovery(ds, [], retries=2)
         with pytest.raises(SampleUnavailableError) as info:
             rec.read_batch(_read(ds), [sample])
@@ -76,7 +76,7 @@ def test_skip_substitutes_deterministically_and_journals(
     dataset: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
     journal = tmp_path / "repairs.jsonl"
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         faults = _shard_faults(probe, 2, "truncate", offset=0)
         bad = list(
             range(probe.manifest.shards[2].first_sample, probe.manifest.shards[3].first_sample)
@@ -85,7 +85,7 @@ def test_skip_substitutes_deterministically_and_journals(
     batch = [bad[0], bad[0] - 1, bad[1]]
     runs = []
     for _ in range(2):
-        with PackedDataset(dataset, opener=FaultyOpener(faults)) as ds:
+        with ShardReader(dataset, opener=FaultyOpener(faults)) as ds:
             rec = _recovery(ds, [], policy="skip", retries=1, journal=str(journal))
             got = rec.read_batch(_read(ds), batch)
             runs.append([s["__key__"] for s in got])
@@ -103,12 +103,12 @@ def test_skip_substitutes_deterministically_and_journals(
 
 
 def test_rebuild_hook_is_tried_before_the_policy(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         faults = _shard_faults(
             probe, 0, "flip", offset=probe.index.members[0]["offset"] + 1, times=3
         )
     calls: list[int] = []
-    with PackedDataset(dataset, opener=FaultyOpener(faults)) as ds:
+    with ShardReader(dataset, opener=FaultyOpener(faults)) as ds:
         rec = Recovery(
             ds,
             RecoveryPolicy(retries=2),
@@ -122,10 +122,10 @@ def test_rebuild_hook_is_tried_before_the_policy(dataset: pathlib.Path) -> None:
 
 
 def test_spent_budget_skips_retries(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         faults = _shard_faults(probe, 0, "eio", times=1)
     waits: list[float] = []
-    with PackedDataset(dataset, opener=FaultyOpener(faults)) as ds:
+    with ShardReader(dataset, opener=FaultyOpener(faults)) as ds:
         rec = _recovery(ds, waits, retries=3, budget_s=0.0, policy="skip")
         rec.read_batch(_read(ds), [0])
     assert waits == []
@@ -139,9 +139,9 @@ def test_journal_refuses_a_symlink_and_training_goes_on(
     target.write_text("keep\n")
     link = tmp_path / "repairs.jsonl"
     link.symlink_to(target)
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         faults = _shard_faults(probe, 0, "missing")
-    with PackedDataset(dataset, opener=FaultyOpener(faults)) as ds:
+    with ShardReader(dataset, opener=FaultyOpener(faults)) as ds:
         rec = _recovery(ds, [], policy="skip", retries=0, journal=str(link))
         rec.read_batch(_read(ds), [0])
     assert target.read_text() == "keep\n"
@@ -194,14 +194,14 @@ class _HoldingOpener(FaultyOpener):
 
 
 def test_substitutes_on_held_shards_do_not_use_up_the_tries(dataset: pathlib.Path) -> None:
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         shards = probe.manifest.shards
         sample = shards[1].first_sample
         faults = _shard_faults(probe, 1, "truncate", offset=0)
         held = {shards[1].path, shards[2].path}
         on_held = shards[3].first_sample - sample - 1  # the draws after it on held shards
         assert on_held > 4  # more than the tries below: all would have been used up
-    with PackedDataset(dataset, opener=_HoldingOpener(faults, held)) as ds:
+    with ShardReader(dataset, opener=_HoldingOpener(faults, held)) as ds:
         rec = _recovery(ds, [], policy="skip", retries=0, max_substitutes=4)
         (got,) = rec.read_batch(_read(ds), [sample])
         assert got["__key__"] == ds.key(shards[3].first_sample)  # the first draw not held
@@ -212,7 +212,7 @@ def test_a_recovery_leaves_the_reader_as_it_was_opened(dataset: pathlib.Path) ->
     """The reader is opened with the policy's re-staging and its event hook; building a
     Recovery over it writes neither."""
     events: list[Any] = []
-    with PackedDataset(dataset, restage=False, on_event=events.append) as ds:
+    with ShardReader(dataset, restage=False, on_event=events.append) as ds:
         _recovery(ds, [], restage=True)
         assert ds.restage is False
         assert ds.on_event == events.append
@@ -221,11 +221,11 @@ def test_a_recovery_leaves_the_reader_as_it_was_opened(dataset: pathlib.Path) ->
 def test_a_substitute_is_read_through_the_descriptor_already_open(dataset: pathlib.Path) -> None:
     # A close and an open each wait behind a dead server's requests on a FUSE client (issue
     # 32): a substitute from a healthy shard costs no metadata call.
-    with PackedDataset(dataset) as probe:
+    with ShardReader(dataset) as probe:
         faults = _shard_faults(probe, 2, "eio")
         bad = probe.manifest.shards[2].first_sample
         good = probe.manifest.shards[3].first_sample
-    with PackedDataset(dataset, opener=FaultyOpener(faults)) as ds:
+    with ShardReader(dataset, opener=FaultyOpener(faults)) as ds:
         policy = RecoveryPolicy(policy="skip", retries=0)
         rec = Recovery(ds, policy, candidates=lambda s: iter([good]), sleep=lambda s: None)
         ds.read_sample(good)  # its shard is open

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from shardio.packing.run import PackOptions, pack
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.runtime.batch import ByteColumn
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -134,7 +134,7 @@ class Packed:
 
     def member_of(self, key: str) -> tuple[str, int, int]:
         """(shard file, offset, size) of the jpeg member of ``key``."""
-        with PackedDataset(self.path) as ds:
+        with ShardReader(self.path) as ds:
             sample = self.keys.index(key)
             rec = ds.index.samples[sample]
             for m in ds.index.sample_member_range(sample):
@@ -165,7 +165,7 @@ class Packed:
 
 
 def _read_tree(src: pathlib.Path, dataset: pathlib.Path, fmt: str) -> Packed:
-    with PackedDataset(dataset) as ds:
+    with ShardReader(dataset) as ds:
         classes = ds.manifest.classes
         assert classes is not None
         keys = tuple(ds.key(i) for i in range(len(ds)))

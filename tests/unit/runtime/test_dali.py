@@ -24,10 +24,10 @@ from PIL import Image
 pytest.importorskip("nvidia.dali")
 
 import shardio.dali as sdali
-from shardio.cache.stage import StageOptions, stage_dataset
 from shardio.errors import ChecksumMismatchError, UsageError
 from shardio.order.ranks import RankInfo
 from shardio.runtime.dataset import ShardDataset
+from shardio.staging.stage import StageOptions, stage_dataset
 
 pytestmark = pytest.mark.dali
 
@@ -232,10 +232,10 @@ def _clear_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _node_share(packed: Packed, spec: str, node: int, epoch: int) -> set[int]:
     """The shards ``shardio stage --node NODE/2`` stages for 2 ranks per node."""
-    from shardio.cache.options import StageOptions
-    from shardio.cache.plan import node_shard_order
     from shardio.format.manifest import load_manifest
     from shardio.order.spec import resolve_spec
+    from shardio.staging.options import StageOptions
+    from shardio.staging.plan import node_shard_order
 
     options = StageOptions(node=node, num_nodes=2, ranks_per_node=2, epoch=epoch,
                            spec=resolve_spec("map", spec))  # fmt: skip
@@ -464,7 +464,7 @@ def test_import_shardio_imports_neither_dali_nor_torch(
 import sys
 import shardio
 import shardio.dali
-from shardio import PackedDataset, ShardioError
+from shardio import ShardReader, ShardioError
 print("LOADED", sorted({m.split(".")[0] for m in sys.modules} & {"nvidia", "torch"}))
 """
     out = subprocess.run(

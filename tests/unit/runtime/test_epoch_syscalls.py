@@ -29,9 +29,9 @@ import numpy as np
 import pytest
 from stracing import STRACE, run_traced
 
-from shardio.cache.stage import StageOptions, stage_dataset
 from shardio.packing.run import PackOptions, pack
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
+from shardio.staging.stage import StageOptions, stage_dataset
 
 NUM_SAMPLES = 1200
 WORKERS = 2
@@ -162,7 +162,7 @@ def traced(datasets, tmp_path_factory):
                 traced=TRACED,
                 timeout=180,
             )
-            with PackedDataset(root) as ds:
+            with ShardReader(root) as ds:
                 shards = {s.path for s in ds.manifest.shards}
             _RUNS[key] = _parse(text, root, area, shards, batches)
         return _RUNS[key]
@@ -273,7 +273,7 @@ def _check_worker_budget_pickled(run: Run) -> None:
 def test_each_worker_advises_its_first_batches_before_reading_any(traced, datasets, mode):
     run = traced("many", mode, False)
     root = datasets["many"][0]
-    with PackedDataset(root) as ds:
+    with ShardReader(root) as ds:
         sample_of = {ds.key(i): i for i in range(len(ds))}
         idx = ds.index
 

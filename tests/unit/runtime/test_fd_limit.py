@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 from shardio.packing.run import PackOptions, pack
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 
 NUM_FILES = 1100
 NOFILE = 1024
@@ -39,7 +39,7 @@ def test_an_epoch_over_more_shards_than_open_files_allowed(scripts_dir, child_en
         os.fspath(dataset),
         PackOptions(shard_size_bytes=4096, workers=2, durable=False),
     )
-    with PackedDataset(dataset) as ds:
+    with ShardReader(dataset) as ds:
         keys = [ds.key(i) for i in range(len(ds))]
         assert len(ds.manifest.shards) == NUM_FILES > NOFILE
 

@@ -8,7 +8,6 @@ from array import array
 
 import pytest
 
-from shardio.cache.stage import StageOptions, stage_dataset
 from shardio.errors import UsageError
 from shardio.metrics import MetricsSnapshot, ReadDelta, ReadMetrics, combine
 from shardio.order.ranks import RankInfo
@@ -16,6 +15,7 @@ from shardio.read.faults import Fault, FaultyOpener
 from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.prefetch import GPUPrefetcher
 from shardio.runtime.resilient import ResilientDataset
+from shardio.staging.stage import StageOptions, stage_dataset
 
 SINGLE = RankInfo()
 

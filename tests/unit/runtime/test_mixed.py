@@ -579,7 +579,7 @@ def test_a_transform_that_changes_the_label_type_is_refused_when_remapping(label
 
 
 def test_one_dataset_given_twice_is_refused_however_it_was_opened(sources, tmp_path):
-    from shardio.cache.stage import StageOptions, stage_dataset
+    from shardio.staging.stage import StageOptions, stage_dataset
 
     path = sources[0]
     ds = ShardDataset(path, seed=1)

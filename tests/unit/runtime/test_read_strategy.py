@@ -11,8 +11,8 @@ import pytest
 from shardio.errors import ChecksumMismatchError, UsageError
 from shardio.order.ranks import RankInfo
 from shardio.read.faults import Fault, FaultyOpener
-from shardio.read.packed import PackedDataset
 from shardio.read.readahead import StreamReadahead
+from shardio.read.reader import ShardReader
 from shardio.read.strategy import ENV_VAR
 from shardio.runtime.dataset import ShardDataset
 
@@ -89,13 +89,13 @@ def test_stream_mode_advises_only_without_a_read_ahead(
     """The read-ahead fills the page cache: advice on top would ask the filesystem for the
     same pages again, a call per member range."""
     calls: list[int] = []
-    advise = PackedDataset._advise_range
+    advise = ShardReader._advise_range
 
     def spy(self, shard, lo, hi) -> None:  # type: ignore[no-untyped-def]
         calls.append(shard)
         advise(self, shard, lo, hi)
 
-    monkeypatch.setattr(PackedDataset, "_advise_range", spy)
+    monkeypatch.setattr(ShardReader, "_advise_range", spy)
     ds = ShardDataset(packed_tar.path, mode="stream", ranks=SINGLE, read_strategy=strategy)
     for batch in ds.loader(batch_size=16, num_workers=0):
         packed_tar.check_batch(batch)

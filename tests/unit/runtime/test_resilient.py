@@ -15,7 +15,7 @@ from shardio import ResilientDataset, SampleUnavailableError, ShardDataset
 from shardio.order.ranks import RankInfo
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.journal import read_journal
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 
 from .conftest import Packed
 
@@ -35,7 +35,7 @@ PERSISTENT = ["flip", "truncate", "eio", "missing", "replaced"]
 
 
 def _bad_shard(packed: Packed) -> tuple[int, str]:
-    with PackedDataset(packed.path) as ds:
+    with ShardReader(packed.path) as ds:
         return 2, ds.manifest.shards[2].path
 
 

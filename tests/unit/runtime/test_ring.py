@@ -19,7 +19,7 @@ from resuming import assert_resumed_exactly, resumed, saved
 
 from shardio import ShardDataset
 from shardio.errors import StorageError
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.runtime.batch import ByteColumn
 from shardio.runtime.transport import BUSY, FREE, BatchRing, RingBatch, max_batch_bytes
 
@@ -169,7 +169,7 @@ def test_a_rejected_message_is_raised_and_not_counted(packed_tar, monkeypatch):
 @pytest.fixture
 def ring_and_reader(packed_tar):
     """(ring of 2 workers x 2 slots, dataset, read(indices, worker) -> message)."""
-    ds = PackedDataset(packed_tar.path)
+    ds = ShardReader(packed_tar.path)
     positions = np.arange(len(ds))
     ring = BatchRing(workers=2, slots=2, slot_bytes=max_batch_bytes(ds, positions, BATCH))
 
@@ -181,7 +181,7 @@ def ring_and_reader(packed_tar):
 
 
 def test_slot_size_is_the_largest_batch_exactly(packed_tar):
-    with PackedDataset(packed_tar.path) as ds:
+    with ShardReader(packed_tar.path) as ds:
         order = np.random.default_rng(0).permutation(len(ds))
         sizes = [
             sum(len(packed_tar.payload[ds.key(int(i))]) for i in order[k : k + BATCH])
@@ -228,7 +228,7 @@ def test_a_failed_read_frees_its_slot(ring_and_reader, tmp_path, packed_tar):
     shutil.copytree(packed_tar.path, copy)
     for shard in (copy / "shards").iterdir():
         os.truncate(shard, 0)
-    with PackedDataset(copy) as broken, pytest.raises(StorageError, match="truncated"):
+    with ShardReader(copy) as broken, pytest.raises(StorageError, match="truncated"):
         ring.read(broken, [0, 1], worker=0)
     assert int(ring.state.view(ring.workers, ring.slots)[0].sum()) == FREE
 

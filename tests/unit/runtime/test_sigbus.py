@@ -23,7 +23,7 @@ import pytest
 
 from shardio.packing.run import PackOptions, pack
 from shardio.read.journal import read_journal
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.runtime.dataset import ShardDataset
 
 NUM_FILES = 2400
@@ -67,7 +67,7 @@ def dataset(packed: tuple[pathlib.Path, pathlib.Path], tmp_path: pathlib.Path) -
 
 def payload_ranges(dataset: pathlib.Path) -> tuple[list[str], list[str], list[int], dict]:
     """(keys, shard rel paths, shard of each sample, sample -> (offset, end) of its payload)."""
-    with PackedDataset(dataset) as ds:
+    with ShardReader(dataset) as ds:
         keys = [ds.key(i) for i in range(len(ds))]
         rels = [s.path for s in ds.manifest.shards]
         shard_of = [ds.shard_of(i) for i in range(len(ds))]

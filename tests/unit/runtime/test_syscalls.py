@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from stracing import STRACE, run_traced
 
-from shardio.cache.stage import StageOptions, stage_dataset
 from shardio.packing.run import PackOptions, pack
+from shardio.staging.stage import StageOptions, stage_dataset
 
 NUM_SAMPLES = 2400
 READS = 2000

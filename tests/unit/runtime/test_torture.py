@@ -44,16 +44,16 @@ from torturing import (
     write_tree,
 )
 
-from shardio.cache import StageOptions, stage_dataset
-from shardio.cache.copy import leftover_temps, stage_one, temps_of
-from shardio.cache.protocol import stamp_matches, stamp_path, write_stamp
 from shardio.format.checksum import file_xxh3_128
 from shardio.metrics.progress import Counters
 from shardio.packing.run import PackOptions, pack
 from shardio.read.journal import read_journal
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.resilient import ResilientDataset
+from shardio.staging import StageOptions, stage_dataset
+from shardio.staging.copy import leftover_temps, stage_one, temps_of
+from shardio.staging.protocol import stamp_matches, stamp_path, write_stamp
 from shardio.storage.atomic import is_temp_name
 
 STAGED_FRACTION = 0.7
@@ -182,7 +182,7 @@ def torture(tmp_path_factory, scripts_dir, child_env) -> Torture:
         PackOptions(shard_size_bytes=SHARD_SIZE_BYTES, durable=False),
     )
     keys, members = payload_members(src)
-    with PackedDataset(src) as ds:
+    with ShardReader(src) as ds:
         entries = list(ds.manifest.shards)
     assert 60 <= len(entries) <= 100, len(entries)
     xxh3 = {e.path: e.xxh3_128 for e in entries}
@@ -330,7 +330,7 @@ def test_sigkill_in_a_restage_then_resume_delivers_the_uninterrupted_epoch(
     # Copies that training reads late in the epoch (after the kill): damaged mid-run.
     order = [k for keys in zip(*expected_keys(torture), strict=True) for k in keys]
     late = {k for k in order[int(len(order) * 0.8) :]}
-    with PackedDataset(torture.src) as ds:
+    with ShardReader(torture.src) as ds:
         late_rels = {ds.manifest.shards[ds.shard_of(torture.keys.index(k))].path for k in late}
     victims = sorted(
         rel
@@ -402,7 +402,7 @@ def test_sigkill_in_a_restage_then_resume_delivers_the_uninterrupted_epoch(
     # Staging those shards again (as the next ``shardio stage`` does) removes what the
     # killed copies left.
     assert set(temp_files(torture.stage)) == set(leftovers)
-    with PackedDataset(torture.src) as ds:
+    with ShardReader(torture.src) as ds:
         for entry in ds.manifest.shards:
             if entry.path in killed:
                 stage_one(

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from shardio.cache.dali_index import dali_index_of
 from shardio.format.index import Index
 from shardio.format.manifest import Manifest, load_manifest
+from shardio.staging.dali_index import dali_index_of
 
 W1 = ("--workers", "1", "--no-progress")
 DATA = pathlib.Path(__file__).resolve().parents[2] / "data"
@@ -169,8 +169,8 @@ def test_stage_without_an_index_to_derive_from_warns(
 ) -> None:
     """The restage path of a reader (no derived text): a lost source .idx is a warning and
     the shard is staged all the same."""
-    from shardio.cache.copy import stage_one
     from shardio.metrics.progress import Counters
+    from shardio.staging.copy import stage_one
     from shardio.storage.files import make_dirs_inside
 
     man = manifest_of(ds)

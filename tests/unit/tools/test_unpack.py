@@ -25,7 +25,7 @@ from shardio.errors import (
     UsageError,
 )
 from shardio.packing.run import PackOptions, pack
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.tools.unpack import unpack_dataset
 
 GOLDEN_V1 = pathlib.Path(__file__).resolve().parents[2] / "data" / "format_v1" / "tar"
@@ -90,7 +90,7 @@ def several_shards(tmp_path: pathlib.Path) -> str:
 
 
 def _last_shard(dst: str) -> str:
-    with PackedDataset(dst) as ds:
+    with ShardReader(dst) as ds:
         assert len(ds.manifest.shards) >= 3
         return os.path.join(dst, ds.manifest.shards[-1].path)
 
@@ -100,7 +100,7 @@ def _damage(dst: str, how: str) -> type[ShardioError]:
     if how == "truncated":
         os.truncate(shard, os.path.getsize(shard) // 3)
         return StorageError
-    with PackedDataset(dst) as ds:  # flip a byte in the last sample's first member
+    with ShardReader(dst) as ds:  # flip a byte in the last sample's first member
         m = ds.index.sample_member_range(len(ds) - 1)[0]
         where = int(ds.index.members[m]["offset"]) + 10
     with open(shard, "r+b") as fh:
@@ -282,7 +282,7 @@ def test_an_edited_index_of_today_fails_cleanly(tmp_path: pathlib.Path) -> None:
     unpack fails (whichever check sees it first) and writes nothing."""
     files = {b"c/a.bin": b"a" * 100, b"c/b.bin": b"b" * 100}
     dst = pack_tree(tmp_path, files)
-    with PackedDataset(dst) as ds:
+    with ShardReader(dst) as ds:
         member = ds.index.sample_member_range(1)[0]
     rec_offset = _member_record_offset(dst, member)
     with open(os.path.join(dst, "index.bin"), "r+b") as fh:

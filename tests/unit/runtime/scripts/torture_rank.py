@@ -14,7 +14,7 @@ the all-reduced sample counts and the recovery counts the training process saw.
 ``--resume`` loads a checkpoint's state first (its step numbering goes on from there);
 ``--sleep-s`` is the time a training step takes.
 
-With the environment variable TORTURE_STALL_COPY=DIR, ``shardio.cache.copy.copy_verified``
+With the environment variable TORTURE_STALL_COPY=DIR, ``shardio.staging.copy.copy_verified``
 is wrapped: once DIR/armed exists (a JSON list of shard paths relative to STAGE), a copy to
 one of those runs, then (its temp file written, not yet published) creates DIR/stalled and
 sleeps, so that the test can SIGKILL the job in the middle of a re-stage.
@@ -47,8 +47,8 @@ def stall_copies(folder: str, stage: str) -> None:
     """Once ``folder``/armed exists, make verified copies to the shards it lists stall after
     writing their temp file (see the module doc). Installed before the DataLoader forks its
     workers."""
-    from shardio.cache import copy as cache_copy
-    from shardio.cache import verified
+    from shardio.staging import copy as cache_copy
+    from shardio.staging import verified
 
     original = cache_copy.copy_verified
     original_range = verified._copy_range

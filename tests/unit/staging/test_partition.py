@@ -145,8 +145,8 @@ def test_rotating_order_staged_one_epoch_ahead_never_waits(tiny_src, tmp_path, n
     """Three epochs of a rotating order with 2/N of the dataset per node: each epoch's
     shards are staged before it starts (its ranks read nothing from the source), shards that
     leave the node are evicted, and no shard needed in the epoch is ever evicted."""
-    from shardio.cache import EpochStager, StageOptions
     from shardio.order import node_shares
+    from shardio.staging import EpochStager, StageOptions
 
     spec = SPEC.with_(partition="rotating", rotate=0.34)
     world = nodes * RANKS_PER_NODE
@@ -200,9 +200,9 @@ def test_more_nodes_than_shards_is_refused_before_anything_is_written(tiny_src, 
 def test_the_stager_takes_the_training_cursor(tiny_src, tmp_path):
     """StageOptions.from_cursor(ds.cursor): the node, the spec and the epoch of the rank that
     trains; its ranks then read only the copies staged, with no order mismatch."""
-    from shardio.cache.options import StageOptions
-    from shardio.cache.stage import stage_dataset
     from shardio.errors import UsageError
+    from shardio.staging.options import StageOptions
+    from shardio.staging.stage import stage_dataset
 
     nodes = 4
     world = nodes * RANKS_PER_NODE

@@ -9,9 +9,9 @@ import pathlib
 import pytest
 import xxhash
 
-from shardio.cache import verified
 from shardio.errors import IntegrityError
 from shardio.metrics.progress import Counters
+from shardio.staging import verified
 
 
 def _source(tmp_path: pathlib.Path, size: int = 3 * (1 << 20) + 17) -> tuple[pathlib.Path, str]:

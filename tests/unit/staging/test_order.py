@@ -11,10 +11,10 @@ import itertools
 import numpy as np
 import pytest
 
-from shardio.cache import MAX_RANKS_PER_NODE, StageOptions, node_shard_order
 from shardio.errors import UsageError
 from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
 from shardio.order import ORDERS, EpochOrder, OrderSpec, node_shares
+from shardio.staging import MAX_RANKS_PER_NODE, StageOptions, node_shard_order
 
 DIGEST = "0" * 32
 

@@ -9,12 +9,12 @@ import pathlib
 import shutil
 
 from shardio import RecoveryPolicy
-from shardio.cache import StageOptions, stage_dataset
-from shardio.cache.protocol import stamp_matches, write_stamp
 from shardio.format.checksum import file_xxh3_128
 from shardio.read.journal import read_journal
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.runtime.dataset import ShardDataset
+from shardio.staging import StageOptions, stage_dataset
+from shardio.staging.protocol import stamp_matches, write_stamp
 
 from .test_damage import SINGLE, _flip
 
@@ -58,7 +58,7 @@ def test_many_readers_restage_a_bad_copy_once(big_src, tmp_path):
     assert file_xxh3_128(os.fspath(dest / rel)) == entry.xxh3_128
     assert stamp_matches(os.fspath(dest), rel, entry.xxh3_128)
     # once repaired, a new reader takes the staged copy again
-    with PackedDataset(big_src.path, cache=dest) as ds:
+    with ShardReader(big_src.path, cache=dest) as ds:
         assert ds.shard_path(big_src.rels.index(rel)) == os.fspath(dest / rel)
 
 

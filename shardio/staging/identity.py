@@ -15,11 +15,11 @@ import os
 import stat
 from dataclasses import dataclass
 
-from shardio.cache.protocol import STAGE_DIR, read_area_marker
 from shardio.errors import FormatError, UsageError
 from shardio.format.identity import is_dataset_id, load_identified, short_id
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
+from shardio.staging.protocol import STAGE_DIR, read_area_marker
 from shardio.storage.files import describe_kind
 
 __all__ = [

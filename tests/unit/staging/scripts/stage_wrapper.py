@@ -1,7 +1,7 @@
 """Run ``python -m shardio ARGS`` with test hooks set by environment variables.
 
 STAGE_TEST_BARRIER=PATH   wait (after imports) until PATH exists, so processes start together.
-STAGE_TEST_DELAY_S=SEC    sleep this long before each verified copy (shardio.cache.copy's
+STAGE_TEST_DELAY_S=SEC    sleep this long before each verified copy (shardio.staging.copy's
                           copy_verified, as staging calls it), so a kill lands mid-staging.
 STAGE_TEST_HOLD_AT=K      before publishing the K-th shard copy (1-based), write its temp
                           file completely and then block, so a kill leaves a temp file behind.
@@ -15,8 +15,8 @@ import sys
 import threading
 import time
 
-import shardio.cache.copy as cache_copy
-import shardio.cache.verified as verified_copy
+import shardio.staging.copy as cache_copy
+import shardio.staging.verified as verified_copy
 
 barrier = os.environ.get("STAGE_TEST_BARRIER")
 delay_s = float(os.environ.get("STAGE_TEST_DELAY_S", "0"))

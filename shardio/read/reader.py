@@ -1,4 +1,4 @@
-"""PackedDataset: a dataset written by ``shardio pack``, read member by member, checked.
+"""ShardReader: a dataset written by ``shardio pack``, read member by member, checked.
 
 Opens the manifest and the index (checked at open, each shard's records on first use), then
 reads members with ``pread`` through the opener, from wherever the resolver says, and passes
@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from shardio.cache.protocol import lock_for_reading, read_staged_for
 from shardio.errors import (
     ChecksumMismatchError,
     FormatError,
@@ -35,15 +34,16 @@ from shardio.format.index import Index
 from shardio.format.manifest import Manifest
 from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
 from shardio.metrics.read import ReadMetrics
-from shardio.read.check import member_digest_problem
 from shardio.read.deadline import bounded
+from shardio.read.digest import member_digest_problem
 from shardio.read.mapcache import MapCache
 from shardio.read.resolver import NOT_OPENED, Location, ShardResolver
 from shardio.read.strategy import ReadStrategy
+from shardio.staging.protocol import lock_for_reading, read_staged_for
 from shardio.storage.fsdetect import FsInfo, describe_fs
 from shardio.storage.opener import Opener, PosixOpener, read_fully
 
-__all__ = ["Event", "FilePool", "Handoff", "PackedDataset"]
+__all__ = ["Event", "FilePool", "Handoff", "ShardReader"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ EVICTED = "evicted"
 
 @dataclass(frozen=True, kw_only=True)
 class Handoff:
-    """What a process hands the PackedDataset of a worker it starts by pickling (spawn,
+    """What a process hands the ShardReader of a worker it starts by pickling (spawn,
     forkserver), so that the worker does not read the manifest again.
 
     Attributes:
@@ -180,11 +180,11 @@ class FilePool:
         self._pid = os.getpid()
 
 
-class PackedDataset:
+class ShardReader:
     """A dataset written by ``shardio pack``.
 
     Reads a shard from a staging area when a verified copy is there, else from the source
-    (a read-through cache): ``PackedDataset(SRC, cache=DEST)``, or ``PackedDataset(DEST)``
+    (a read-through cache): ``ShardReader(SRC, cache=DEST)``, or ``ShardReader(DEST)``
     for a staging area, whose manifest names its source. A staged copy that fails a read is
     dropped and the member read again from the source (or from a fresh copy, with
     ``restage=True``).
@@ -302,7 +302,7 @@ class PackedDataset:
     def __len__(self) -> int:
         return len(self.index)
 
-    def __enter__(self) -> PackedDataset:
+    def __enter__(self) -> ShardReader:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,6 +1,6 @@
 """The one member check: a member's bytes against the xxh3-64 its index record holds.
 
-Reads and batches (:class:`~shardio.read.packed.PackedDataset`, which ``unpack``, the
+Reads and batches (:class:`~shardio.read.reader.ShardReader`, which ``unpack``, the
 recovery layer and every transport read through) and ``verify`` all call
 :func:`member_digest_problem`, so the rule for "this byte may reach training" is written once.
 """

@@ -23,7 +23,7 @@ import pytest
 from shardio.format.checksum import file_xxh3_128
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.packing.run import PackOptions, pack
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.storage.atomic import is_temp_name
 
 SCRIPTS = pathlib.Path(__file__).resolve().parent / "scripts"
@@ -164,7 +164,7 @@ def write_tree(out: pathlib.Path, *, files: int, size_bytes: int, seed: int) -> 
 
 
 def _load_source(tree: pathlib.Path, dataset: pathlib.Path) -> Source:
-    with PackedDataset(dataset) as ds:
+    with ShardReader(dataset) as ds:
         classes = ds.manifest.classes
         assert classes is not None
         keys = tuple(ds.key(i) for i in range(len(ds)))

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from shardio.cache import StageOptions, stage_dataset
-from shardio.cache.protocol import stamp_matches, write_stamp
 from shardio.format.checksum import file_xxh3_128
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
+from shardio.staging import StageOptions, stage_dataset
+from shardio.staging.protocol import stamp_matches, write_stamp
 from shardio.tools.repair import repair_dataset
 from shardio.tools.verify import verify_dataset
 
@@ -43,7 +43,7 @@ def stage_all(src_path: pathlib.Path, dest: pathlib.Path) -> None:
 
 def member_at(src_path: pathlib.Path, shard: int) -> tuple[str, int, int]:
     """(sample key, offset, size) of the payload member of a sample in the middle of shard."""
-    with PackedDataset(src_path) as ds:
+    with ShardReader(src_path) as ds:
         entry = ds.manifest.shards[shard]
         sample = entry.first_sample + entry.num_samples // 2
         for m in ds.index.sample_member_range(sample):

@@ -19,16 +19,6 @@ import stat
 from collections.abc import Callable
 from functools import partial
 
-from shardio.cache.area import storage_errors
-from shardio.cache.protocol import (
-    drop_if_same,
-    drop_staged,
-    shard_lock,
-    stamp_matches,
-    stamp_rel,
-    write_stamp,
-)
-from shardio.cache.verified import COPY_CHUNK_BYTES, copy_verified
 from shardio.errors import (
     FormatError,
     IntegrityError,
@@ -40,6 +30,16 @@ from shardio.format.checksum import fd_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.metrics.progress import Counters
+from shardio.staging.area import storage_errors
+from shardio.staging.protocol import (
+    drop_if_same,
+    drop_staged,
+    shard_lock,
+    stamp_matches,
+    stamp_rel,
+    write_stamp,
+)
+from shardio.staging.verified import COPY_CHUNK_BYTES, copy_verified
 from shardio.storage.atomic import (
     atomic_write,
 )
@@ -180,7 +180,7 @@ def stage_one(
             parity straight into the staging area (:func:`source_rebuild`; the source is
             never written), verified; None: the source's fault is raised.
         dali_text: the DALI ``.idx`` of a shard, derived from the dataset's verified index
-            (:func:`shardio.cache.dali_index.dali_index_reader`): written beside the staged copy
+            (:func:`shardio.staging.dali_index.dali_index_reader`): written beside the staged copy
             instead of copying the source's. None: the source's is copied; either way a
             ``.idx`` that cannot be had is a warning, never a failure of the shard.
     """

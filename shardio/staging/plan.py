@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from shardio.cache.options import StageOptions
 from shardio.format.manifest import Manifest, ShardEntry
+from shardio.staging.options import StageOptions
 
 __all__ = ["choose_shards", "node_shard_order"]
 

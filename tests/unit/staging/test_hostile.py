@@ -19,20 +19,20 @@ import stat
 
 import pytest
 
-import shardio.cache.copy as cache_copy
-import shardio.cache.stage as cache_stage
-from shardio.cache import (
+import shardio.staging.copy as cache_copy
+import shardio.staging.stage as cache_stage
+from shardio.errors import FormatError, IntegrityError, StorageError, UsageError
+from shardio.format.identity import dataset_id
+from shardio.format.manifest import load_manifest
+from shardio.metrics.progress import Counters
+from shardio.staging import (
     MAX_RANKS_PER_NODE,
     StageOptions,
     clean_stage,
     node_shard_order,
     stage_dataset,
 )
-from shardio.cache.protocol import lock_path, stamp_matches, stamp_path
-from shardio.errors import FormatError, IntegrityError, StorageError, UsageError
-from shardio.format.identity import dataset_id
-from shardio.format.manifest import load_manifest
-from shardio.metrics.progress import Counters
+from shardio.staging.protocol import lock_path, stamp_matches, stamp_path
 
 CLI_TIMEOUT_S = 60  # a blocked open would hang far longer: the run is killed, the test fails
 OPTIONS = StageOptions(durable=False)

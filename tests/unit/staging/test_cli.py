@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from shardio.cache import StageOptions, stage_dataset
 from shardio.order.ranks import RankInfo
 from shardio.runtime.dataset import ShardDataset
+from shardio.staging import StageOptions, stage_dataset
 
 SINGLE = RankInfo(rank=0, world_size=1)
 

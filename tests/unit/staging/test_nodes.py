@@ -10,12 +10,12 @@ import os
 
 import pytest
 
-import shardio.cache.copy as cache_copy
-from shardio.cache import StageOptions, node_shard_order, stage_dataset
+import shardio.staging.copy as cache_copy
 from shardio.errors import UsageError
 from shardio.order import OrderSpec
 from shardio.order.ranks import RankInfo
 from shardio.runtime.dataset import ShardDataset
+from shardio.staging import StageOptions, node_shard_order, stage_dataset
 
 NODES = 4
 RANKS_PER_NODE = 2

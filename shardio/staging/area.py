@@ -4,7 +4,7 @@ A directory is staged into only when it is missing, empty, or a staging area sha
 before (recognised by its marker ``.shardio-stage/area.json``, or by the staged manifest of
 a release that wrote no marker), never by a file name alone. ``clean_stage`` removes only the
 regular files the staged manifest lists and shardio's own records. An area records the
-dataset it holds (its dataset id, :mod:`shardio.cache.identity`): another dataset is staged
+dataset it holds (its dataset id, :mod:`shardio.staging.identity`): another dataset is staged
 into it only with ``force``.
 """
 
@@ -19,18 +19,18 @@ import re
 import stat
 from collections.abc import Iterator, Mapping
 
-from shardio.cache.clean import CleanResult, journal_name, remove_staged
-from shardio.cache.identity import DatasetIdentity, describe_area, same_dataset
-from shardio.cache.protocol import (
+from shardio.errors import FormatError, ShardioError, StorageError, UsageError
+from shardio.format.manifest import Manifest, load_manifest
+from shardio.format.spec import MANIFEST_FILENAME
+from shardio.staging.clean import CleanResult, journal_name, remove_staged
+from shardio.staging.identity import DatasetIdentity, describe_area, same_dataset
+from shardio.staging.protocol import (
     AREA_LOCK,
     STAGE_DIR,
     area_lock,
     read_area_marker,
     write_area_marker,
 )
-from shardio.errors import FormatError, ShardioError, StorageError, UsageError
-from shardio.format.manifest import Manifest, load_manifest
-from shardio.format.spec import MANIFEST_FILENAME
 from shardio.storage.atomic import is_temp_name, storage_error
 from shardio.storage.files import describe_kind, make_dirs_inside
 
@@ -215,7 +215,7 @@ def open_area(
     nothing written.
 
     An area that holds another dataset is refused, unless ``force``: then what shardio
-    staged there is removed first (:func:`shardio.cache.clean.remove_staged`; the repair
+    staged there is removed first (:func:`shardio.staging.clean.remove_staged`; the repair
     journal and any file shardio did not put there stay).
 
     Raises:
@@ -287,7 +287,7 @@ def check_paths(manifest: Manifest, src_root: str) -> None:
 def clean_stage(
     dest: str | os.PathLike[str], *, journal_dir: str | None = None, job: str | None = None
 ) -> CleanResult:
-    """Remove what staging put in ``dest`` (epilogue); see :mod:`shardio.cache.clean`.
+    """Remove what staging put in ``dest`` (epilogue); see :mod:`shardio.staging.clean`.
 
     Only regular files named by DEST's staged manifest and plan and shardio's own records
     are removed; no symlink is followed, and anything else in ``dest`` stays (listed in the

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import stat
 
-from shardio.cache.copy import READ_NOFOLLOW
-from shardio.cache.protocol import drop_staged, try_lock_for_eviction
 from shardio.format.manifest import Manifest
+from shardio.staging.copy import READ_NOFOLLOW
+from shardio.staging.protocol import drop_staged, try_lock_for_eviction
 from shardio.storage.files import unlink_inside
 
 __all__ = ["evict_for"]

@@ -17,7 +17,10 @@ import socket
 import stat
 from dataclasses import dataclass
 
-from shardio.cache.protocol import (
+from shardio.errors import StorageError, UsageError
+from shardio.format.manifest import Manifest, load_manifest
+from shardio.format.spec import MANIFEST_FILENAME
+from shardio.staging.protocol import (
     AREA_FILE,
     AREA_LOCK,
     PLAN_FILE,
@@ -26,9 +29,6 @@ from shardio.cache.protocol import (
     read_plan,
     stamp_rel,
 )
-from shardio.errors import StorageError, UsageError
-from shardio.format.manifest import Manifest, load_manifest
-from shardio.format.spec import MANIFEST_FILENAME
 from shardio.storage.atomic import storage_error
 from shardio.storage.files import (
     describe_kind,

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 from shardio import RecoveryPolicy
-from shardio.cache import StageOptions, stage_dataset
-from shardio.cache.protocol import read_area_marker
 from shardio.errors import UsageError
 from shardio.format.identity import dataset_id, short_id
 from shardio.format.manifest import load_manifest
 from shardio.order.ranks import RankInfo
 from shardio.packing.run import PackOptions, pack
 from shardio.runtime.dataset import ShardDataset
+from shardio.staging import StageOptions, stage_dataset
+from shardio.staging.protocol import read_area_marker
 
 SINGLE = RankInfo(rank=0, world_size=1)
 OPTIONS = StageOptions(durable=False)

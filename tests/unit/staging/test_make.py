@@ -12,9 +12,9 @@ import subprocess
 
 import pytest
 
-from shardio.cache import default_stage_dir
 from shardio.cli.stage import default_stage_dir as cli_default_stage_dir
 from shardio.errors import UsageError
+from shardio.staging import default_stage_dir
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 TIMEOUT_S = 300  # the install step is a no-op once the venv's stamp exists, else slow

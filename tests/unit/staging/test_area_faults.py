@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from shardio.cache import StageOptions, stage_dataset
-from shardio.cache.protocol import write_stamp
 from shardio.order.ranks import RankInfo
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.runtime.dataset import ShardDataset
+from shardio.staging import StageOptions, stage_dataset
+from shardio.staging.protocol import write_stamp
 
 SINGLE = RankInfo(rank=0, world_size=1)
 
@@ -22,7 +22,7 @@ SINGLE = RankInfo(rank=0, world_size=1)
 def _rot(src: Any, dest: Any, sample: int) -> str:
     """Flip a byte of ``sample``'s payload in its staged copy and refresh the stamp (bit
     rot that the copy's stat does not show); return the shard's relative path."""
-    with PackedDataset(src.path) as ds:
+    with ShardReader(src.path) as ds:
         shard = int(ds.index.samples[sample]["shard"])
         member = next(
             m

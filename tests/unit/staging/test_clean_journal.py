@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from shardio.cache import StageOptions, clean_stage, stage_dataset
-from shardio.cache.clean import JOURNAL_FILE
 from shardio.read.journal import JOURNAL_NAME, RepairJournal, read_journal
+from shardio.staging import StageOptions, clean_stage, stage_dataset
+from shardio.staging.clean import JOURNAL_FILE
 
 AREA_RECORDS = ".shardio-stage"
 

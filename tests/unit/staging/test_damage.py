@@ -12,11 +12,11 @@ import re
 
 import pytest
 
-from shardio.cache import StageOptions, stage_dataset
-from shardio.cache.protocol import write_stamp
 from shardio.order.ranks import RankInfo
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.runtime.dataset import ShardDataset
+from shardio.staging import StageOptions, stage_dataset
+from shardio.staging.protocol import write_stamp
 
 SUMMARY = re.compile(r"copied (\d+) .*already staged and verified (\d+), replaced (\d+)")
 SINGLE = RankInfo(rank=0, world_size=1)
@@ -30,7 +30,7 @@ def _stage_all(src, dest) -> None:
 def _flip(src, dest, sample: int) -> str:
     """Flip one byte in the middle of ``sample``'s payload in its staged copy; return the
     shard's relative path."""
-    with PackedDataset(src.path) as ds:
+    with ShardReader(src.path) as ds:
         shard = int(ds.index.samples[sample]["shard"])
         member = next(
             m

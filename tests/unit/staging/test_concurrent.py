@@ -81,7 +81,7 @@ def test_eight_api_processes_sum_of_copied(big_src, tmp_path, helpers):
 
 
 def _stage_api(src: str, dest: str, go: Any, results: Any) -> None:
-    from shardio.cache import StageOptions, stage_dataset
+    from shardio.staging import StageOptions, stage_dataset
 
     go.wait(30)
     result = stage_dataset(src, dest, StageOptions(streams=4, durable=False))

@@ -25,8 +25,8 @@ import dataclasses
 import os
 import threading
 
-from shardio.cache.stage import StageOptions, StageResult, stage_dataset
 from shardio.errors import UsageError
+from shardio.staging.stage import StageOptions, StageResult, stage_dataset
 
 __all__ = ["EpochStager"]
 

@@ -2,7 +2,7 @@
 
 ``stage_dataset`` copies the shards a node will read, in the order training first needs
 them, with parallel copy streams, each copy verified against the manifest (see
-:mod:`shardio.cache.copy`). A rerun copies only what is missing or bad.
+:mod:`shardio.staging.copy`). A rerun copies only what is missing or bad.
 """
 
 from __future__ import annotations
@@ -15,29 +15,29 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from shardio.cache.area import check_paths, open_area, storage_errors
-from shardio.cache.copy import (
+from shardio.errors import IntegrityError, StorageUnavailableError, UsageError
+from shardio.format.identity import load_identified
+from shardio.format.manifest import Manifest
+from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
+from shardio.staging.area import check_paths, open_area, storage_errors
+from shardio.staging.copy import (
     leftover_temps,
     source_rebuild,
     stage_one,
     temps_of,
     write_local_metadata,
 )
-from shardio.cache.dali_index import dali_index_reader
-from shardio.cache.evict import evict_for
-from shardio.cache.identity import DatasetIdentity
-from shardio.cache.options import (
+from shardio.staging.dali_index import dali_index_reader
+from shardio.staging.evict import evict_for
+from shardio.staging.identity import DatasetIdentity
+from shardio.staging.options import (
     MAX_NODES,
     MAX_RANKS_PER_NODE,
     MAX_STREAMS,
     StageOptions,
 )
-from shardio.cache.plan import choose_shards, node_shard_order
-from shardio.cache.protocol import STAGE_DIR, write_plan
-from shardio.errors import IntegrityError, StorageUnavailableError, UsageError
-from shardio.format.identity import load_identified
-from shardio.format.manifest import Manifest
-from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
+from shardio.staging.plan import choose_shards, node_shard_order
+from shardio.staging.protocol import STAGE_DIR, write_plan
 from shardio.storage.files import make_dirs_inside
 
 __all__ = [

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 
-from shardio.cache import StageOptions, node_shard_order
 from shardio.order.ranks import RankInfo
-from shardio.read.packed import PackedDataset
+from shardio.read.reader import ShardReader
 from shardio.runtime.dataset import ShardDataset
+from shardio.staging import StageOptions, node_shard_order
 
 SINGLE = RankInfo(rank=0, world_size=1)
 FROM_SOURCE = re.compile(
@@ -94,7 +94,7 @@ def test_eviction_skips_a_shard_a_reader_holds(big_src, tmp_path, run_cli):
     assert rc == 0, err
     big_src.assert_staged_ok(dest, set(first))
 
-    reader = PackedDataset(big_src.path, cache=dest)
+    reader = ShardReader(big_src.path, cache=dest)
     try:
         sample = big_src.samples_in(held)[0]
         big_src.check_sample(_as_dict(reader.read_sample(sample)))
@@ -152,5 +152,5 @@ def test_no_eviction_when_everything_fits(tiny_src, tmp_path, run_cli):
 
 
 def _as_dict(sample):
-    """PackedDataset.read_sample -> the ``ds[i]`` shape check_sample expects."""
+    """ShardReader.read_sample -> the ``ds[i]`` shape check_sample expects."""
     return {"__key__": sample["__key__"], "bin": sample["bin"], "cls": sample["cls"]}
