@@ -9,7 +9,7 @@ made once under ``--workdir`` and reused while its stamp stands), measures:
    and stream mode, warm and cold;
 2. the cost of ``verify=True`` against ``verify=False`` (ring, warm, map and stream);
 3. the time to repair one shard from the source: (a) reading the samples of one shard through
-   ``ShardDataset(SRC, cache=DEST, recovery="raise")`` when its staged copy is
+   ``ShardDataset(SRC, stage=DEST, recovery="raise")`` when its staged copy is
    silently damaged (re-staged on the first bad read) against the same reads of an intact
    copy; (b) ``shardio verify DEST --repair`` on that staging area against ``shardio verify
    DEST`` on the intact area;
@@ -223,7 +223,7 @@ def _shard_child(argv: Sequence[str]) -> int:
     if args.handshake:
         common.child_handshake()
     t0 = time.perf_counter()
-    ds = ShardDataset(args.src, cache=args.cache, shuffle=False, recovery="raise")
+    ds = ShardDataset(args.src, stage=args.cache, shuffle=False, recovery="raise")
     samples = nbytes = 0
     first_s = 0.0
     for i in range(args.first, args.first + args.count):
@@ -568,7 +568,7 @@ def _measure(
         nbytes=result["bytes"],
         transport=result.get("transport", ""),
         recovery=result.get("recovery", {}),
-        cache=result.get("cache", {}),
+        stage=result.get("cache", {}),
         returncode=run.returncode,
         repaired=_copy_intact(data) if job.damaged else None,
     )
@@ -895,7 +895,7 @@ def _report(
         "intact after': the flipped byte is back and the stamp matches.",
         "",
         "(a) Reading that shard's samples, `ds[i]` in order in one process, through "
-        "`ShardDataset(SRC, cache=DEST, shuffle=False, recovery='raise')`. "
+        "`ShardDataset(SRC, stage=DEST, shuffle=False, recovery='raise')`. "
         "With the damage, the first read fails its checksum and the copy is staged again "
         "from SRC (copied and verified under its lock), then read: the first sample's time "
         "is the repair. The rest of the shard then comes from the fresh copy in the page "

@@ -5,7 +5,7 @@ Public API (torch-side names load lazily, so packing never imports torch)::
     from shardio import pack, PackOptions, verify_dataset, repair_dataset, ShardReader
     from shardio import ShardWriter                      # write shards from code
     from shardio import inspect_dataset                  # what `shardio inspect` shows
-    from shardio import ShardDataset, ResilientDataset   # import torch on first use
+    from shardio import ShardDataset, RecoveryPolicy     # import torch on first use
     from shardio import OrderSpec, EpochStager           # the order spec; stage epochs ahead
 """
 
@@ -46,7 +46,6 @@ __all__ = [
     "RankInfo",
     "ReadStalledError",
     "RecoveryPolicy",
-    "ResilientDataset",
     "SampleDecodeError",
     "SampleUnavailableError",
     "ShardDataset",

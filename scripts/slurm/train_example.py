@@ -49,7 +49,7 @@ def main() -> int:
         )
     data = os.environ["SHARDIO_DATA"]
     stage = os.environ.get("SHARDIO_STAGE_DIR") or None
-    ds = ShardDataset(data, cache=stage, seed=0, order=os.environ.get("SHARDIO_ORDER"))
+    ds = ShardDataset(data, stage=stage, seed=0, order=os.environ.get("SHARDIO_ORDER"))
     loader = ds.loader(batch_size=args.batch_size, num_workers=args.workers)
     classes = len(ds.classes or ()) or 1
     model = torch.nn.Linear(1, classes)

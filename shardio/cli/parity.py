@@ -17,7 +17,7 @@ def add_parser(sub: Subparsers) -> None:
         help="add or drop erasure-coded parity (any M lost shards of a group rebuild)",
         description="Add parity to a packed dataset (M parity files per group of K shards, "
         "so that any M lost or damaged files of a group can be rebuilt by shardio verify "
-        "--repair, shardio stage and ResilientDataset), or drop it. Both resume after a kill.",
+        "--repair, shardio stage and a dataset's recovery=), or drop it. Both resume after a kill.",
     )
     actions = par.add_subparsers(dest="parity_action", required=True, metavar="ACTION")
     add = actions.add_parser("add", help="compute and add parity (needs pyeclib)")

@@ -239,5 +239,5 @@ def run(args: argparse.Namespace) -> int:
         )
     if result.evicted:
         print(_evicted_line(len(result.evicted), options))
-    print(f"read it with ShardDataset({src!r}, cache={dest!r}) or ShardDataset({dest!r})")
+    print(f"read it with ShardDataset({src!r}, stage={dest!r}) or ShardDataset({dest!r})")
     return EXIT_OK

@@ -40,6 +40,8 @@ from collections.abc import Sequence
 from importlib.machinery import PathFinder
 from typing import TYPE_CHECKING, Any
 
+from shardio._check import require_path
+from shardio._deprecated import renamed_option
 from shardio.errors import MissingExtraError
 
 
@@ -97,10 +99,11 @@ def pipeline(
     decode: str | None = None,
     crop: int | None = None,
     verify: bool = True,
-    cache: str | os.PathLike[str] | None = None,
+    stage: str | os.PathLike[str] | None = None,
     prefetch_queue_depth: int = 2,
     exts: Sequence[str] = ("jpeg",),
     ranks: RankInfo | None = None,
+    cache: str | os.PathLike[str] | None = None,
 ) -> ShardPipeline:
     """Build a DALI pipeline yielding ``(data, label)`` batches of a packed dataset.
 
@@ -143,12 +146,13 @@ def pipeline(
         verify: True: shardio reads and checks every member's xxh3-64 before DALI sees it.
             False (tar): DALI's webdataset reader reads the shards itself, UNCHECKED;
             warns with :class:`UnverifiedReadWarning`.
-        cache: a staging area (``shardio stage SRC DEST``) to read verified copies from.
+        stage: a staging area (``shardio stage SRC DEST``) to read verified copies from.
         prefetch_queue_depth: batches DALI prepares ahead.
         exts: the payload member's extensions, first match per sample (e.g. ``("jpeg",
             "png")``).
         ranks: the whole rank and node layout, as ShardDataset's ``ranks`` (instead of
             ``shard_id``/``num_shards``).
+        cache: the old name of ``stage`` (warns; goes in 0.3).
 
     Returns:
         A :class:`ShardPipeline` holding the built DALI pipeline (``.pipe``).
@@ -158,6 +162,7 @@ def pipeline(
             without ``decode``, an extension no member has, ...).
         FormatError: the dataset's manifest or index is malformed.
     """
+    stage = renamed_option("shardio.dali.pipeline", "cache", cache, "stage", stage)
     options = DALIOptions(
         batch_size=batch_size,
         num_threads=num_threads,
@@ -172,7 +177,7 @@ def pipeline(
         decode=decode,
         crop=crop,
         verify=verify,
-        cache=os.fspath(cache) if cache is not None else None,
+        stage=None if stage is None else require_path(stage, "stage"),
         prefetch_queue_depth=prefetch_queue_depth,
         exts=tuple(exts),
         rank_layout=ranks,

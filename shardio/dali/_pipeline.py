@@ -81,7 +81,7 @@ class DALIOptions:
     decode: str | None = None
     crop: int | None = None
     verify: bool = True
-    cache: str | None = None
+    stage: str | None = None
     prefetch_queue_depth: int = 2
     exts: tuple[str, ...] = ("jpeg",)
     rank_layout: RankInfo | None = None  # ShardDataset's ``ranks``, given whole
@@ -196,7 +196,7 @@ class ShardPipeline:
             found = self._source.packed.resolver.dataset_id
             tar = self.manifest.shard_format == "tar"
         else:
-            opened = set_up_reader(self.path).open(cache=options.cache)
+            opened = set_up_reader(self.path).open(stage=options.stage)
             try:
                 self.manifest = opened.manifest
                 found = opened.resolver.dataset_id
@@ -242,7 +242,7 @@ class ShardPipeline:
             spec=o.spec,
             ranks=self.ranks,
             verify=o.verify,
-            cache=o.cache,
+            stage=o.stage,
             exts=o.exts,
         )
 

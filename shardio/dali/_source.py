@@ -54,7 +54,7 @@ class VerifiedSource:
         spec: the order (as ShardDataset's, partitions included).
         ranks: this process's rank and the world size.
         verify: check each member's xxh3-64 (False only for HDF5's unverified mode).
-        cache: a staging area to read verified copies from.
+        stage: a staging area to read verified copies from.
         exts: extensions of the payload member, first match wins per sample.
         read_timeout_s: seconds a read may stall before it is abandoned and raises
             :class:`~shardio.errors.ReadStalledError` (None: 120 s on a network filesystem,
@@ -78,7 +78,7 @@ class VerifiedSource:
         spec: OrderSpec,
         ranks: RankInfo,
         verify: bool,
-        cache: str | os.PathLike[str] | None,
+        stage: str | os.PathLike[str] | None,
         exts: Sequence[str],
         read_timeout_s: float | None = None,
         ahead: int = 2,
@@ -89,7 +89,7 @@ class VerifiedSource:
         reader = set_up_reader(path, read_timeout_s=read_timeout_s)
         self.read_choice = reader.choice
         self.read_timeout_s = reader.read_timeout_s
-        self.packed = reader.open(cache=cache)
+        self.packed = reader.open(stage=stage)
         self.batch_size = batch_size
         self.ranks = ranks
         self.verify = verify

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from shardio._deprecated import renamed_option
 from shardio.errors import (
     ChecksumMismatchError,
     FormatError,
@@ -184,7 +185,7 @@ class ShardReader:
     """A dataset written by ``shardio pack``.
 
     Reads a shard from a staging area when a verified copy is there, else from the source
-    (a read-through cache): ``ShardReader(SRC, cache=DEST)``, or ``ShardReader(DEST)``
+    (a read-through cache): ``ShardReader(SRC, stage=DEST)``, or ``ShardReader(DEST)``
     for a staging area, whose manifest names its source. A staged copy that fails a read is
     dropped and the member read again from the source (or from a fresh copy, with
     ``restage=True``).
@@ -192,7 +193,8 @@ class ShardReader:
     Args:
         root: the dataset directory (holding manifest.json), or a staging area.
         max_open: bound on shard files held open at once.
-        cache: a staging area (``shardio stage``) to read verified copies from.
+        stage: a staging area (``shardio stage``) to read verified copies from.
+        cache: the old name of ``stage`` (warns; goes in 0.3).
         opener: how bytes are read (default: POSIX calls).
         restage: stage a bad copy again from the source (once per node) instead of only
             dropping it; also a copy written, cut or removed after it was staged (its stamp
@@ -224,6 +226,7 @@ class ShardReader:
         root: str | os.PathLike[str],
         *,
         max_open: int = 64,
+        stage: str | os.PathLike[str] | None = None,
         cache: str | os.PathLike[str] | None = None,
         opener: Opener | None = None,
         restage: bool = False,
@@ -234,6 +237,7 @@ class ShardReader:
         read_strategy: ReadStrategy | None = None,
     ) -> None:
         self.root = os.fspath(root)
+        stage = renamed_option("ShardReader", "cache", cache, "stage", stage)
         self.read_strategy = read_strategy
         self.opener: Opener = opener if opener is not None else PosixOpener()
         # The manifest and the index are read outside the opener, under its deadline: with
@@ -250,13 +254,13 @@ class ShardReader:
         self.resolver = ShardResolver(
             self.manifest,
             self.root,
-            os.fspath(cache) if cache is not None else None,
+            os.fspath(stage) if stage is not None else None,
             metrics=self.metrics,
             dataset_id=dataset_id,
         )
         if handoff is not None:
             self.resolver.inherit(handoff.staged)
-        elif cache is not None:
+        elif stage is not None:
             self.resolver.check_cache()  # another dataset's area is refused, a missing one said
         self.restage = restage
         self.on_event = on_event

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from shardio._check import require_int, require_path
+from shardio._deprecated import renamed_option, warn_renamed
 from shardio.errors import ShardioError, UsageError
 from shardio.format.spec import LABEL_EXT
 from shardio.metrics.read import ReadDelta, ReadMetrics
@@ -141,8 +142,9 @@ class ShardDataset(Dataset[dict[str, Any]]):
         metrics: time every member read into the read-latency histograms and send the
             workers' figures with their batches (``loader.metrics()``); False keeps only
             the counters of each process.
-        cache: a staging area (``shardio stage SRC DEST``) to read verified shard copies
+        stage: a staging area (``shardio stage SRC DEST``) to read verified shard copies
             from; shards not staged (yet) are read from ``path``.
+        cache: the old name of ``stage`` (warns; goes in 0.3).
         max_open: shard files held open at once per process; None (default) holds every
             shard open up to half the process's open-file limit, so random reads never
             reopen a shard (each reopen is a metadata-server round trip on Lustre).
@@ -163,7 +165,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
             error is raised as it is; "raise", "skip" or a
             :class:`~shardio.read.recovery.RecoveryPolicy`: retried, re-staged, rebuilt,
             then raised as SampleUnavailableError or substituted (see
-            :mod:`shardio.read.recovery`; ``ResilientDataset(ds, policy=...)`` is this).
+            :mod:`shardio.read.recovery`).
         rebuild: with ``recovery``: rebuilds a damaged source shard in place
             (``rebuild(shard_index) -> bool``), tried after the retries.
     """
@@ -196,6 +198,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         drop_last: bool | None = None,
         ranks: RankInfo | None = None,
         max_open: int | None = None,
+        stage: str | os.PathLike[str] | None = None,
         cache: str | os.PathLike[str] | None = None,
         transport: str = "ring",
         opener: Opener | None = None,
@@ -232,7 +235,8 @@ class ShardDataset(Dataset[dict[str, Any]]):
         self.verify = verify
         self.max_open = max_open if max_open is not None else _default_max_open()
         self._decoder = make_decoder(decode)
-        self.cache = os.fspath(cache) if cache is not None else None
+        stage = renamed_option("ShardDataset", "cache", cache, "stage", stage)
+        self.stage = None if stage is None else require_path(stage, "stage")
         if read_strategy is not None and not isinstance(read_strategy, str):
             raise UsageError(f"read_strategy must be a string, got {type(read_strategy).__name__}")
         # Chosen once, here (workers get the choice with the dataset), with the one statfs of
@@ -292,7 +296,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         to the recovery."""
         return self._reader.open(
             max_open=self.max_open,
-            cache=self.cache,
+            stage=self.stage,
             timed=self.timed,
             fs=fs,
             handoff=handoff,
@@ -313,19 +317,13 @@ class ShardDataset(Dataset[dict[str, Any]]):
         rebuild: Callable[[int], bool] | None = None,
         **options: Any,
     ) -> ShardDataset:
-        """A copy of this dataset that recovers from read faults by ``policy`` (a name with
+        """Deprecated (goes in 0.3): ``ShardDataset(path, recovery=...)`` asks for recovery.
+
+        A copy of this dataset that recovers from read faults by ``policy`` (a name with
         RecoveryPolicy's fields as ``options``, or a RecoveryPolicy); this one is left
         unchanged. The copy starts where this one stands, with figures of its own."""
-        chosen = make_policy(policy, options)
-        if rebuild is not None and not callable(rebuild):
-            raise UsageError(f"rebuild must be callable, got {type(rebuild).__name__}")
-        copy = object.__new__(type(self))
-        copy.__setstate__(self.__getstate__())
-        copy.cursor = self.cursor.copy()  # its own position, from where this one stood
-        copy._received = ReadMetrics()
-        copy._closed_metrics = None
-        copy.recovering = SampleRecovery(chosen, rebuild)
-        return copy
+        warn_renamed("ShardDataset.with_recovery(...)", "ShardDataset(path, recovery=...)")
+        return recovering_copy(self, policy, rebuild=rebuild, options=options)
 
     @property
     def recovery_policy(self) -> RecoveryPolicy | None:
@@ -810,6 +808,28 @@ def _check_staged_order(
             spec,
         )
     return differences
+
+
+def recovering_copy(
+    dataset: ShardDataset,
+    policy: str | RecoveryPolicy,
+    *,
+    rebuild: Callable[[int], bool] | None,
+    options: dict[str, Any],
+) -> ShardDataset:
+    """A copy of ``dataset`` (left unchanged) reading through a recovery policy, starting
+    where it stands, with figures of its own: what the deprecated ``with_recovery`` and
+    ``ResilientDataset`` return."""
+    chosen = make_policy(policy, options)
+    if rebuild is not None and not callable(rebuild):
+        raise UsageError(f"rebuild must be callable, got {type(rebuild).__name__}")
+    copy = object.__new__(type(dataset))
+    copy.__setstate__(dataset.__getstate__())
+    copy.cursor = dataset.cursor.copy()  # its own position, from where this one stood
+    copy._received = ReadMetrics()
+    copy._closed_metrics = None
+    copy.recovering = SampleRecovery(chosen, rebuild)
+    return copy
 
 
 class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):

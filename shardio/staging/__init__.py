@@ -3,7 +3,7 @@
 ``stage_dataset`` copies the shards a node will read, in the order training first needs
 them, with parallel copy streams; each copy is published under its final name only when its
 xxh3-128 matches the manifest, and a per-shard ``flock`` lets every rank of a node run it at
-once. A rerun copies only what is missing or bad. Readers (``ShardDataset(src, cache=DEST)``)
+once. A rerun copies only what is missing or bad. Readers (``ShardDataset(src, stage=DEST)``)
 trust a copy whose stamp still matches and drop one that fails its checksum.
 
 Staging writes only into a new or empty directory, or into a staging area it made before

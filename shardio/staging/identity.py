@@ -2,7 +2,7 @@
 
 An area's marker records the dataset id (:mod:`shardio.format.identity`: the xxh3-128 of
 the source manifest's bytes) of what was staged into it. Staging another dataset into it,
-reading it as another dataset's cache (``cache=``) and repairing it from another dataset are
+reading it as another dataset's cache (``stage=``) and repairing it from another dataset are
 refused, never done with another dataset's bytes. An area of an older release has no id in
 its marker: it is identified by its staged manifest (the source's manifest plus
 ``staged_from``), which must equal the dataset's own manifest but for that field.

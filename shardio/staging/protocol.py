@@ -6,7 +6,7 @@ This module is the protocol's one home; stage, evict and the read side's resolve
 - **Marker.** ``DEST/.shardio-stage/area.json`` says a directory is a staging area: staging,
   cleaning and repair never touch a directory without one. It records the dataset id of
   what is staged there (``dataset_id``: the xxh3-128 of the source manifest's bytes), which
-  staging, ``cache=``, verify and repair check (:mod:`shardio.staging.identity`).
+  staging, ``stage=``, verify and repair check (:mod:`shardio.staging.identity`).
 - **Stamps.** A copy is published under its final name only after its xxh3-128 matched the
   manifest; then a stamp records its size, inode, ctime and mtime beside the digest. Any
   write changes ctime, which no user can set back, so a copy whose ``lstat`` still matches its

@@ -53,7 +53,7 @@ def test_stage_from_the_pfs_then_read_the_area(
     shards = shard_rels(pfs_dataset.path)
     for rel in shards:  # every shard staged, byte-identical to the PFS copy
         assert (area / rel).read_bytes() == (pfs_dataset.path / rel).read_bytes(), rel
-    ds = ShardDataset(pfs_dataset.path, mode=mode, cache=area, ranks=SINGLE, seed=2)
+    ds = ShardDataset(pfs_dataset.path, mode=mode, stage=area, ranks=SINGLE, seed=2)
     loader = ds.loader(batch_size=BATCH, num_workers=2)
     try:
         keys = []

@@ -182,7 +182,7 @@ def test_prometheus_scrapes_a_training_run_and_its_figures_are_the_loaders(
         ranks = RankInfo(rank=rank, world_size=2, local_rank=rank, ranks_per_node=2)
         ds = ShardDataset(
             dataset,
-            cache=area,
+            stage=area,
             ranks=ranks,
             recovery=RecoveryPolicy(policy="skip", retries=1, backoff_s=0.0),
         )

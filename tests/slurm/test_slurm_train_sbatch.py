@@ -43,7 +43,7 @@ if sys.argv[2] == "wait":  # until the job is signalled (bounded: the test fails
     time.sleep(60)
     sys.exit(0)
 stage = pathlib.Path(os.environ["SHARDIO_STAGE_DIR"])
-ds = ShardDataset(os.environ["SHARDIO_DATA"], cache=stage, order=os.environ["SHARDIO_ORDER"])
+ds = ShardDataset(os.environ["SHARDIO_DATA"], stage=stage, order=os.environ["SHARDIO_ORDER"])
 samples = {}
 for batch in ds.loader(batch_size=4, num_workers=1):
     for key, payload in zip(batch["__key__"], batch["bin"]):

@@ -43,7 +43,7 @@ def test_a_decided_copy_damaged_since_costs_a_fallback_not_a_byte(staged) -> Non
     src, area = staged
     with ShardReader(src) as clean:
         expected = clean.read_sample(0)
-    with ShardReader(src, cache=area) as ds:
+    with ShardReader(src, stage=area) as ds:
         ds.decide(range(len(ds)))
         assert ds.resolver.handed() == frozenset(range(len(ds.manifest.shards)))
         copy = ds.shard_path(0)
@@ -61,7 +61,7 @@ def test_a_decided_copy_replaced_by_a_symlink_is_not_followed(staged, tmp_path) 
     with ShardReader(src) as clean:
         expected = clean.read_sample(0)
         source = clean.shard_path(0)
-    with ShardReader(src, cache=area) as ds:
+    with ShardReader(src, stage=area) as ds:
         ds.decide([0])
         copy = ds.shard_path(0)
         os.unlink(copy)
@@ -74,7 +74,7 @@ def test_a_decided_copy_replaced_by_a_symlink_is_not_followed(staged, tmp_path) 
 
 def test_forget_checks_a_handed_shard_again(staged) -> None:
     src, area = staged
-    with ShardReader(src, cache=area) as ds:
+    with ShardReader(src, stage=area) as ds:
         ds.decide([0, 1])
         os.unlink(stamp_path(str(area), ds.manifest.shards[0].path))
         assert ds.resolver.locate(0).staged  # decided: not checked again
@@ -97,13 +97,13 @@ def test_a_handoff_carries_the_manifest_and_decisions_but_the_index_is_checked(
     src, area = staged
     copy = tmp_path / "copy"
     shutil.copytree(src, copy)
-    with ShardReader(copy, cache=area) as parent:
+    with ShardReader(copy, stage=area) as parent:
         parent.decide(range(len(parent)))
         handoff = pickle.loads(pickle.dumps(parent.handoff()))
         expected = [parent.read_sample(i) for i in range(3)]
     assert handoff.staged == frozenset(range(len(handoff.manifest.shards)))
     (copy / "manifest.json").write_bytes(b"not read again")
-    with ShardReader(copy, cache=area, handoff=handoff) as child:
+    with ShardReader(copy, stage=area, handoff=handoff) as child:
         assert child.resolver.handed() == handoff.staged
         assert [child.read_sample(i) for i in range(3)] == expected
         assert child.metrics["cache_hits"] >= 1
@@ -112,7 +112,7 @@ def test_a_handoff_carries_the_manifest_and_decisions_but_the_index_is_checked(
     data[8] ^= 0xFF  # the header: checked against the manifest at open
     index.write_bytes(bytes(data))
     with pytest.raises(FormatError):
-        ShardReader(copy, cache=area, handoff=handoff)
+        ShardReader(copy, stage=area, handoff=handoff)
 
 
 def test_stamp_cache_reads_a_stamp_again_once_it_is_replaced(staged) -> None:
@@ -193,7 +193,7 @@ def test_open_ahead_passes_over_a_held_shard_and_stops_at_a_stalled_one(
 
 def test_open_ahead_leaves_staged_copies_to_their_readers(staged) -> None:
     src, area = staged
-    with ShardReader(src, cache=area) as ds:
+    with ShardReader(src, stage=area) as ds:
         ds.decide(range(len(ds)))
         assert ds.open_ahead(range(len(ds.manifest.shards))) == 0
         assert ds.metrics["opens_staged"] == 0
@@ -267,7 +267,7 @@ def test_a_forked_reader_opens_staged_copies_itself(staged) -> None:
     """The parent's descriptor of a copy may name one dropped and staged again since: a
     forked reader opens (and locks) its own."""
     src, area = staged
-    with ShardReader(src, cache=area) as ds:
+    with ShardReader(src, stage=area) as ds:
         expected = ds.read_sample(0)
         assert ds.metrics["opens_staged"] == 1
         status, opens, data = _fork_read(ds, 0)

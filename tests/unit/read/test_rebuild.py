@@ -126,7 +126,7 @@ def test_the_private_copy_goes_to_the_staging_area_in_use(
 
     monkeypatch.setattr(tempfile, "mkdtemp", spy)
     _flip(ds / load_manifest(ds / "manifest.json").shards[0].path)
-    with ShardReader(ds, cache=area) as packed:
+    with ShardReader(ds, stage=area) as packed:
         monkeypatch.setattr(packed.resolver, "cache_problem", None)  # an area in use
         assert ParityRebuild(packed, in_place=False)(0)
         packed.read_sample(0)

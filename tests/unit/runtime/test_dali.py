@@ -312,7 +312,7 @@ def test_dalis_own_reader_has_no_resumable_state(packed_tar: Packed) -> None:
 def test_reads_verified_copies_from_a_staging_area(packed_tar: Packed, tmp_path: Path) -> None:
     area = tmp_path / "area"
     stage_dataset(packed_tar.path, area, StageOptions())
-    with sdali.loader(packed_tar.path, batch_size=BATCH, seed=2, cache=area) as loader:
+    with sdali.loader(packed_tar.path, batch_size=BATCH, seed=2, stage=area) as loader:
         data, labels, _ = _epoch(loader)
         stats = loader.pipeline.read_metrics().counts
     assert (data, labels) == _expected(packed_tar, seed=2, epoch=0, ranks=RankInfo())
@@ -538,7 +538,7 @@ def test_dali_and_the_dataset_set_up_the_same_reader(
     ds = ShardDataset(packed_tar.path, ranks=RankInfo())
     source = VerifiedSource(
         packed_tar.path, batch_size=8, spec=OrderSpec(), ranks=RankInfo(), verify=True,
-        cache=None, exts=("jpeg",),
+        stage=None, exts=("jpeg",),
     )  # fmt: skip
     try:
         assert source.read_choice == ds.read_choice

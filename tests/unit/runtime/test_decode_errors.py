@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from shardio import RecoveryPolicy
 from shardio.errors import SampleDecodeError, ShardioError
 from shardio.packing.run import PackOptions, pack
 from shardio.read.journal import read_journal
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.resilient import ResilientDataset
 
 NUM_FILES = 48
 BAD_KEY = "c1/img0013"  # a .jpg whose bytes are no JPEG at all
@@ -108,10 +108,12 @@ def test_skip_substitutes_deterministically(
     delivered: dict[int, list[str]] = {}
     for workers in (0, 2):
         journal = tmp_path / f"repairs-{workers}.jsonl"
-        ds = ResilientDataset(
-            ShardDataset(images, mode=mode, decode="pil", seed=7),
-            policy="skip",
-            journal=os.fspath(journal),
+        ds = ShardDataset(
+            images,
+            mode=mode,
+            decode="pil",
+            seed=7,
+            recovery=RecoveryPolicy(policy="skip", journal=os.fspath(journal)),
         )
         loader = ds.loader(batch_size=8, num_workers=workers)
         keys = []
@@ -140,10 +142,12 @@ def test_skip_substitutes_deterministically(
 def test_raise_policy_raises_the_typed_error(
     images: pathlib.Path, tmp_path: pathlib.Path, mode: str, workers: int
 ) -> None:
-    ds = ResilientDataset(
-        ShardDataset(images, mode=mode, decode="torch", seed=7),
-        policy="raise",
-        journal=os.fspath(tmp_path / "repairs.jsonl"),
+    ds = ShardDataset(
+        images,
+        mode=mode,
+        decode="torch",
+        seed=7,
+        recovery=RecoveryPolicy(policy="raise", journal=os.fspath(tmp_path / "repairs.jsonl")),
     )
     with pytest.raises(SampleDecodeError) as caught:
         _keys(ds.loader(batch_size=8, num_workers=workers))
@@ -161,10 +165,11 @@ def test_skip_takes_no_undecodable_substitute(images: pathlib.Path, tmp_path: pa
             raise ValueError("refused")
         return sample
 
-    ds = ResilientDataset(
-        ShardDataset(images, decode=decoder, seed=3),
-        policy="skip",
-        journal=os.fspath(tmp_path / "repairs.jsonl"),
+    ds = ShardDataset(
+        images,
+        decode=decoder,
+        seed=3,
+        recovery=RecoveryPolicy(policy="skip", journal=os.fspath(tmp_path / "repairs.jsonl")),
     )
     keys = _keys(ds.loader(batch_size=8, num_workers=0))
     assert len(keys) == NUM_FILES

@@ -8,13 +8,13 @@ from array import array
 
 import pytest
 
+from shardio import RecoveryPolicy
 from shardio.errors import UsageError
 from shardio.metrics import MetricsSnapshot, ReadDelta, ReadMetrics, combine
 from shardio.order.ranks import RankInfo
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.runtime.dataset import ShardDataset
 from shardio.runtime.prefetch import GPUPrefetcher
-from shardio.runtime.resilient import ResilientDataset
 from shardio.staging.stage import StageOptions, stage_dataset
 
 SINGLE = RankInfo()
@@ -93,7 +93,7 @@ def test_slow_reads_show_in_the_percentiles_and_the_stall_fraction(packed_tar) -
 def test_a_staged_copy_counts_as_staged(packed_tar, tmp_path) -> None:
     area = tmp_path / "area"
     stage_dataset(packed_tar.path, area, StageOptions())
-    ds = ShardDataset(packed_tar.path, cache=area, ranks=SINGLE)
+    ds = ShardDataset(packed_tar.path, stage=area, ranks=SINGLE)
     loader = ds.loader(batch_size=50, num_workers=2)
     _epoch(loader)
     snap = loader.metrics()
@@ -111,8 +111,12 @@ def test_checksum_failures_and_substitutes_reach_the_training_process(
 ) -> None:
     key = packed_tar.keys[7]
     bad, _shard, _at = corrupt_copy(packed_tar, key)
-    ds = ResilientDataset(ShardDataset(bad.path, ranks=SINGLE, seed=1), policy="skip", retries=1,
-                          backoff_s=0.0)  # fmt: skip
+    ds = ShardDataset(
+        bad.path,
+        ranks=SINGLE,
+        seed=1,
+        recovery=RecoveryPolicy(policy="skip", retries=1, backoff_s=0.0),
+    )
     loader = ds.loader(batch_size=25, num_workers=2)
     keys = _epoch(loader)
     snap = loader.metrics()

@@ -22,7 +22,6 @@ import torch
 from resuming import assert_resumed_exactly, resumed, saved, take
 from trees import write_tree
 
-from shardio import ResilientDataset
 from shardio.errors import UsageError
 from shardio.metrics.snapshots import MetricsSnapshot
 from shardio.order import RankInfo
@@ -183,11 +182,9 @@ def test_samples_carry_their_source_and_their_bytes(sources, payload, workers):
 
 
 def test_a_resilient_source_reads_through_its_policy(sources):
-    plain = ShardDataset(sources[1], seed=11)
-    mix = MixedDataset(
-        [(ShardDataset(sources[0], seed=10), 1.0), (ResilientDataset(plain, policy="skip"), 1.0)]
-    )
-    assert isinstance(mix.sources[1], ResilientDataset)
+    recovering = ShardDataset(sources[1], seed=11, recovery="skip")
+    mix = MixedDataset([(ShardDataset(sources[0], seed=10), 1.0), (recovering, 1.0)])
+    assert mix.sources[1].recovery_policy is not None
     got = keys(mix.loader(BATCH))
     assert len(got) == len(set(got)) == 400  # 200 + 200: each source at one half
 
@@ -589,16 +586,18 @@ def test_one_dataset_given_twice_is_refused_however_it_was_opened(sources, tmp_p
     shutil.copytree(path, copy)  # byte for byte: the same dataset id
     area = tmp_path / "area"
     stage_dataset(os.fspath(path), os.fspath(area), StageOptions())
+    with pytest.warns(DeprecationWarning):  # the older spelling: still the same dataset
+        recovering = ds.with_recovery("skip")
     twins = {
         "object": ds,
         "path": ShardDataset(path, seed=2),
-        "recovering": ds.with_recovery("skip"),
-        "resilient": ResilientDataset(ShardDataset(path), policy="skip"),
+        "recovering": recovering,
+        "resilient": ShardDataset(path, recovery="skip"),
         "stream": ShardDataset(os.fspath(path) + "/", mode="stream"),
         "symlink": ShardDataset(link),
         "copy": ShardDataset(copy),
         "area": ShardDataset(area),
-        "cached": ShardDataset(path, cache=area),
+        "cached": ShardDataset(path, stage=area),
     }
     for how, twin in twins.items():
         with pytest.raises(UsageError) as info:

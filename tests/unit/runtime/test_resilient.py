@@ -7,15 +7,17 @@ from __future__ import annotations
 import collections
 import pathlib
 import pickle
+import types
 from typing import Any
 
 import pytest
 
-from shardio import ResilientDataset, SampleUnavailableError, ShardDataset
+from shardio import RecoveryPolicy, SampleUnavailableError, ShardDataset
 from shardio.order.ranks import RankInfo
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.journal import read_journal
 from shardio.read.reader import ShardReader
+from shardio.runtime.resilient import ResilientDataset
 
 from .conftest import Packed
 
@@ -71,8 +73,11 @@ def test_transient_faults_are_retried_and_every_sample_arrives_once(
     packed: Packed, mode: str, workers: int, kind: str, extra: dict[str, Any]
 ) -> None:
     opener = FaultyOpener([_fault(packed, kind, **extra)])
-    ds = ResilientDataset(
-        ShardDataset(packed.path, mode=mode, opener=opener), retries=5, backoff_s=0.0
+    ds = ShardDataset(
+        packed.path,
+        mode=mode,
+        opener=opener,
+        recovery=RecoveryPolicy(policy="raise", retries=5, backoff_s=0.0),
     )
     keys = _check_bytes(packed, _epoch(ds, workers))
     packed.assert_exactly_once(keys)
@@ -87,12 +92,11 @@ def test_persistent_faults_are_substituted_under_skip(
 ) -> None:
     journal = tmp_path / "repairs.jsonl"
     opener = FaultyOpener([_fault(packed, kind)])
-    ds = ResilientDataset(
-        ShardDataset(packed.path, mode=mode, opener=opener),
-        policy="skip",
-        retries=1,
-        backoff_s=0.0,
-        journal=str(journal),
+    ds = ShardDataset(
+        packed.path,
+        mode=mode,
+        opener=opener,
+        recovery=RecoveryPolicy(policy="skip", retries=1, backoff_s=0.0, journal=str(journal)),
     )
     keys = _check_bytes(packed, _epoch(ds, workers))
     assert len(keys) == len(packed.keys)  # the count stays the same
@@ -118,8 +122,11 @@ def test_persistent_faults_raise_one_clear_error_under_raise(
     packed: Packed, mode: str, workers: int, kind: str
 ) -> None:
     opener = FaultyOpener([_fault(packed, kind)])
-    ds = ResilientDataset(
-        ShardDataset(packed.path, mode=mode, opener=opener), retries=2, backoff_s=0.0
+    ds = ShardDataset(
+        packed.path,
+        mode=mode,
+        opener=opener,
+        recovery=RecoveryPolicy(policy="raise", retries=2, backoff_s=0.0),
     )
     delivered: list[str] = []
     with pytest.raises(SampleUnavailableError) as info:
@@ -135,11 +142,11 @@ def test_persistent_faults_raise_one_clear_error_under_raise(
 def test_resume_after_substitution_is_exact(packed_tar: Packed, tmp_path: pathlib.Path) -> None:
     def make() -> Any:
         opener = FaultyOpener([_fault(packed_tar, "truncate")])
-        return ResilientDataset(
-            ShardDataset(packed_tar.path, opener=opener, seed=3),
-            policy="skip",
-            retries=0,
-            journal=str(tmp_path / "j.jsonl"),
+        return ShardDataset(
+            packed_tar.path,
+            opener=opener,
+            seed=3,
+            recovery=RecoveryPolicy(policy="skip", retries=0, journal=str(tmp_path / "j.jsonl")),
         )
 
     full = [b["__key__"] for b in make().loader(batch_size=BATCH, num_workers=2)]
@@ -160,11 +167,11 @@ def test_ranks_keep_equal_counts_under_skip(packed_tar: Packed, tmp_path: pathli
     counts = []
     for rank in range(2):
         opener = FaultyOpener([_fault(packed_tar, "replaced")])
-        ds = ResilientDataset(
-            ShardDataset(packed_tar.path, opener=opener, ranks=RankInfo(rank=rank, world_size=2)),
-            policy="skip",
-            retries=0,
-            journal=str(tmp_path / "j.jsonl"),
+        ds = ShardDataset(
+            packed_tar.path,
+            opener=opener,
+            ranks=RankInfo(rank=rank, world_size=2),
+            recovery=RecoveryPolicy(policy="skip", retries=0, journal=str(tmp_path / "j.jsonl")),
         )
         counts.append(len(_check_bytes(packed_tar, _epoch(ds, 2))))
     assert counts[0] == counts[1] == -(-len(packed_tar.keys) // 2)
@@ -172,9 +179,11 @@ def test_ranks_keep_equal_counts_under_skip(packed_tar: Packed, tmp_path: pathli
 
 def test_resilient_dataset_pickles_and_getitem_recovers(packed_tar: Packed) -> None:
     opener = FaultyOpener([_fault(packed_tar, "eio", times=1)])
-    ds = ResilientDataset(ShardDataset(packed_tar.path, opener=opener), backoff_s=0.0)
+    ds = ShardDataset(
+        packed_tar.path, opener=opener, recovery=RecoveryPolicy(policy="raise", backoff_s=0.0)
+    )
     copy = pickle.loads(pickle.dumps(ds))
-    assert isinstance(copy, ResilientDataset)
+    assert type(copy) is ShardDataset
     assert copy.recovery_policy == ds.recovery_policy
     shard, _rel = _bad_shard(packed_tar)
     key = next(k for k in packed_tar.keys if packed_tar.shard_of[k] == shard)
@@ -186,21 +195,21 @@ def test_resilient_dataset_pickles_and_getitem_recovers(packed_tar: Packed) -> N
 def test_stream_mode_wrapper_is_iterable(packed_tar: Packed) -> None:
     from torch.utils.data import IterableDataset
 
-    ds = ResilientDataset(ShardDataset(packed_tar.path, mode="stream"), policy="skip")
-    assert isinstance(ds, IterableDataset)
-    assert isinstance(ds, ResilientDataset)
+    ds = ShardDataset(packed_tar.path, mode="stream", recovery="skip")
+    assert isinstance(ds, IterableDataset) and isinstance(ds, ShardDataset)
+    assert ds.recovery_policy is not None
     assert len(list(ds)) == len(packed_tar.keys)
 
 
 def test_bad_arguments_are_refused(packed_tar: Packed) -> None:
     from shardio.errors import UsageError
 
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError), pytest.warns(DeprecationWarning):
         ResilientDataset(str(packed_tar.path))  # type: ignore[arg-type]
     with pytest.raises(UsageError):
-        ResilientDataset(ShardDataset(packed_tar.path), policy="ignore")
+        ShardDataset(packed_tar.path, recovery="ignore")
     with pytest.raises(UsageError):
-        ResilientDataset(ShardDataset(packed_tar.path), tries=3)
+        ShardDataset(packed_tar.path, recovery=RecoveryPolicy(policy="raise", retries=-1))
     with pytest.raises(UsageError):
         ShardDataset(packed_tar.path, rebuild=lambda shard: True)  # no policy to rebuild in
     with pytest.raises(UsageError):
@@ -211,16 +220,21 @@ def test_bad_arguments_are_refused(packed_tar: Packed) -> None:
 def test_recovery_is_a_policy_given_to_the_reader_not_a_subclass(
     packed_tar: Packed, mode: str
 ) -> None:
-    """ResilientDataset returns the dataset's own kind with a policy; the dataset it was made
-    from is unchanged; ShardDataset(recovery=...) is the same reader."""
+    """ShardDataset(recovery=...) is the one way; the older spellings (ResilientDataset, a
+    plain function now, and with_recovery) warn and return the dataset's own kind with a
+    policy; the dataset they were made from is unchanged."""
     opener = FaultyOpener([_fault(packed_tar, "flip")])
     plain = ShardDataset(packed_tar.path, mode=mode, opener=opener, shuffle=False)
-    wrapped = ResilientDataset(plain, policy="skip", retries=0)
+    said = r"ResilientDataset\(ds, policy=\.\.\.\) is deprecated .* ShardDataset\(path, recovery="
+    with pytest.warns(DeprecationWarning, match=said):
+        wrapped = ResilientDataset(plain, policy="skip", retries=0)
+    with pytest.warns(DeprecationWarning, match=r"with_recovery\(\.\.\.\) is deprecated"):
+        again = plain.with_recovery("skip", retries=0)
     direct = ShardDataset(packed_tar.path, mode=mode, opener=opener, shuffle=False, recovery="skip")
-    assert type(wrapped) is type(plain) is type(direct)
-    assert not isinstance(plain, ResilientDataset)
+    assert type(wrapped) is type(plain) is type(direct) is type(again)
+    assert isinstance(ResilientDataset, types.FunctionType)  # no class, no metaclass
     assert plain.recovery_policy is None and plain.recovery_events == []
-    assert isinstance(direct, ResilientDataset)
+    assert again.recovery_policy.policy == wrapped.recovery_policy.policy == "skip"  # type: ignore[union-attr]
     assert wrapped.packed.restage and not plain.packed.restage  # opened with the policy's
     keys_wrapped = _check_bytes(packed_tar, _epoch(wrapped, 0))
     assert _check_bytes(packed_tar, _epoch(direct, 0)) == keys_wrapped

@@ -4,7 +4,7 @@
 in the real files: bytes flipped inside members, staged copies truncated or deleted, silent
 corruption (a flip or a cut with its stamp refreshed, as bit rot leaves it), and some source
 shards flipped or truncated, chosen so that training has to read them. Each rank reads one
-epoch with 2 workers through ``ResilientDataset(policy="skip")`` (scripts/torture_rank.py).
+epoch with 2 workers through ``ShardDataset(recovery="skip")`` (scripts/torture_rank.py).
 No wrong byte may arrive, ranks keep equal counts, each sample arrives once or is listed as
 substituted, each damaged staged copy with a good source is repaired, and each damaged
 source shard is journaled. Then a job is SIGKILLed in the middle of a re-stage and resumed
@@ -44,13 +44,13 @@ from torturing import (
     write_tree,
 )
 
+from shardio import RecoveryPolicy
 from shardio.format.checksum import file_xxh3_128
 from shardio.metrics.progress import Counters
 from shardio.packing.run import PackOptions, pack
 from shardio.read.journal import read_journal
 from shardio.read.reader import ShardReader
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.resilient import ResilientDataset
 from shardio.staging import StageOptions, stage_dataset
 from shardio.staging.copy import leftover_temps, stage_one, temps_of
 from shardio.staging.protocol import stamp_matches, stamp_path, write_stamp
@@ -431,11 +431,12 @@ def test_a_resume_substitutes_as_the_uninterrupted_run_did(tmp_path: pathlib.Pat
     _keys, members = payload_members(src)
 
     def make() -> Any:
-        return ResilientDataset(
-            ShardDataset(src, seed=ORDER_SEED),
-            policy="skip",
-            retries=0,
-            journal=os.fspath(tmp_path / "repairs.jsonl"),
+        return ShardDataset(
+            src,
+            seed=ORDER_SEED,
+            recovery=RecoveryPolicy(
+                policy="skip", retries=0, journal=os.fspath(tmp_path / "repairs.jsonl")
+            ),
         )
 
     probe = make()

@@ -4,7 +4,7 @@ its shards are rebuilt during the epoch, in a real 2-rank gloo job with 2 loader
 About 70 tar shards packed with ``--parity 4+2``; the source tree is deleted; then bytes
 flipped inside members, shards truncated and deleted, two shards of some groups damaged at
 once, parity files and a cell table damaged too (at most M bad files per group). Each rank
-reads one epoch through ``ResilientDataset(policy="skip")`` straight from the dataset
+reads one epoch through ``ShardDataset(recovery="skip")`` straight from the dataset
 (scripts/torture_rank.py with no staging area). Every sample must arrive, right and in order,
 with **no** substitute; the data shards end byte-identical to the packed ones; the parity
 damage reading cannot see is left to ``verify --repair``, which then makes all of it whole

@@ -54,7 +54,7 @@ def test_a_bad_copy_on_a_read_only_area_reads_the_source(
     ds = (
         ShardDataset(ro, ranks=SINGLE)
         if root == "area"
-        else ShardDataset(tiny_src.path, cache=ro, ranks=SINGLE)
+        else ShardDataset(tiny_src.path, stage=ro, ranks=SINGLE)
     )
     try:
         tiny_src.check_sample(ds[sample])  # the right bytes, from the source
@@ -82,7 +82,7 @@ def test_an_evicted_copy_is_an_eviction_not_a_read_error(
     opened: read from the source, counted as an eviction, not as a read error or a drop."""
     dest = tmp_path / "area"
     stage_dataset(big_src.path, dest, StageOptions(durable=False))
-    ds = ShardDataset(big_src.path, cache=dest, ranks=SINGLE, shuffle=False)
+    ds = ShardDataset(big_src.path, stage=dest, ranks=SINGLE, shuffle=False)
     try:
         rel = big_src.rels[5]
         assert ds.packed.shard_path(5) == str(dest / rel)  # located: the staged copy

@@ -60,7 +60,7 @@ def test_capacity_stages_what_is_needed_first(big_src, tmp_path, run_cli, helper
     assert big_src.size_of(big_src.staged(dest)) <= capacity
     assert helpers.temp_files(dest) == []
 
-    ds = ShardDataset(big_src.path, cache=dest, ranks=SINGLE)
+    ds = ShardDataset(big_src.path, stage=dest, ranks=SINGLE)
     try:
         for i in range(len(big_src.keys)):
             big_src.check_sample(ds[i])
@@ -94,7 +94,7 @@ def test_eviction_skips_a_shard_a_reader_holds(big_src, tmp_path, run_cli):
     assert rc == 0, err
     big_src.assert_staged_ok(dest, set(first))
 
-    reader = ShardReader(big_src.path, cache=dest)
+    reader = ShardReader(big_src.path, stage=dest)
     try:
         sample = big_src.samples_in(held)[0]
         big_src.check_sample(_as_dict(reader.read_sample(sample)))
@@ -124,7 +124,7 @@ def test_eviction_skips_a_shard_a_reader_holds(big_src, tmp_path, run_cli):
     finally:
         reader.close()
 
-    ds = ShardDataset(big_src.path, cache=dest, ranks=SINGLE)
+    ds = ShardDataset(big_src.path, stage=dest, ranks=SINGLE)
     try:
         for i in range(len(big_src.keys)):
             big_src.check_sample(ds[i])

@@ -73,7 +73,7 @@ def test_read_through_never_serves_a_written_copy(big_src, tmp_path, root):
     sample = len(big_src.keys) // 3
     rel = _flip(big_src, dest, sample)
     ds = (
-        ShardDataset(big_src.path, cache=dest, ranks=SINGLE)
+        ShardDataset(big_src.path, stage=dest, ranks=SINGLE)
         if root == "src+cache"
         else ShardDataset(dest, ranks=SINGLE)
     )
@@ -98,7 +98,7 @@ def test_read_through_drops_a_silently_corrupted_copy(big_src, tmp_path, run_cli
     entry = big_src.manifest.shards[big_src.rels.index(rel)]
     write_stamp(str(dest), rel, entry.xxh3_128, durable=False)  # the stat now matches again
     ds = (
-        ShardDataset(big_src.path, cache=dest, ranks=SINGLE)
+        ShardDataset(big_src.path, stage=dest, ranks=SINGLE)
         if root == "src+cache"
         else ShardDataset(dest, ranks=SINGLE)
     )
@@ -127,7 +127,7 @@ def test_read_through_drops_a_silently_corrupted_copy(big_src, tmp_path, run_cli
 def test_clean_copies_are_read_from_the_cache(big_src, tmp_path):
     dest = tmp_path / "stage"
     _stage_all(big_src, dest)
-    ds = ShardDataset(big_src.path, cache=dest, ranks=SINGLE)
+    ds = ShardDataset(big_src.path, stage=dest, ranks=SINGLE)
     try:
         for i in range(0, len(big_src.keys), 3):
             big_src.check_sample(ds[i])

@@ -34,9 +34,9 @@ def _stage_node(src, tmp_path, run_cli, node: int, nodes: int):
     return dest
 
 
-def _dataset(src, rank: int, world: int, cache=None, spec=SPEC) -> ShardDataset:
+def _dataset(src, rank: int, world: int, stage=None, spec=SPEC) -> ShardDataset:
     ranks = RankInfo(rank=rank, world_size=world, ranks_per_node=RANKS_PER_NODE)
-    return ShardDataset(src.path, cache=cache, ranks=ranks, order=spec)
+    return ShardDataset(src.path, stage=stage, ranks=ranks, order=spec)
 
 
 def _keys(loader) -> list[str]:
@@ -56,7 +56,7 @@ def test_each_node_stages_its_share_and_its_ranks_read_only_staged_copies(
         share = tiny_src.staged(dest)
         shares.append(share)
         for local in range(RANKS_PER_NODE):
-            ds = _dataset(tiny_src, node * RANKS_PER_NODE + local, world, cache=dest)
+            ds = _dataset(tiny_src, node * RANKS_PER_NODE + local, world, stage=dest)
             assert ds.order_mismatch == []
             loader = ds.loader(batch_size=BATCH)
             keys = _keys(loader)
@@ -82,7 +82,7 @@ def test_each_node_stages_its_share_and_its_ranks_read_only_staged_copies(
 
 def test_a_dataset_reading_in_another_order_says_so(tiny_src, tmp_path, run_cli, caplog):
     dest = _stage_node(tiny_src, tmp_path, run_cli, 0, 4)
-    ds = _dataset(tiny_src, 0, 8, cache=dest, spec=SPEC.with_(partition="none"))
+    ds = _dataset(tiny_src, 0, 8, stage=dest, spec=SPEC.with_(partition="none"))
     assert ds.order_mismatch == ["partition 'none' != 'node'"]
     assert "was staged for order" in caplog.text and "partition" in caplog.text
 
@@ -167,7 +167,7 @@ def test_rotating_order_staged_one_epoch_ahead_never_waits(tiny_src, tmp_path, n
                 mine = {tiny_src.rels[i] for i in (owners[epoch] == node).nonzero()[0]}
                 assert mine <= tiny_src.staged(area), "a shard of the epoch is missing"
                 for local in range(RANKS_PER_NODE):
-                    ds = _dataset(tiny_src, node * RANKS_PER_NODE + local, world, cache=area,
+                    ds = _dataset(tiny_src, node * RANKS_PER_NODE + local, world, stage=area,
                                   spec=spec)  # fmt: skip
                     ds.set_epoch(epoch)
                     loader = ds.loader(batch_size=BATCH)
@@ -217,7 +217,7 @@ def test_the_stager_takes_the_training_cursor(tiny_src, tmp_path):
         stage_dataset(tiny_src.path, dest, options)
         shares.append(tiny_src.staged(dest))
         for local in range(RANKS_PER_NODE):
-            ds = _dataset(tiny_src, node * RANKS_PER_NODE + local, world, cache=dest)
+            ds = _dataset(tiny_src, node * RANKS_PER_NODE + local, world, stage=dest)
             ds.set_epoch(1)
             assert ds.order_mismatch == []
             loader = ds.loader(batch_size=BATCH)

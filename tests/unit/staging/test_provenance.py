@@ -1,5 +1,5 @@
 """A staging area is bound to the dataset it holds (issue 17): its marker records the dataset
-id (the xxh3-128 of the source manifest's bytes); staging, ``cache=``, verify and repair
+id (the xxh3-128 of the source manifest's bytes); staging, ``stage=``, verify and repair
 check it, and the default area differs per source.
 """
 
@@ -133,26 +133,26 @@ def test_an_area_without_an_id_is_told_by_its_staged_manifest(
     with pytest.raises(UsageError, match="refusing to stage into it"):
         stage_dataset(b.path, dest, OPTIONS)
     with pytest.raises(UsageError, match="refusing to read it as that dataset's cache"):
-        ShardDataset(b.path, cache=dest, ranks=SINGLE)
+        ShardDataset(b.path, stage=dest, ranks=SINGLE)
     result = stage_dataset(a.path, dest, OPTIONS)  # the same dataset: kept, and identified
     assert result.present == a.num_shards and result.copied == 0
     assert json.loads(marker.read_text())["dataset_id"] == dataset_id(a.path)
 
 
-# --------------------------------------------------------------------------- cache=
+# --------------------------------------------------------------------------- stage=
 
 
 def test_cache_of_another_dataset_is_refused_and_never_written(
     twins: Any, tmp_path: pathlib.Path, helpers: Any
 ) -> None:
-    """ShardDataset(dsA, cache=areaB): refused at open, in one line naming both; with
+    """ShardDataset(dsA, stage=areaB): refused at open, in one line naming both; with
     ResilientDataset the area was overwritten with dsA's shards."""
     a, b = twins
     dest = tmp_path / "area-b"
     stage_dataset(b.path, dest, OPTIONS)
     before = helpers.snapshot(dest)
     with pytest.raises(UsageError) as info:
-        ShardDataset(a.path, cache=dest, ranks=SINGLE)
+        ShardDataset(a.path, stage=dest, ranks=SINGLE)
     message = str(info.value)
     assert "\n" not in message
     assert f"staging area {dest} holds dataset {short_id(dataset_id(b.path))}" in message
@@ -171,7 +171,7 @@ def test_a_cache_that_holds_no_area_is_said_once_and_counted(
     if kind == "not-an-area":
         (cache / "x.txt").write_text("x")
     caplog.set_level(logging.WARNING, logger="shardio")
-    ds = ShardDataset(a.path, cache=cache, ranks=SINGLE, shuffle=False)
+    ds = ShardDataset(a.path, stage=cache, ranks=SINGLE, shuffle=False)
     try:
         _read_all(ds, a)
         counts = ds.read_metrics().counts
@@ -190,7 +190,7 @@ def test_the_own_dataset_cache_is_read(twins: Any, tmp_path: pathlib.Path) -> No
     a, _ = twins
     dest = tmp_path / "area"
     stage_dataset(a.path, dest, OPTIONS)
-    ds = ShardDataset(a.path, cache=dest, ranks=SINGLE, shuffle=False)
+    ds = ShardDataset(a.path, stage=dest, ranks=SINGLE, shuffle=False)
     try:
         _read_all(ds, a)
         counts = ds.read_metrics().counts
@@ -260,7 +260,7 @@ def test_an_area_staged_later_for_another_dataset_is_never_written(
     dest = tmp_path / "area"
     journal = str(tmp_path / "journal.jsonl")
     policy = RecoveryPolicy(policy="raise", journal=journal)
-    ds = ShardDataset(a.path, cache=dest, ranks=SINGLE, shuffle=False, recovery=policy)
+    ds = ShardDataset(a.path, stage=dest, ranks=SINGLE, shuffle=False, recovery=policy)
     assert ds.read_metrics().counts["cache_missing"] == 1
     stage_dataset(b.path, dest, OPTIONS)
     assert set(a.rels) & b.staged(dest), "no shard names in common: the test tests nothing"

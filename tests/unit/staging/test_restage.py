@@ -34,7 +34,7 @@ def _rot(src, dest: pathlib.Path, sample: int) -> str:
 def _read_shard(args: tuple[str, str, list[int], int]) -> list[bytes]:
     src, dest, samples, _worker = args
     ds = ShardDataset(
-        src, cache=dest, ranks=SINGLE, recovery=RecoveryPolicy(policy="raise", backoff_s=0.0)
+        src, stage=dest, ranks=SINGLE, recovery=RecoveryPolicy(policy="raise", backoff_s=0.0)
     )
     return [ds[i]["bin"] for i in samples]
 
@@ -58,7 +58,7 @@ def test_many_readers_restage_a_bad_copy_once(big_src, tmp_path):
     assert file_xxh3_128(os.fspath(dest / rel)) == entry.xxh3_128
     assert stamp_matches(os.fspath(dest), rel, entry.xxh3_128)
     # once repaired, a new reader takes the staged copy again
-    with ShardReader(big_src.path, cache=dest) as ds:
+    with ShardReader(big_src.path, stage=dest) as ds:
         assert ds.shard_path(big_src.rels.index(rel)) == os.fspath(dest / rel)
 
 
@@ -70,7 +70,7 @@ def test_a_deleted_copy_is_staged_again(big_src, tmp_path):
     # already decided to read the copy.
     ds = ShardDataset(
         big_src.path,
-        cache=dest,
+        stage=dest,
         ranks=SINGLE,
         recovery=RecoveryPolicy(policy="raise", backoff_s=0.0),
     )
@@ -94,7 +94,7 @@ def test_restage_never_writes_through_a_symlinked_folder(big_src, tmp_path):
     before = {p.name: p.stat().st_mtime_ns for p in elsewhere.iterdir()}
     ds = ShardDataset(
         big_src.path,
-        cache=dest,
+        stage=dest,
         ranks=SINGLE,
         recovery=RecoveryPolicy(policy="raise", backoff_s=0.0),
     )

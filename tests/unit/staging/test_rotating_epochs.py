@@ -39,7 +39,7 @@ def test_stage_at_a_huge_epoch_stages_what_the_ranks_read(tiny_src, tmp_path, ru
     staged = tiny_src.staged(dest)
     read: set[str] = set()
     for local in range(RANKS_PER_NODE):
-        ds = _dataset(tiny_src, node * RANKS_PER_NODE + local, cache=dest)
+        ds = _dataset(tiny_src, node * RANKS_PER_NODE + local, stage=dest)
         ds.set_epoch(EPOCH)
         loader = ds.loader(batch_size=2)
         keys = [k for batch in loader for k in batch["__key__"]]

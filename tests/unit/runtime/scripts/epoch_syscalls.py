@@ -45,7 +45,7 @@ def main() -> None:
             context.set_forkserver_preload(["torch", "shardio.runtime.dataset", "__main__"])
         extra["multiprocessing_context"] = context
     ds = ShardDataset(
-        path, mode=mode, cache=None if cache == "-" else cache, ranks=RankInfo(), seed=3
+        path, mode=mode, stage=None if cache == "-" else cache, ranks=RankInfo(), seed=3
     )
     loader = ds.loader(
         batch_size, num_workers=workers, pin_workers=False, worker_init_fn=announce, **extra

@@ -3,7 +3,7 @@
 Usage: python read_syscalls.py COUNT SEED DATASET[:read[:CACHE]] ...
 
 For each DATASET, writes ``SHARDIO-MARK open-start N`` / ``open-end N`` around
-``ShardDataset(DATASET)`` (``cache=CACHE`` when given); for a ``DATASET:read`` also
+``ShardDataset(DATASET)`` (``stage=CACHE`` when given); for a ``DATASET:read`` also
 ``read-start N`` / ``read-end N`` around COUNT reads ``ds[i]`` of distinct samples in random
 order. Prints, as JSON on stdout,
 each read dataset's number of distinct shards touched.
@@ -32,7 +32,7 @@ def main() -> None:
         path, _, what = spec.partition(":")
         what, _, cache = what.partition(":")
         mark(f"open-start {n}")
-        ds = ShardDataset(path, ranks=RankInfo(), cache=cache or None)
+        ds = ShardDataset(path, ranks=RankInfo(), stage=cache or None)
         mark(f"open-end {n}")
         if what == "read":
             indices = np.random.default_rng(seed).permutation(len(ds))[:count]

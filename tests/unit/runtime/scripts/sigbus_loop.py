@@ -11,7 +11,7 @@ CONTROL_DIR/result.json says what arrived: the keys, the count of wrong samples,
 A signal (SIGBUS from a mapped shard) kills the process instead: the test sees it as the
 return code.
 
-``resilient`` wraps the dataset in ResilientDataset(policy="skip"), journaling to
+``resilient`` reads with recovery="skip", journaling to
 CONTROL_DIR/repairs.jsonl.
 """
 
@@ -24,8 +24,8 @@ import time
 from typing import Any
 
 from shardio.errors import ShardioError
+from shardio.read.recovery import RecoveryPolicy
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.resilient import ResilientDataset
 
 BATCH = 64
 READY_AFTER = 2  # batches
@@ -51,15 +51,12 @@ def wrong_samples(tree: str, batch: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     dataset, tree, control, seed, kind = sys.argv[1:6]
-    ds: Any = ShardDataset(dataset, seed=int(seed))
-    if kind == "resilient":
-        ds = ResilientDataset(
-            ds,
-            policy="skip",
-            retries=1,
-            backoff_s=0.0,
-            journal=os.path.join(control, "repairs.jsonl"),
-        )
+    policy = RecoveryPolicy(
+        policy="skip", retries=1, backoff_s=0.0, journal=os.path.join(control, "repairs.jsonl")
+    )
+    ds: Any = ShardDataset(
+        dataset, seed=int(seed), recovery=policy if kind == "resilient" else None
+    )
     held: list[dict[str, Any]] = []
     wrong: list[str] = []
     error = None

@@ -1,10 +1,10 @@
-"""One rank of a torch.distributed (gloo) job reading one epoch through ResilientDataset.
+"""One rank of a torch.distributed (gloo) job reading one epoch with recovery="skip".
 
 Usage: python torture_rank.py SRC STAGE OUT_DIR RANK WORLD_SIZE PORT SEED BATCH
            [--resume CHECKPOINT] [--sleep-s S]
 
-Reads ``ResilientDataset(ShardDataset(SRC, cache=STAGE, seed=SEED), policy="skip",
-retries=1, backoff_s=0)`` with ``ds.loader(BATCH, num_workers=2)`` (STAGE ``-``: no staging
+Reads ``ShardDataset(SRC, stage=STAGE, seed=SEED, recovery=RecoveryPolicy(policy="skip",
+retries=1, backoff_s=0))`` with ``ds.loader(BATCH, num_workers=2)`` (STAGE ``-``: no staging
 area, SRC read in place). The ranks stay in
 lockstep (an all-reduce per step, as training does). After every batch it writes
 OUT_DIR/rank-R/step-%06d.json (atomically): the batch's keys, the xxh3-128 of each delivered
@@ -92,8 +92,8 @@ def main() -> None:
     if stall_dir:
         stall_copies(stall_dir, args.stage)
 
+    from shardio.read.recovery import RecoveryPolicy
     from shardio.runtime.dataset import ShardDataset
-    from shardio.runtime.resilient import ResilientDataset
 
     dist.init_process_group(
         "gloo",
@@ -102,11 +102,11 @@ def main() -> None:
         world_size=args.world,
         timeout=timedelta(seconds=60),
     )
-    ds = ResilientDataset(
-        ShardDataset(args.src, cache=None if args.stage == "-" else args.stage, seed=args.seed),
-        policy="skip",
-        retries=1,
-        backoff_s=0.0,
+    ds = ShardDataset(
+        args.src,
+        stage=None if args.stage == "-" else args.stage,
+        seed=args.seed,
+        recovery=RecoveryPolicy(policy="skip", retries=1, backoff_s=0.0),
     )
     loader = ds.loader(batch_size=args.batch, num_workers=2)
     out = os.path.join(args.out_dir, f"rank-{args.rank}")
