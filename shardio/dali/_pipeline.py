@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardio._check import require_int
+from shardio._check import require_int, require_path
+from shardio._deprecated import renamed_option
 from shardio.errors import ShardioError, UsageError
 from shardio.format.manifest import Manifest
 from shardio.metrics.read import ReadMetrics
@@ -85,10 +86,13 @@ class DALIOptions:
     prefetch_queue_depth: int = 2
     exts: tuple[str, ...] = ("jpeg",)
     rank_layout: RankInfo | None = None  # ShardDataset's ``ranks``, given whole
+    cache: InitVar[str | None] = None  # the old name of ``stage`` (warns; goes in 0.3)
     spec: OrderSpec = field(init=False)  # the order, from the fields above
     layout: RankInfo = field(init=False)  # the ranks and nodes, from the fields above
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, cache: str | None) -> None:
+        stage = renamed_option("DALIOptions", "cache", cache, "stage", self.stage)
+        object.__setattr__(self, "stage", None if stage is None else require_path(stage, "stage"))
         require_int(self.batch_size, "batch_size", minimum=1)
         require_int(self.num_threads, "num_threads", minimum=1)
         require_int(self.prefetch_queue_depth, "prefetch_queue_depth", minimum=1)

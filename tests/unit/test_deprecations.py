@@ -68,3 +68,14 @@ def test_no_metaclass_type_and_isinstance_tell_the_truth(staged: tuple[str, str]
     assert type(old) is ShardDataset and old.recovery_policy is not None
     with pytest.raises(TypeError):
         isinstance(ds, ResilientDataset)  # type: ignore[arg-type]  # a function, not a class
+
+
+def test_dali_options_take_cache_as_the_old_name_of_stage(staged: tuple[str, str]) -> None:
+    from shardio.dali._pipeline import DALIOptions
+
+    _src, area = staged
+    with pytest.warns(DeprecationWarning, match=r"DALIOptions\(cache=\.\.\.\)"):
+        options = DALIOptions(batch_size=4, device_id=None, cache=area)
+    assert options.stage == area == DALIOptions(batch_size=4, device_id=None, stage=area).stage
+    with pytest.raises(UsageError, match="give stage= only"):
+        DALIOptions(batch_size=4, device_id=None, cache=area, stage=area)
