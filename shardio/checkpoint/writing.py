@@ -106,7 +106,7 @@ class SaveOptions:
         require_int(self.threads, "threads", minimum=0, maximum=256)
         if not isinstance(self.stripe, str):
             raise UsageError(f"stripe must be text as pack --stripe takes it, not {self.stripe!r}")
-        from shardio.storage.striping import parse_stripe
+        from shardio.storage.stripe_spec import parse_stripe
 
         parse_stripe(self.stripe)
         if self.fs_type is not None:

@@ -35,7 +35,7 @@ def _exact_size(size_bytes: int) -> str:
 
 def _stripe_words(stripe: str, commands: Any) -> str:
     """``stripe count 8, stripe size 4 MiB`` for the recorded ``8x4MiB``."""
-    from shardio.storage.striping import StripeSpec, parse_stripe
+    from shardio.storage.stripe_spec import StripeSpec, parse_stripe
 
     try:
         spec = parse_stripe(stripe)

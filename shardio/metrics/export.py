@@ -31,7 +31,6 @@ import os
 import stat
 import threading
 from collections.abc import Callable
-from types import TracebackType
 from typing import ClassVar, TypeVar
 
 from shardio._check import require_path, require_seconds
@@ -158,12 +157,7 @@ class PeriodicReporter:
     def __enter__(self: _R) -> _R:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property

@@ -122,6 +122,16 @@ class ReadMetrics:
         """Add ``n`` to counter ``name``."""
         self.counts[name] += n
 
+    def record_stall(self, waited_s: float) -> None:
+        """A read abandoned after its deadline, ``waited_s`` lost (``stalls``, ``stall_ms``),
+        or, with nothing waited, refused at once: its file is held unavailable
+        (``held_fails``)."""
+        if waited_s > 0:
+            self.counts["stalls"] += 1
+            self.counts["stall_ms"] += round(waited_s * 1000)
+        else:
+            self.counts["held_fails"] += 1
+
     def record_read(self, staged: bool, nbytes: int, ns: int | None) -> None:
         """One member read of ``nbytes`` that took ``ns`` nanoseconds (None: not timed).
 

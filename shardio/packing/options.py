@@ -15,7 +15,8 @@ from shardio.packing.scan import LABEL_MODES, Listing, Skipped
 from shardio.packing.workfiles import MAX_PARTS
 from shardio.packing.write import STREAM_THRESHOLD_BYTES
 from shardio.parity.codec import parse_scheme
-from shardio.storage.striping import LayoutResult, parse_stripe
+from shardio.storage.stripe_spec import parse_stripe
+from shardio.storage.striping import LayoutResult
 
 __all__ = ["PackOptions", "PackResult"]
 

@@ -41,7 +41,8 @@ from shardio.packing.write import ShardJob, init_worker, reusable, write_shard
 from shardio.storage.files import make_dirs_inside
 from shardio.storage.fsdetect import resolve_fs_type
 from shardio.storage.runner import CommandRunner
-from shardio.storage.striping import LayoutResult, StripeSpec, apply_layout, parse_stripe
+from shardio.storage.stripe_spec import StripeSpec, parse_stripe
+from shardio.storage.striping import LayoutResult, apply_layout
 from shardio.units import format_size
 from shardio.writers.hdf5 import DEFAULT_HDF5_ALIGNMENT
 

@@ -50,7 +50,8 @@ from shardio.storage.dirlock import lock_directory
 from shardio.storage.files import make_dirs_inside
 from shardio.storage.fsdetect import resolve_fs_type
 from shardio.storage.runner import CommandRunner, run_command
-from shardio.storage.striping import LayoutResult, apply_layout, parse_stripe
+from shardio.storage.stripe_spec import parse_stripe
+from shardio.storage.striping import LayoutResult, apply_layout
 from shardio.units import parse_size
 
 __all__ = ["ShardWriter", "WriteResult"]

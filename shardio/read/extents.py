@@ -268,8 +268,7 @@ def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
                 if isinstance(got, ReadStalledError) and got.waited_s > 0:
                     # Counted here: the fallback read of its members is refused at once
                     # (the file is held), which counts as a held fail, not as the stall.
-                    ds.metrics.add("stalls")
-                    ds.metrics.add("stall_ms", round(got.waited_s * 1000))
+                    ds.metrics.record_stall(got.waited_s)
                 fallback.extend(req.items)
                 continue
             timed = took if ds.timed else None

@@ -9,176 +9,40 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
-import resource
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from shardio._deprecated import renamed_option
-from shardio.errors import (
-    ChecksumMismatchError,
-    FormatError,
-    ReadStalledError,
-    ShardioError,
-    StorageError,
-    unavailable_error,
-)
-from shardio.format.checksum import hex64
-from shardio.format.identity import load_identified
-from shardio.format.index import Index
-from shardio.format.manifest import Manifest
+from shardio.errors import ReadStalledError, ShardioError, StorageError
 from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
 from shardio.metrics.read import ReadMetrics
+from shardio.read.advice import merged_member_ranges
 from shardio.read.deadline import bounded
 from shardio.read.digest import member_digest_problem
+from shardio.read.failures import member_read_error
+from shardio.read.filepool import FilePool
+from shardio.read.handoff import Event, Handoff, emit_event
 from shardio.read.mapcache import MapCache
 from shardio.read.resolver import NOT_OPENED, Location, ShardResolver
 from shardio.read.strategy import ReadStrategy
-from shardio.staging.protocol import lock_for_reading, read_staged_for
-from shardio.storage.fsdetect import FsInfo, describe_fs
+from shardio.read.tables import open_tables
+from shardio.staging.protocol import read_staged_for
+from shardio.storage.fsdetect import FsInfo
 from shardio.storage.opener import Opener, PosixOpener, read_fully
 
-__all__ = ["Event", "FilePool", "Handoff", "ShardReader"]
-
-logger = logging.getLogger(__name__)
-
-# Ranges closer than this are advised as one (reading a tar header between two members
-# costs less than another request).
-_ADVISE_GAP = 128 * 1024
-
-Event = dict[str, Any]
+__all__ = ["ShardReader"]
 
 # _read_at's problem for a staged copy evicted after it was located: not a fault, the shard
 # is located again (its stamp is gone: the source).
 EVICTED = "evicted"
 
 
-@dataclass(frozen=True, kw_only=True)
-class Handoff:
-    """What a process hands the ShardReader of a worker it starts by pickling (spawn,
-    forkserver), so that the worker does not read the manifest again.
-
-    Attributes:
-        manifest: the manifest, read and checked by the parent (the worker still maps the
-            index and checks it against this manifest).
-        staged: the shards the parent's resolver found staged (:meth:`ShardResolver.decide`).
-        dataset_id: the id of the parent's manifest bytes (the parent checked the cache
-            against it; the worker re-stages only into an area holding that dataset).
-    """
-
-    manifest: Manifest
-    staged: frozenset[int]
-    dataset_id: str | None = None
-
-
-# Shards open_ahead passes over, failing to open them, before it stops trying.
-_OPEN_AHEAD_FAILURES = 4
-
-
 def _failure_counter(problem: str) -> str:
     return "checksum_failures" if problem == "checksum mismatch" else "read_errors"
-
-
-class FilePool:
-    """Open read-only descriptors, at most ``max_open`` at a time (least recently used is
-    closed first). Opens lazily, so it can be created before a fork and used after.
-
-    Args:
-        opener: opens and closes the files.
-        max_open: the bound on open descriptors.
-        metrics: counts the opens (``opens_staged``, ``opens_source``).
-    """
-
-    def __init__(
-        self, opener: Opener, max_open: int = 64, metrics: ReadMetrics | None = None
-    ) -> None:
-        self.opener = opener
-        self.max_open = max_open
-        self.metrics = metrics if metrics is not None else ReadMetrics()
-        self._fds: OrderedDict[str, int] = OrderedDict()
-        self._staged: set[str] = set()  # paths of staged copies among them
-        self._pid = os.getpid()
-
-    def fd(self, path: str, *, staged: bool = False) -> int:
-        """Return an open descriptor for ``path``.
-
-        Args:
-            path: the file.
-            staged: a staged copy: opened without following a symlink and held under the
-                readers' shared lock (eviction skips it).
-        """
-        if self._pid != os.getpid():
-            # Descriptors inherited over fork are this process's copies of the parent's (a
-            # loader opens the epoch's shards once, before it forks its workers: one open per
-            # shard on the metadata server instead of one per worker). pread keeps no offset,
-            # so sources are used as they are. Staged copies are opened afresh: the parent's
-            # may name a copy dropped and staged again since (closing this process's copy of
-            # the descriptor leaves the parent's shared lock in place).
-            for copy in self._staged:
-                inherited = self._fds.pop(copy, None)
-                if inherited is not None:
-                    with contextlib.suppress(OSError):
-                        os.close(inherited)
-            self._staged.clear()
-            self._pid = os.getpid()
-        fd = self._fds.get(path)
-        if fd is not None:
-            self._fds.move_to_end(path)
-            return fd
-        # No fstat: a FIFO or directory fails its pread instead (storage.files.open_for_pread).
-        fd = self.opener.open(path, nofollow=staged)
-        if staged:
-            try:
-                lock_for_reading(fd, path)
-            except StorageError:
-                self.opener.close(fd)
-                raise
-        self.metrics.add("opens_staged" if staged else "opens_source")
-        self._fds[path] = fd
-        if staged:
-            self._staged.add(path)
-        if len(self._fds) > self.max_open:
-            old_path, old = self._fds.popitem(last=False)
-            self._staged.discard(old_path)
-            self.opener.close(old)
-        return fd
-
-    def holds(self, path: str) -> bool:
-        """Whether a descriptor of ``path`` is open in this pool (own or inherited)."""
-        return path in self._fds
-
-    @property
-    def held(self) -> int:
-        """Descriptors open in this pool."""
-        return len(self._fds)
-
-    @property
-    def room(self) -> int:
-        """Descriptors that can still be opened before the least recently used is closed."""
-        return max(0, self.max_open - len(self._fds))
-
-    def discard(self, path: str) -> None:
-        """Close the descriptor of ``path`` if open (the file failed, or was replaced)."""
-        fd = self._fds.pop(path, None)
-        self._staged.discard(path)
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                self.opener.close(fd)
-
-    def close(self) -> None:
-        """Close every descriptor (in a forked child: its copies of the inherited ones)."""
-        for fd in self._fds.values():
-            with contextlib.suppress(OSError):
-                self.opener.close(fd)
-        self._fds.clear()
-        self._staged.clear()
-        self._pid = os.getpid()
 
 
 class ShardReader:
@@ -246,7 +110,7 @@ class ShardReader:
             self.opener,
             os.path.join(self.root, MANIFEST_FILENAME),
             f"opening the dataset {self.root} (its manifest and index)",
-            lambda: self._open_tables(handoff, fs),
+            lambda: open_tables(self.root, handoff, fs),
             cleanup=lambda opened: opened[2].close(),
         )
         self.metrics = ReadMetrics()
@@ -266,30 +130,6 @@ class ShardReader:
         self.on_event = on_event
         self.pool = FilePool(self.opener, max_open, self.metrics)
         self.maps = MapCache(self.opener, metrics=self.metrics)
-
-    def _open_tables(
-        self, handoff: Handoff | None, fs: FsInfo | None
-    ) -> tuple[Manifest, str | None, Index]:
-        """The manifest (checked), its dataset id and the index bound to it."""
-        if handoff is not None:
-            # Read and checked by the parent (a stat and a read of the manifest per worker and
-            # epoch saved); the index below is still mapped and checked against it here.
-            manifest, dataset_id = handoff.manifest, handoff.dataset_id
-        else:
-            if not os.path.isdir(self.root):
-                what = "is not a directory" if os.path.lexists(self.root) else "no such directory"
-                raise FormatError(f"{self.root}: {what} (a dataset is a directory with a manifest)")
-            # The dataset's id is of the very bytes parsed: the cache is checked against it.
-            manifest, dataset_id = load_identified(self.root)
-        # Bound to the manifest: header checked now, each shard's records on first use.
-        # On a network filesystem the index is read, not only mapped: a page that a dead
-        # server cannot serve would be SIGBUS in the training process (Index.open).
-        index = Index.open(
-            os.path.join(self.root, manifest.index.path),
-            manifest=manifest,
-            in_memory=(fs if fs is not None else describe_fs(self.root)).network,
-        )
-        return manifest, dataset_id, index
 
     @property
     def cache_root(self) -> str | None:
@@ -341,33 +181,11 @@ class ShardReader:
         At most ``limit`` descriptors are held (default: a quarter of the open-files limit,
         so that two or three datasets leave the process room for its pipes and shared
         memory), never more than the pool's bound. A shard that cannot be opened is passed
-        over (its reader meets the error, with its own handling), up to
-        ``_OPEN_AHEAD_FAILURES`` of them; an open that stalled ends it at once (it has cost
-        this process its deadline once: the filesystem is not answering).
+        over (its reader meets the error, with its own handling), up to four of them
+        (:meth:`~shardio.read.filepool.FilePool.open_ahead`); an open that stalled ends it at
+        once (it has cost this process its deadline once: the filesystem is not answering).
         """
-        if limit is None:
-            soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            limit = self.pool.max_open if soft == resource.RLIM_INFINITY else soft // 4
-        opened = failed = 0
-        for shard in shards:
-            loc = self.resolver.locate(shard)
-            if loc.staged or self.pool.holds(loc.path):
-                continue
-            if self.pool.room == 0 or self.pool.held >= limit:
-                break
-            try:
-                self.pool.fd(loc.path)
-            except ReadStalledError as exc:
-                if exc.waited_s > 0:
-                    break
-                continue  # held unavailable: refused at once, without a request
-            except OSError:
-                failed += 1
-                if failed >= _OPEN_AHEAD_FAILURES:
-                    break
-                continue
-            opened += 1
-        return opened
+        return self.pool.open_ahead((self.resolver.locate(shard) for shard in shards), limit=limit)
 
     def shard_path(self, shard: int) -> str:
         """Path shard ``shard`` is read from now: its verified staged copy, else the source."""
@@ -391,28 +209,8 @@ class ShardReader:
         """
         if len(samples) == 0 or not self.advising:
             return
-        recs = self.index.records(samples)
-        counts = recs["n_members"].astype(np.int64)
-        total = int(counts.sum())
-        starts = np.cumsum(counts) - counts
-        rows = np.repeat(recs["first_member"].astype(np.int64), counts) + (
-            np.arange(total) - np.repeat(starts, counts)
-        )
-        shards = np.repeat(recs["shard"].astype(np.int64), counts)
-        offsets = self.index.members["offset"][rows].astype(np.int64)
-        ends = offsets + self.index.members["size"][rows].astype(np.int64)
-        order = np.lexsort((offsets, shards))
-        cur_shard, cur_lo, cur_hi = -1, 0, 0
-        for k in order.tolist():
-            shard, lo, hi = int(shards[k]), int(offsets[k]), int(ends[k])
-            if shard == cur_shard and lo - cur_hi <= _ADVISE_GAP:
-                cur_hi = max(cur_hi, hi)
-                continue
-            if cur_shard >= 0:
-                self._advise_range(cur_shard, cur_lo, cur_hi)
-            cur_shard, cur_lo, cur_hi = shard, lo, hi
-        if cur_shard >= 0:
-            self._advise_range(cur_shard, cur_lo, cur_hi)
+        for shard, lo, hi in merged_member_ranges(self.index, samples):
+            self._advise_range(shard, lo, hi)
 
     def _advise_range(self, shard: int, lo: int, hi: int) -> None:
         # Advice only: a shard that cannot be opened fails its read, with a proper error.
@@ -453,7 +251,7 @@ class ShardReader:
             if fd < 0 and self._was_evicted(loc, exc, shard):
                 return EVICTED, exc, identity
             if isinstance(exc, ReadStalledError):
-                self._count_stall(exc)
+                self.metrics.record_stall(exc.waited_s)
             problem, error = f"unreadable: {exc.strerror or exc}", exc
         else:
             took = time.perf_counter_ns() - began if self.timed else None
@@ -464,9 +262,7 @@ class ShardReader:
             else:
                 self.metrics.record_read(loc.staged, got, took)
         if problem is not None:
-            self.metrics.add(
-                "checksum_failures" if problem == "checksum mismatch" else "read_errors"
-            )
+            self.metrics.add(_failure_counter(problem))
             if not loc.staged:
                 self.pool.discard(loc.path)  # a replaced file is reopened on the next read
             elif fd >= 0:
@@ -476,15 +272,6 @@ class ShardReader:
                 with contextlib.suppress(OSError):
                     identity = self.opener.identity(fd)
         return problem, error, identity
-
-    def _count_stall(self, exc: ReadStalledError) -> None:
-        """Count a read abandoned after its deadline (and the time lost), or refused at once
-        because its shard is held unavailable."""
-        if exc.waited_s > 0:
-            self.metrics.add("stalls")
-            self.metrics.add("stall_ms", round(exc.waited_s * 1000))
-        else:
-            self.metrics.add("held_fails")
 
     def read_member_into(
         self,
@@ -522,11 +309,7 @@ class ShardReader:
             if problem == EVICTED:
                 continue
             if not loc.staged:
-                failure = self._source_error(
-                    problem, error, loc.path, shard, member, sample, target
-                )
-                failure.sample_index = sample if sample is not None else self._sample_of(member)
-                raise failure
+                raise self._source_error(problem, error, loc.path, shard, member, sample, target)
             try:
                 self._recover_copy(shard, problem, identity)
             finally:
@@ -559,18 +342,7 @@ class ShardReader:
         )
 
     def _emit(self, event: Event) -> None:
-        """Hand a recovery event to ``on_event``; without one, log it (once)."""
-        if self.on_event is not None:
-            self.on_event(event)
-        elif event["event"] == "drop":
-            logger.warning(
-                "staged copy %s is bad (%s): reading %s",
-                event["shard"],
-                event["why"],
-                event.get("source", "the source"),
-            )
-        else:
-            logger.warning("staged copy %s: %s", event["shard"], event)
+        emit_event(event, self.on_event)
 
     def _source_error(  # noqa: PLR0917 - one call shape, private
         self,
@@ -582,29 +354,21 @@ class ShardReader:
         sample: int | None,
         target: memoryview,
     ) -> StorageError:
+        """The error for a member that failed in the source, naming the sample it is of."""
         if sample is None:
             sample = self._sample_of(member)
-        key = self.key(sample)
-        rec = self.index.members[member]
-        if problem == "checksum mismatch":
-            actual = member_digest_problem(target, int(rec["xxh3_64"]))
-            return ChecksumMismatchError(
-                path=path,
-                shard=self.manifest.shards[shard].path,
-                key=key,
-                expected=hex64(int(rec["xxh3_64"])),
-                actual=hex64(actual if actual is not None else int(rec["xxh3_64"])),
-                member=self.index.exts[int(rec["ext_id"])],
-            )
-        if problem == "truncated":
-            return StorageError(errno.EIO, f"shard {path} is truncated (sample {key!r})")
-        reason = error.strerror if error is not None and error.strerror else problem
-        message = f"cannot read shard {path} (sample {key!r}): {reason}"
-        if error is None:
-            return StorageError(errno.EIO, message)
-        # Typed: a stall (ReadStalledError) or a server gone (ENXIO, ENOTCONN, ...) is a
-        # StorageUnavailableError, which recovery retries and holds per shard.
-        return unavailable_error(error, message)
+        failure = member_read_error(
+            self.index,
+            problem,
+            error,
+            path=path,
+            shard_name=self.manifest.shards[shard].path,
+            member=member,
+            sample=sample,
+            bytes_read=target,
+        )
+        failure.sample_index = sample
+        return failure
 
     def member_view(
         self, member: int, *, shard: int, sample: int | None = None, verify: bool = True
@@ -634,7 +398,7 @@ class ShardReader:
                 if self._was_evicted(loc, exc, shard):
                     continue
                 if isinstance(exc, ReadStalledError):
-                    self._count_stall(exc)
+                    self.metrics.record_stall(exc.waited_s)
                 problem, error, view = f"unreadable: {exc.strerror or exc}", exc, memoryview(b"")
             if problem is None and off + size > len(view):
                 problem = "truncated"
@@ -648,15 +412,11 @@ class ShardReader:
                 took = time.perf_counter_ns() - began if self.timed else None
                 self.metrics.record_read(loc.staged, size, took)
                 return loc.path, view[off : off + size]
-            self.metrics.add(
-                "checksum_failures" if problem == "checksum mismatch" else "read_errors"
-            )
+            self.metrics.add(_failure_counter(problem))
             self.maps.discard(loc.path)
             if not loc.staged:
                 data = memoryview(bytes(view[off : min(off + size, len(view))]))
-                failure = self._source_error(problem, error, loc.path, shard, member, sample, data)
-                failure.sample_index = sample if sample is not None else self._sample_of(member)
-                raise failure
+                raise self._source_error(problem, error, loc.path, shard, member, sample, data)
             self.resolver.drop(shard, NOT_OPENED)
             self._emit({"event": "drop", "shard": self.manifest.shards[shard].path, "why": problem})
         raise StorageError(errno.EIO, f"cannot map shard {shard}")  # pragma: no cover

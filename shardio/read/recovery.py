@@ -49,8 +49,9 @@ from shardio.errors import (
     StorageError,
     UsageError,
 )
+from shardio.read.handoff import Event
 from shardio.read.journal import RepairJournal
-from shardio.read.reader import Event, ShardReader
+from shardio.read.reader import ShardReader
 
 __all__ = ["POLICIES", "Recovery", "RecoveryPolicy"]
 

@@ -31,8 +31,9 @@ from shardio.order import OrderSpec, RankStream
 from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import resolve_spec
+from shardio.read.handoff import Event, Handoff
 from shardio.read.readahead import StreamReadahead
-from shardio.read.reader import Event, Handoff, ShardReader
+from shardio.read.reader import ShardReader
 from shardio.read.recovery import RecoveryPolicy
 from shardio.read.setup import set_up_reader
 from shardio.read.strategy import ReadStrategy

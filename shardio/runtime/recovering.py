@@ -22,7 +22,8 @@ import xxhash
 from shardio.errors import UsageError
 from shardio.order import RankStream
 from shardio.order.ranks import RankInfo
-from shardio.read.reader import Event, ShardReader
+from shardio.read.handoff import Event
+from shardio.read.reader import ShardReader
 from shardio.read.rebuild import parity_rebuild_for
 from shardio.read.recovery import Recovery, RecoveryPolicy
 

@@ -1,4 +1,4 @@
-"""Plan and apply the stripe layout of a destination directory before any shard is written.
+"""Apply the stripe layout of a destination directory before any shard is written.
 
 On Lustre a directory's default layout (``lfs setstripe`` on the directory) is inherited by
 every file created in it afterwards, and a file's layout cannot change once written; on BeeGFS
@@ -14,11 +14,9 @@ recorded in a :class:`LayoutResult` for the manifest.
 from __future__ import annotations
 
 import logging
-import math
 import os
-import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -26,146 +24,32 @@ from typing import Any, Final
 from shardio.errors import CommandNotFoundError, FormatError, StorageError, UsageError
 from shardio.storage.fsdetect import NETWORK_FS, PARALLEL_FS
 from shardio.storage.runner import CommandResult, CommandRunner, run_command
+from shardio.storage.stripe_spec import (
+    DEFAULT_PFL,
+    SMALL_STRIPE_BYTES,
+    StripeSpec,
+    beegfs_size,
+    lfs_size,
+    parse_stripe,
+    plan_stripe,
+)
 
 __all__ = [
     "LayoutResult",
-    "StripeSpec",
     "apply_layout",
     "describe_layout",
     "lustre_ost_count",
-    "parse_stripe",
-    "plan_stripe",
 ]
 
 logger = logging.getLogger(__name__)
 
-KiB: Final = 1024
-MiB: Final = 1024 * KiB
-GiB: Final = 1024 * MiB
-
-STRIPE_UNIT_BYTES: Final = 64 * KiB
-"""Lustre stripe sizes must be a positive multiple of 64 KiB."""
-
-STRIPE_KEYWORDS: Final = frozenset({"auto", "none", "pfl"})
-"""The stripe settings that are not an explicit ``COUNTxSIZE``."""
-
 LAYOUT_ACTIONS: Final = frozenset({"applied", "skipped", "failed", "none"})
-
-_PIECE_BYTES: Final = 256 * MiB  # one stripe per 256 MiB of shard
-_MAX_PLANNED_COUNT: Final = 8  # the article's `lfs setstripe -c 8 -S 4M` for large data
-_SMALL_SHARD_BYTES: Final = 64 * MiB
-_LARGE_STRIPE_BYTES: Final = 4 * MiB
-_SMALL_STRIPE_BYTES: Final = 1 * MiB
 
 # Progressive File Layout: 1 stripe of 1 MiB up to 64 MiB, 4 stripes up to 1 GiB, then the
 # spec's count and size (8 x 4 MiB by default) to end of file; counts capped by the OST count.
 _PFL_FIRST_END: Final = "64M"
 _PFL_SECOND_END: Final = "1G"
 _PFL_SECOND_COUNT: Final = 4
-
-# Lustre's and BeeGFS's own size suffixes are binary: 4M means 4 MiB.
-_STRIPE_SIZE_UNITS: Final = {
-    "": 1,
-    "b": 1,
-    "k": KiB,
-    "kib": KiB,
-    "m": MiB,
-    "mib": MiB,
-    "g": GiB,
-    "gib": GiB,
-}
-_STRIPE_RE: Final = re.compile(r"^(-1|[0-9]+)\s*[xX]\s*([0-9]+)\s*([A-Za-z]*)$")
-_STRIPE_HINT: Final = "use auto, none, pfl or COUNTxSIZE such as 8x4MiB, 4x1M or -1x4MiB"
-
-
-def _format_binary(size_bytes: int, suffixes: Sequence[tuple[int, str]]) -> str:
-    for unit, suffix in suffixes:
-        if size_bytes % unit == 0:
-            return f"{size_bytes // unit}{suffix}"
-    return str(size_bytes)
-
-
-def _size_text(size_bytes: int) -> str:
-    """``4MiB``, ``192KiB``, ``1GiB``: how a stripe size is shown to people."""
-    return _format_binary(size_bytes, ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")))
-
-
-def _lfs_size(size_bytes: int) -> str:
-    """``4M``, ``192K``, ``1G``: the suffixes ``lfs setstripe -S`` takes."""
-    return _format_binary(size_bytes, ((GiB, "G"), (MiB, "M"), (KiB, "K")))
-
-
-def _beegfs_size(size_bytes: int) -> str:
-    """``4m``, ``512k``: the suffixes ``beegfs-ctl --chunksize`` takes (no ``g``)."""
-    return _format_binary(size_bytes, ((MiB, "m"), (KiB, "k")))
-
-
-@dataclass(frozen=True, kw_only=True)
-class StripeSpec:
-    """An explicit stripe layout: how many OSTs (targets) and how much per stripe.
-
-    Attributes:
-        count: the number of OSTs a file is striped over, or -1 for all of them (Lustre).
-        size_bytes: the stripe (chunk) size, a multiple of 64 KiB.
-        progressive: a Lustre Progressive File Layout whose last component (from 1 GiB to end
-            of file) uses ``count`` and ``size_bytes``; smaller components come first.
-    """
-
-    count: int
-    size_bytes: int
-    progressive: bool = False
-
-    def __post_init__(self) -> None:
-        if self.count != -1 and self.count < 1:
-            raise UsageError(f"stripe count must be >= 1 or -1 (all OSTs), got {self.count}")
-        if self.size_bytes < STRIPE_UNIT_BYTES or self.size_bytes % STRIPE_UNIT_BYTES:
-            raise UsageError(
-                f"stripe size must be a multiple of 64KiB and at least 64KiB, "
-                f"got {self.size_bytes} bytes"
-            )
-
-    def to_text(self) -> str:
-        """Return the layout as ``4x4MiB``, or ``pfl`` for a progressive layout.
-
-        The text of a plain layout parses back with :func:`parse_stripe`; the exact
-        components of a progressive one are in :attr:`LayoutResult.commands`.
-        """
-        if self.progressive:
-            return "pfl"
-        return f"{self.count}x{_size_text(self.size_bytes)}"
-
-
-_DEFAULT_PFL: Final = StripeSpec(count=8, size_bytes=4 * MiB, progressive=True)
-
-
-def parse_stripe(text: str) -> str | StripeSpec:
-    """Parse a ``--stripe`` setting.
-
-    Sizes take Lustre's binary suffixes: ``4M``, ``4MiB`` and ``4m`` all mean 4 MiB.
-
-    Args:
-        text: ``auto`` (plan from the shard size), ``none`` (leave the layout alone), ``pfl``
-            (Lustre progressive layout) or ``COUNTxSIZE`` such as ``8x4MiB``, ``4x1M`` or
-            ``-1x4MiB`` (all OSTs); case-insensitive.
-
-    Returns:
-        The keyword in lower case, or a :class:`StripeSpec`.
-
-    Raises:
-        UsageError: the text is none of these, in one line naming it.
-    """
-    cleaned = text.strip().lower()
-    if cleaned in STRIPE_KEYWORDS:
-        return cleaned
-    match = _STRIPE_RE.match(cleaned)
-    if match is None or match.group(3) not in _STRIPE_SIZE_UNITS:
-        raise UsageError(f"invalid stripe {text!r}: {_STRIPE_HINT}")
-    count = int(match.group(1))
-    size_bytes = int(match.group(2)) * _STRIPE_SIZE_UNITS[match.group(3)]
-    try:
-        return StripeSpec(count=count, size_bytes=size_bytes)
-    except UsageError as exc:
-        raise UsageError(f"invalid stripe {text!r}: {exc}") from exc
 
 
 def lustre_ost_count(path: str | os.PathLike[str], runner: CommandRunner) -> int | None:
@@ -200,44 +84,6 @@ def lustre_ost_count(path: str | os.PathLike[str], runner: CommandRunner) -> int
         logger.warning("cannot count OSTs for %s: lfs df listed no OST; planning without it", path)
         return None
     return count
-
-
-def plan_stripe(shard_size_bytes: int, ost_count: int | None) -> StripeSpec:
-    """Plan the stripe layout for shards of a given size.
-
-    Shards are read whole and sequentially, each by one worker, while many ranks on many
-    nodes read different shards at the same time. The parallelism across OSTs therefore comes
-    mostly from having many shards spread over them, not from striping each shard wide: wide
-    striping makes every read touch every OST and adds per-stripe locks and RPCs. So striping
-    is moderate: one stripe per 256 MiB of shard, which lets a single large shard (when staged
-    or read by a lone rank) stream from a few OSTs at once, capped at 8, the article's
-    ``lfs setstripe -c 8 -S 4M`` for large data, and at the number of OSTs when known.
-
-    The stripe size is 4 MiB, Lustre's largest bulk RPC, so each read request fills one
-    stripe; shards under 64 MiB use 1 MiB (Lustre's default) so a small file is not split
-    into a handful of oversized stripes.
-
-    Args:
-        shard_size_bytes: the target size of one shard.
-        ost_count: the number of OSTs, or ``None`` when unknown.
-
-    Returns:
-        A plain (not progressive) layout.
-
-    Raises:
-        UsageError: ``shard_size_bytes`` or ``ost_count`` is not positive.
-    """
-    if shard_size_bytes <= 0:
-        raise UsageError(f"shard size must be positive, got {shard_size_bytes} bytes")
-    if ost_count is not None and ost_count < 1:
-        raise UsageError(f"OST count must be positive, got {ost_count}")
-    size_bytes = (
-        _SMALL_STRIPE_BYTES if shard_size_bytes < _SMALL_SHARD_BYTES else _LARGE_STRIPE_BYTES
-    )
-    count = min(max(1, math.ceil(shard_size_bytes / _PIECE_BYTES)), _MAX_PLANNED_COUNT)
-    if ost_count is not None:
-        count = min(count, ost_count)
-    return StripeSpec(count=count, size_bytes=size_bytes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -360,9 +206,9 @@ def _lustre_pfl_argv(spec: StripeSpec, ost_count: int | None, dst: str) -> tuple
     second_count = _cap(_PFL_SECOND_COUNT, ost_count)
     if last_count != -1:
         second_count = min(second_count, last_count)
-    size = _lfs_size(spec.size_bytes)
+    size = lfs_size(spec.size_bytes)
     components = (
-        (_PFL_FIRST_END, 1, _lfs_size(_SMALL_STRIPE_BYTES)),
+        (_PFL_FIRST_END, 1, lfs_size(SMALL_STRIPE_BYTES)),
         (_PFL_SECOND_END, second_count, size),
         ("-1", last_count, size),
     )
@@ -382,10 +228,10 @@ def _apply_lustre(
         if stripe == "auto":
             spec = plan_stripe(shard_size_bytes, ost_count)
         else:
-            spec = stripe if isinstance(stripe, StripeSpec) else _DEFAULT_PFL
+            spec = stripe if isinstance(stripe, StripeSpec) else DEFAULT_PFL
             argv = _lustre_pfl_argv(spec, ost_count, dst)
             return _run_layout_command(runner, argv, fs_type="lustre", stripe_text=spec.to_text())
-    argv = ("lfs", "setstripe", "-c", str(spec.count), "-S", _lfs_size(spec.size_bytes), dst)
+    argv = ("lfs", "setstripe", "-c", str(spec.count), "-S", lfs_size(spec.size_bytes), dst)
     return _run_layout_command(runner, argv, fs_type="lustre", stripe_text=spec.to_text())
 
 
@@ -406,7 +252,7 @@ def _apply_beegfs(
         "beegfs-ctl",
         "--setpattern",
         "--pattern=raid0",
-        f"--chunksize={_beegfs_size(spec.size_bytes)}",
+        f"--chunksize={beegfs_size(spec.size_bytes)}",
         f"--numtargets={spec.count}",
         dst,
     )

@@ -15,6 +15,7 @@ __all__ = [
     "ShardFileWriter",
     "SourceChangedError",
     "copy_stream",
+    "write_sample",
 ]
 
 # Chunk size of a streamed member: large enough for full-speed sequential I/O on a parallel
@@ -127,3 +128,14 @@ class ShardFileWriter(Protocol):
     def abort(self) -> None:
         """Remove the unfinished shard."""
         ...
+
+
+def write_sample(
+    writer: ShardFileWriter, key: str, label: int, members: Sequence[tuple[str, bytes, int]]
+) -> list[tuple[int, int]]:
+    """Write a whole sample of in-memory members ``(ext, data, xxh3_64)`` through
+    ``writer``'s sample calls; return each member's ``(offset, size)``."""
+    writer.begin_sample(key, label)
+    placed = [writer.add_member(ext, data, digest) for ext, data, digest in members]
+    writer.end_sample()
+    return placed

@@ -29,7 +29,13 @@ import numpy as np
 from shardio.format.checksum import file_xxh3_128
 from shardio.format.spec import HDF5_BLOB, HDF5_SHARD_VERSION
 from shardio.storage.atomic import create_temp, publish, storage_error, temp_path_for
-from shardio.writers.base import STREAM_CHUNK_BYTES, ReadInto, SourceChangedError, copy_stream
+from shardio.writers.base import (
+    STREAM_CHUNK_BYTES,
+    ReadInto,
+    SourceChangedError,
+    copy_stream,
+    write_sample,
+)
 
 __all__ = ["DEFAULT_HDF5_ALIGNMENT", "HDF5ShardWriter"]
 
@@ -180,10 +186,7 @@ class HDF5ShardWriter:
 
         Offsets are absolute in the file (blob offset added), ready for ``pread``.
         """
-        self.begin_sample(key, label)
-        placed = [self.add_member(ext, data, digest) for ext, data, digest in members]
-        self.end_sample()
-        return placed
+        return write_sample(self, key, label, members)
 
     def finish(self) -> tuple[int, str]:
         """Write the tables, fsync and publish; return (size, xxh3_128).

@@ -12,7 +12,13 @@ import xxhash
 from shardio.format.checksum import new_file_hasher
 from shardio.format.spec import TAR_BLOCK
 from shardio.storage.atomic import create_temp, publish, storage_error, temp_path_for
-from shardio.writers.base import STREAM_CHUNK_BYTES, ReadInto, SourceChangedError, copy_stream
+from shardio.writers.base import (
+    STREAM_CHUNK_BYTES,
+    ReadInto,
+    SourceChangedError,
+    copy_stream,
+    write_sample,
+)
 
 __all__ = ["TarShardWriter", "dali_index_text", "ustar_header"]
 
@@ -201,10 +207,7 @@ class TarShardWriter:
 
         The label travels as the sample's ``cls`` member, so ``label`` is not used here.
         """
-        self.begin_sample(key, label)
-        placed = [self.add_member(ext, data, digest) for ext, data, digest in members]
-        self.end_sample()
-        return placed
+        return write_sample(self, key, label, members)
 
     def finish(self) -> tuple[int, str]:
         """Write the end-of-archive blocks, fsync and publish; return (size, xxh3_128).

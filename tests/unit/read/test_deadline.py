@@ -443,7 +443,7 @@ def test_a_stalled_watched_read_is_held_and_counted(
 def test_opening_a_dataset_whose_tables_stall_is_abandoned_and_held(
     packed_small: Any, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import shardio.read.reader as packed
+    import shardio.read.tables as packed
 
     root = packed_small("tar")[0]
     release = threading.Event()

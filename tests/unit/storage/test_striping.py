@@ -13,14 +13,12 @@ import pytest
 
 from shardio.errors import FormatError, StorageError, UsageError
 from shardio.storage.runner import CommandResult, run_command
+from shardio.storage.stripe_spec import StripeSpec, parse_stripe, plan_stripe
 from shardio.storage.striping import (
     LayoutResult,
-    StripeSpec,
     apply_layout,
     describe_layout,
     lustre_ost_count,
-    parse_stripe,
-    plan_stripe,
 )
 
 KiB = 1024
