@@ -7,35 +7,41 @@ import json
 import math
 import os
 
-from shardio.cli.common import EXIT_OK, Subparsers, add_whole_number, default_workers
+from shardio.cli.common import EXIT_OK, add_whole_number, default_workers
 from shardio.errors import StorageError, UsageError
 
-__all__ = ["add_parser", "run"]
+__all__ = ["HELP", "add_arguments", "run"]
 
 DEFAULT_COMPUTE_MS = 50.0
 
 
-def add_parser(sub: Subparsers) -> None:
-    """Register ``shardio bench`` on the command's subparsers."""
-    b = sub.add_parser(
-        "bench",
-        help="emulate training (sleep per step) and report AU, throughput, read latency",
-        description="A DLIO-style run: read the dataset in batches as training would and "
-        "sleep --compute-ms per step for the model's compute; report accelerator utilisation "
-        "(AU = compute time / wall time), samples/s, MB/s, read latency percentiles and the "
-        "step-time spread, with PASS/FAIL lines against: read latency P99 under 100 ms "
-        "(alert from 50 ms), step-time std under 5% of the mean, AU of at least 90% "
-        "(MLPerf Storage counts a ResNet-50 run from 90%).",
-        epilog="The exit code is 0 whenever the run completed, whatever the checks say; "
-        'they are in the output (and in --json under "checks").',
-    )
-    b.add_argument("dataset", help="a packed dataset (shardio pack)")
-    b.add_argument("--mode", choices=["map", "stream"], default="map", help="default map")
+HELP = "emulate training (sleep per step) and report AU, throughput, read latency"
+DESCRIPTION = (
+    "A DLIO-style run: read the dataset in batches as training would and "
+    "sleep --compute-ms per step for the model's compute; report accelerator utilisation "
+    "(AU = compute time / wall time), samples/s, MB/s, read latency percentiles and the "
+    "step-time spread, with PASS/FAIL lines against: read latency P99 under 100 ms "
+    "(alert from 50 ms), step-time std under 5% of the mean, AU of at least 90% "
+    "(MLPerf Storage counts a ResNet-50 run from 90%)."
+)
+EPILOG = (
+    "The exit code is 0 whenever the run completed, whatever the checks say; "
+    'they are in the output (and in --json under "checks").'
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardio bench``."""
+    parser.add_argument("dataset", help="a packed dataset (shardio pack)")
+    parser.add_argument("--mode", choices=["map", "stream"], default="map", help="default map")
     add_whole_number(
-        b, "--workers", None, "DataLoader workers (default: 4, or the CPUs of the job when fewer)"
+        parser,
+        "--workers",
+        None,
+        "DataLoader workers (default: 4, or the CPUs of the job when fewer)",
     )
-    add_whole_number(b, "--batch", 32, "samples per batch (default 32)")
-    b.add_argument(
+    add_whole_number(parser, "--batch", 32, "samples per batch (default 32)")
+    parser.add_argument(
         "--compute-ms",
         type=float,
         default=DEFAULT_COMPUTE_MS,
@@ -43,22 +49,22 @@ def add_parser(sub: Subparsers) -> None:
         help="emulated compute per step in ms: your model's step time on your GPU "
         f"(default {DEFAULT_COMPUTE_MS:g})",
     )
-    add_whole_number(b, "--epochs", 1, "epochs to run (default 1)")
-    add_whole_number(b, "--seed", 0, "the seed of the shuffles (default 0)", digits=20)
-    b.add_argument(
+    add_whole_number(parser, "--epochs", 1, "epochs to run (default 1)")
+    add_whole_number(parser, "--seed", 0, "the seed of the shuffles (default 0)", digits=20)
+    parser.add_argument(
         "--cold",
         action="store_true",
         help="empty the page cache before each epoch (root: drop_caches; otherwise "
         "POSIX_FADV_DONTNEED on every file the run reads)",
     )
-    b.add_argument("--json", action="store_true", help="print one JSON object (for scripts)")
-    b.add_argument(
+    parser.add_argument("--json", action="store_true", help="print one JSON object (for scripts)")
+    parser.add_argument(
         "--plot",
         default=None,
         metavar="OUT.png",
         help="write throughput, stalls and the latency histogram as a PNG (needs matplotlib)",
     )
-    b.add_argument(
+    parser.add_argument(
         "--compare",
         action="append",
         default=[],

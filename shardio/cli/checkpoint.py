@@ -14,22 +14,23 @@ from shardio.units import format_size
 if TYPE_CHECKING:
     from shardio.checkpoint.audit import CheckedCheckpoint
 
-__all__ = ["EXIT_UNAVAILABLE", "add_parser", "run"]
+__all__ = ["EXIT_UNAVAILABLE", "HELP", "add_arguments", "run"]
 
 EXIT_UNAVAILABLE = 75  # EX_TEMPFAIL: the checkpoints cannot be read now; ask again later
 
 
-def add_parser(sub: Subparsers) -> None:
-    """Register ``shardio checkpoint``."""
-    ck = sub.add_parser(
-        "checkpoint",
-        help="list, check or find the newest intact checkpoint",
-        description="Checkpoints written by shardio.checkpoint (save, Checkpointer): list "
-        "them, check every byte against their manifests, or print the newest intact one "
-        "(what load_latest loads, and what a retried job resumes from). Nothing is loaded "
-        "or changed.",
-    )
-    actions = ck.add_subparsers(dest="checkpoint_action", required=True, metavar="ACTION")
+HELP = "list, check or find the newest intact checkpoint"
+DESCRIPTION = (
+    "Checkpoints written by shardio.checkpoint (save, Checkpointer): list "
+    "them, check every byte against their manifests, or print the newest intact one "
+    "(what load_latest loads, and what a retried job resumes from). Nothing is loaded "
+    "or changed."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardio checkpoint``."""
+    actions = parser.add_subparsers(dest="checkpoint_action", required=True, metavar="ACTION")
     ls = _add_action(actions, "ls", "list checkpoints, newest first (manifests only)")
     ver = _add_action(
         actions,

@@ -16,8 +16,8 @@ from shardio._env import env_int, parse_env_int, parse_tasks_per_node, shown_val
 from shardio._pool import MAX_WORKERS, check_workers
 from shardio.errors import UsageError
 
-# What add_subparsers returns, which each command's add_parser takes (a string: argparse's
-# class is generic only to type checkers).
+# What add_subparsers returns (a string: argparse's class is generic only to type checkers),
+# for a command with actions of its own (checkpoint ls|verify|latest).
 Subparsers: TypeAlias = "argparse._SubParsersAction[Any]"
 
 __all__ = [

@@ -7,19 +7,21 @@ import argparse
 import json
 from typing import Any
 
-from shardio.cli.common import EXIT_OK, Subparsers
+from shardio.cli.common import EXIT_OK
 from shardio.cli.pack_text import label_map_text
 from shardio.errors import UsageError
 from shardio.units import format_size
 
-__all__ = ["add_parser", "run"]
+__all__ = ["HELP", "add_arguments", "run"]
 
 
-def add_parser(sub: Subparsers) -> None:
-    """Register ``shardio inspect``."""
-    i = sub.add_parser("inspect", help="summarise a dataset")
-    i.add_argument("dst")
-    i.add_argument("--json", action="store_true")
+HELP = "summarise a dataset"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardio inspect``."""
+    parser.add_argument("dst")
+    parser.add_argument("--json", action="store_true")
 
 
 _STRIPING_FS = ("lustre", "beegfs")  # the filesystems whose layout shardio sets and reads

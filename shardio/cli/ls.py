@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shardio.cli.common import EXIT_OK, Subparsers
+from shardio.cli.common import EXIT_OK
 
-__all__ = ["add_parser", "run"]
+__all__ = ["HELP", "add_arguments", "run"]
 
 
-def add_parser(sub: Subparsers) -> None:
-    """Register ``shardio ls``."""
-    ls = sub.add_parser("ls", help="list sample keys")
-    ls.add_argument("dst")
-    ls.add_argument("--paths", action="store_true", help="list original file paths instead")
+HELP = "list sample keys"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardio ls``."""
+    parser.add_argument("dst")
+    parser.add_argument("--paths", action="store_true", help="list original file paths instead")
 
 
 def run(args: argparse.Namespace) -> int:

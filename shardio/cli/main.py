@@ -36,7 +36,6 @@ from shardio.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
     EXIT_USAGE,
-    Subparsers,
     make_streams_safe,
     print_error,
     silence_stdout,
@@ -48,18 +47,23 @@ __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
 
 class Command(Protocol):
-    """What a command module provides (mypy checks each module in COMMANDS against it)."""
+    """What a command module provides (mypy checks each module in COMMANDS against it):
+    ``HELP`` (its line in ``shardio --help``), optionally ``DESCRIPTION`` and ``EPILOG``
+    (around its own ``--help``), its arguments and its run."""
 
-    def add_parser(self, sub: Subparsers) -> None:
-        """Register the command's subparser, its options and their help."""
+    HELP: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add the command's arguments and their help to its parser."""
 
     def run(self, args: argparse.Namespace) -> int:
         """Run the command on its parsed arguments; return the exit code."""
 
 
-# Every command, in the order `shardio --help` lists them: each module registers its own
-# subparser (add_parser) and runs it (run). Each defers its library imports to run(), so
-# that importing them all keeps start-up fast (a login node, a job prologue).
+# Every command, in the order `shardio --help` lists them: each module says what it is
+# (HELP, DESCRIPTION, EPILOG), adds its arguments (add_arguments) and runs (run). Each
+# defers its library imports to run(), so that importing them all keeps start-up fast (a
+# login node, a job prologue).
 COMMANDS: dict[str, Command] = {
     "pack": pack,
     "merge": merge,
@@ -93,8 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"shardio {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what is done")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS.values():
-        command.add_parser(sub)
+    for name, command in COMMANDS.items():
+        command.add_arguments(
+            sub.add_parser(
+                name,
+                help=command.HELP,
+                description=getattr(command, "DESCRIPTION", None),
+                epilog=getattr(command, "EPILOG", None),
+            )
+        )
     return parser
 
 

@@ -5,19 +5,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from shardio.cli.common import EXIT_OK, Subparsers, add_no_progress, add_workers, workers_of
+from shardio.cli.common import EXIT_OK, add_no_progress, add_workers, workers_of
 from shardio.cli.pack_text import calls_text
 from shardio.units import format_size
 
-__all__ = ["add_parser", "run"]
+__all__ = ["HELP", "add_arguments", "run"]
 
 
-def add_parser(sub: Subparsers) -> None:
-    """Register ``shardio merge``."""
-    m = sub.add_parser("merge", help="join the parts of a multi-node pack")
-    m.add_argument("dst")
-    add_workers(m, "processes computing parity, 1 to 4096 (default: the CPUs of this job)")
-    add_no_progress(m, "no progress bar")
+HELP = "join the parts of a multi-node pack"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardio merge``."""
+    parser.add_argument("dst")
+    add_workers(parser, "processes computing parity, 1 to 4096 (default: the CPUs of this job)")
+    add_no_progress(parser, "no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:

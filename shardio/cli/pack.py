@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 from shardio.cli.common import (
     EXIT_OK,
-    Subparsers,
     add_no_progress,
     add_workers,
     parse_part,
@@ -20,26 +19,28 @@ from shardio.units import format_duration, format_size, parse_size
 if TYPE_CHECKING:
     from shardio.packing.run import PackResult
 
-__all__ = ["add_parser", "run"]
+__all__ = ["HELP", "add_arguments", "run"]
 
 _SKIPPED_SHOWN = 5  # skipped files listed in the pack summary; pack-report.json has all
 
 
-def add_parser(sub: Subparsers) -> None:
-    """Register ``shardio pack``."""
-    p = sub.add_parser("pack", help="pack a tree of files into shards")
-    p.add_argument("src", help="the tree to pack (e.g. imagenet/)")
-    p.add_argument("dst", help="the dataset directory to create")
-    p.add_argument("--format", dest="shard_format", choices=["tar", "hdf5"], default="tar")
-    p.add_argument("--shard-size", default="1GiB", help="target shard size (default 1GiB)")
-    add_workers(p, "processes, 1 to 4096 (default: the CPUs of this job, SLURM-aware)")
-    p.add_argument(
+HELP = "pack a tree of files into shards"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardio pack``."""
+    parser.add_argument("src", help="the tree to pack (e.g. imagenet/)")
+    parser.add_argument("dst", help="the dataset directory to create")
+    parser.add_argument("--format", dest="shard_format", choices=["tar", "hdf5"], default="tar")
+    parser.add_argument("--shard-size", default="1GiB", help="target shard size (default 1GiB)")
+    add_workers(parser, "processes, 1 to 4096 (default: the CPUs of this job, SLURM-aware)")
+    parser.add_argument(
         "--labels",
         choices=["auto", "none"],
         default="auto",
         help="class labels from an ImageNet-style layout (default auto)",
     )
-    pin = p.add_mutually_exclusive_group()
+    pin = parser.add_mutually_exclusive_group()
     pin.add_argument(
         "--labels-from",
         default=None,
@@ -52,22 +53,24 @@ def add_parser(sub: Subparsers) -> None:
         metavar="FILE",
         help="pin the label map to FILE's class names, one per line (index = line - 1)",
     )
-    p.add_argument("--stripe", default="auto", help="auto | none | pfl | COUNTxSIZE (e.g. 8x4MiB)")
-    p.add_argument(
+    parser.add_argument(
+        "--stripe", default="auto", help="auto | none | pfl | COUNTxSIZE (e.g. 8x4MiB)"
+    )
+    parser.add_argument(
         "--fs-type", default=None, help="force the filesystem type (lustre, beegfs, ...)"
     )
-    p.add_argument("--part", default=None, help="pack part I/N of a multi-node pack, or auto")
-    p.add_argument(
+    parser.add_argument("--part", default=None, help="pack part I/N of a multi-node pack, or auto")
+    parser.add_argument(
         "--parity",
         default=None,
         metavar="K+M",
         help="also write M parity files per group of K shards (e.g. 10+2): any M lost or "
         "damaged shards of a group can be rebuilt (needs pyeclib)",
     )
-    p.add_argument("--strict", action="store_true", help="fail on files that would be skipped")
-    p.add_argument("--resume", action="store_true", help="finish an interrupted pack")
-    p.add_argument("--force", action="store_true", help="overwrite a dataset in DST")
-    add_no_progress(p, "no progress bar")
+    parser.add_argument("--strict", action="store_true", help="fail on files that would be skipped")
+    parser.add_argument("--resume", action="store_true", help="finish an interrupted pack")
+    parser.add_argument("--force", action="store_true", help="overwrite a dataset in DST")
+    add_no_progress(parser, "no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import argparse
 
-from shardio.cli.common import EXIT_OK, Subparsers, add_workers, workers_of
+from shardio.cli.common import EXIT_OK, add_workers, workers_of
 from shardio.units import format_duration, format_size
 
-__all__ = ["add_parser", "run"]
+__all__ = ["HELP", "add_arguments", "run"]
 
 
-def add_parser(sub: Subparsers) -> None:
-    """Register ``shardio parity``."""
-    par = sub.add_parser(
-        "parity",
-        help="add or drop erasure-coded parity (any M lost shards of a group rebuild)",
-        description="Add parity to a packed dataset (M parity files per group of K shards, "
-        "so that any M lost or damaged files of a group can be rebuilt by shardio verify "
-        "--repair, shardio stage and a dataset's recovery=), or drop it. Both resume after a kill.",
-    )
-    actions = par.add_subparsers(dest="parity_action", required=True, metavar="ACTION")
+HELP = "add or drop erasure-coded parity (any M lost shards of a group rebuild)"
+DESCRIPTION = (
+    "Add parity to a packed dataset (M parity files per group of K shards, "
+    "so that any M lost or damaged files of a group can be rebuilt by shardio verify "
+    "--repair, shardio stage and a dataset's recovery=), or drop it. Both resume after a kill."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardio parity``."""
+    actions = parser.add_subparsers(dest="parity_action", required=True, metavar="ACTION")
     add = actions.add_parser("add", help="compute and add parity (needs pyeclib)")
     add.add_argument("dst", help="a packed dataset")
     add.add_argument(

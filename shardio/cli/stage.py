@@ -11,7 +11,6 @@ from typing import Any
 
 from shardio.cli.common import (
     EXIT_OK,
-    Subparsers,
     add_no_progress,
     add_whole_number,
     env_node_part,
@@ -23,25 +22,31 @@ from shardio.errors import StorageError, UsageError
 from shardio.order import OrderSpec, default_order
 from shardio.units import format_duration, format_size, parse_size
 
-__all__ = ["add_parser", "default_stage_dir", "journal_dir_of", "order_spec_of", "run"]
+__all__ = ["HELP", "add_arguments", "default_stage_dir", "journal_dir_of", "order_spec_of", "run"]
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-def add_parser(sub: Subparsers) -> None:
-    """Register ``shardio stage``."""
-    st = sub.add_parser(
-        "stage",
-        help="copy this node's shards to node-local storage, verified (job prologue)",
-        description="Stage shards from SRC to DEST (default: the job's node-local scratch), "
-        "in the order training first needs them. `shardio stage --clean DEST` removes them.",
+HELP = "copy this node's shards to node-local storage, verified (job prologue)"
+DESCRIPTION = (
+    "Stage shards from SRC to DEST (default: the job's node-local scratch), "
+    "in the order training first needs them. `shardio stage --clean DEST` removes them."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardio stage``."""
+    parser.add_argument("paths", nargs="+", metavar="SRC [DEST]")
+    parser.add_argument(
+        "--node", default="auto", help="I/N (0-based) or auto (SLURM_NODEID/NNODES)"
     )
-    st.add_argument("paths", nargs="+", metavar="SRC [DEST]")
-    st.add_argument("--node", default="auto", help="I/N (0-based) or auto (SLURM_NODEID/NNODES)")
     add_whole_number(
-        st, "--ranks-per-node", None, "training ranks per node (default SLURM_NTASKS_PER_NODE or 1)"
+        parser,
+        "--ranks-per-node",
+        None,
+        "training ranks per node (default SLURM_NTASKS_PER_NODE or 1)",
     )
-    st.add_argument(
+    parser.add_argument(
         "--order",
         default=None,
         metavar="SPEC",
@@ -49,23 +54,23 @@ def add_parser(sub: Subparsers) -> None:
         "key=value pairs such as order=random,seed=1,partition=node (default: "
         "$SHARDIO_ORDER, else ShardDataset's defaults for --mode)",
     )
-    st.add_argument(
+    parser.add_argument(
         "--mode",
         choices=["map", "stream"],
         default="map",
         help="ShardDataset's mode, whose default order applies (map: random, stream: shard-local)",
     )
-    add_whole_number(st, "--seed", None, "override the spec's seed", digits=20)
-    add_whole_number(st, "--epoch", 0, "the epoch to stage for", digits=19)
+    add_whole_number(parser, "--seed", None, "override the spec's seed", digits=20)
+    add_whole_number(parser, "--epoch", 0, "the epoch to stage for", digits=19)
     add_whole_number(
-        st,
+        parser,
         "--ahead",
         0,
         "also stage the shards of this many following epochs and evict the rest "
         "(a rotating order; see shardio.staging.EpochStager)",
     )
-    add_whole_number(st, "--window-shards", None, "override the spec's window")
-    st.add_argument(
+    add_whole_number(parser, "--window-shards", None, "override the spec's window")
+    parser.add_argument(
         "--read-timeout",
         type=seconds_arg("--read-timeout"),
         default=None,
@@ -73,30 +78,30 @@ def add_parser(sub: Subparsers) -> None:
         help="abandon a shard whose copy stalls this many seconds (a dead data server) and "
         "stage the others (default: 120 on a network filesystem, none on a local one; 0: none)",
     )
-    add_whole_number(st, "--streams", 4, "parallel copy streams")
-    st.add_argument("--capacity", default=None, help="stage at most this much, e.g. 800GiB")
-    st.add_argument(
+    add_whole_number(parser, "--streams", 4, "parallel copy streams")
+    parser.add_argument("--capacity", default=None, help="stage at most this much, e.g. 800GiB")
+    parser.add_argument(
         "--clean",
         action="store_true",
         help="remove what shardio staged in DEST (epilogue); its repair journal is kept "
         "(see --keep-journal) and files shardio did not stage stay",
     )
-    st.add_argument(
+    parser.add_argument(
         "--keep-journal",
         default=None,
         metavar="DIR",
         help="with --clean: move the repair journal here (default: $SLURM_SUBMIT_DIR, beside "
         "the job's log, else the current directory)",
     )
-    st.add_argument(
+    parser.add_argument(
         "--force",
         action="store_true",
         help="DEST holds another dataset: remove what shardio staged there, then stage",
     )
-    st.add_argument(
+    parser.add_argument(
         "--fsync", action="store_true", help="fsync every copy (survives a node crash; slower)"
     )
-    add_no_progress(st)
+    add_no_progress(parser)
 
 
 def default_stage_dir(src: str, environ: Mapping[str, str] | None = None) -> str:

@@ -6,38 +6,39 @@ import argparse
 import json
 import os
 
-from shardio.cli.common import EXIT_OK, Subparsers, add_whole_number
+from shardio.cli.common import EXIT_OK, add_whole_number
 from shardio.errors import UsageError
 from shardio.topology import Placement, Topology, format_cpulist, placement, read_topology
 from shardio.topology.sysfs import SYSFS_ENV
 
-__all__ = ["add_parser", "run"]
+__all__ = ["HELP", "add_arguments", "run"]
 
 
-def add_parser(sub: Subparsers) -> None:
-    """Register ``shardio topo`` on the command's subparsers."""
-    t = sub.add_parser(
-        "topo",
-        help="show the GPU -> NUMA node -> CPU map and each local rank's CPU binding",
-        description="Read the NVIDIA GPUs, NUMA nodes and allowed CPUs from sysfs and print, "
-        "per local rank, its GPU, NUMA node, CPUs, numactl/taskset lines and thread counts.",
-    )
-    t.add_argument("--json", action="store_true", help="print the map as JSON (for scripts)")
+HELP = "show the GPU -> NUMA node -> CPU map and each local rank's CPU binding"
+DESCRIPTION = (
+    "Read the NVIDIA GPUs, NUMA nodes and allowed CPUs from sysfs and print, "
+    "per local rank, its GPU, NUMA node, CPUs, numactl/taskset lines and thread counts."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardio topo``."""
+    parser.add_argument("--json", action="store_true", help="print the map as JSON (for scripts)")
     add_whole_number(
-        t,
+        parser,
         "--local-rank",
         None,
         "show this local rank only (default: one rank per visible GPU)",
         metavar="N",
     )
     add_whole_number(
-        t,
+        parser,
         "--workers",
         0,
         "DataLoader workers per rank, for the thread counts (default 0)",
         metavar="W",
     )
-    t.add_argument(
+    parser.add_argument(
         "--sysfs",
         default=None,
         metavar="ROOT",

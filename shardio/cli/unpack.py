@@ -5,18 +5,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from shardio.cli.common import EXIT_OK, Subparsers, add_no_progress
+from shardio.cli.common import EXIT_OK, add_no_progress
 from shardio.units import format_duration, format_size
 
-__all__ = ["add_parser", "run"]
+__all__ = ["HELP", "add_arguments", "run"]
 
 
-def add_parser(sub: Subparsers) -> None:
-    """Register ``shardio unpack``."""
-    u = sub.add_parser("unpack", help="restore the original tree, byte for byte")
-    u.add_argument("dst")
-    u.add_argument("out")
-    add_no_progress(u, "no progress bar")
+HELP = "restore the original tree, byte for byte"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardio unpack``."""
+    parser.add_argument("dst")
+    parser.add_argument("out")
+    add_no_progress(parser, "no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:

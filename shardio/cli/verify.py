@@ -14,7 +14,6 @@ from shardio.cli.common import (
     EXIT_DEGRADED,
     EXIT_OK,
     EXIT_REPAIRED,
-    Subparsers,
     add_no_progress,
     add_workers,
     print_error,
@@ -27,37 +26,40 @@ if TYPE_CHECKING:
     from shardio.metrics.progress import ProgressCallback
     from shardio.tools.verify_report import VerifyReport
 
-__all__ = ["add_parser", "run"]
+__all__ = ["HELP", "add_arguments", "run"]
 
 
-def add_parser(sub: Subparsers) -> None:
-    """Register ``shardio verify``."""
-    v = sub.add_parser(
-        "verify",
-        help="check every shard and sample checksum (--repair: fix what is found)",
-        description="Check a dataset, or a staging area's copies, against its manifest; "
-        "with --repair, fix what is found.",
-        epilog="exit codes: 0 intact; 3 damage is left (a dataset's shard or index, or a "
-        "staged copy whose source is bad too); 4 --repair fixed everything it found; 5 a "
-        "staging area is degraded (copies missing, damaged or stale, but the source they fall "
-        "back to is intact: training works, reading from the source), or only parity files are "
-        "bad; 1 could not check; "
-        "2 usage.",
-    )
-    v.add_argument("dst", help="a dataset, or a staging area (shardio stage)")
-    v.add_argument(
+HELP = "check every shard and sample checksum (--repair: fix what is found)"
+DESCRIPTION = (
+    "Check a dataset, or a staging area's copies, against its manifest; "
+    "with --repair, fix what is found."
+)
+EPILOG = (
+    "exit codes: 0 intact; 3 damage is left (a dataset's shard or index, or a "
+    "staged copy whose source is bad too); 4 --repair fixed everything it found; 5 a "
+    "staging area is degraded (copies missing, damaged or stale, but the source they fall "
+    "back to is intact: training works, reading from the source), or only parity files are "
+    "bad; 1 could not check; "
+    "2 usage."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``shardio verify``."""
+    parser.add_argument("dst", help="a dataset, or a staging area (shardio stage)")
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="check the index and shard sizes only; read no shard data",
     )
-    v.add_argument(
+    parser.add_argument(
         "--repair",
         action="store_true",
         help="fix what is found: a staging area's copies are staged again from its source; "
         "a dataset's damaged or missing shards are rebuilt from its parity, or replaced "
         "(with its index) by verified copies from --source",
     )
-    v.add_argument(
+    parser.add_argument(
         "--source",
         default=None,
         metavar="SRC",
@@ -66,12 +68,12 @@ def add_parser(sub: Subparsers) -> None:
         "was staged from)",
     )
     add_workers(
-        v,
+        parser,
         "processes, 1 to 4096, never more than the shards (default: the CPUs of this "
         "job, SLURM-aware)",
     )
-    v.add_argument("--json", action="store_true", help="print the report as JSON")
-    add_no_progress(v)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_no_progress(parser)
 
 
 _VERIFY_EXIT = {

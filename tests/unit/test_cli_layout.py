@@ -20,22 +20,23 @@ def _listed_commands() -> list[str]:
     return list(subs[0].choices)
 
 
-def test_every_command_has_its_own_module_with_add_parser_and_run() -> None:
+def test_every_command_has_its_own_module_with_its_help_arguments_and_run() -> None:
     listed = _listed_commands()
     assert listed == list(COMMANDS)  # the registry is what --help lists, in its order
     for name in listed:
         assert (CLI_DIR / f"{name}.py").is_file(), f"no shardio/cli/{name}.py for {name!r}"
         module = importlib.import_module(f"shardio.cli.{name}")
         assert COMMANDS[name] is module, f"{name!r} is not run by shardio.cli.{name}"
-        assert callable(getattr(module, "add_parser", None)), f"{name}: no add_parser"
+        assert isinstance(getattr(module, "HELP", None), str), f"{name}: no HELP line"
+        assert callable(getattr(module, "add_arguments", None)), f"{name}: no add_arguments"
         assert callable(getattr(module, "run", None)), f"{name}: no run"
 
 
-def test_each_module_registers_only_its_own_command() -> None:
+def test_each_module_adds_only_arguments_to_its_own_parser() -> None:
     for name, module in COMMANDS.items():
-        sub = argparse.ArgumentParser(prog="shardio").add_subparsers(dest="command")
-        module.add_parser(sub)
-        assert list(sub.choices) == [name]
+        parser = argparse.ArgumentParser(prog=f"shardio {name}")
+        module.add_arguments(parser)
+        assert parser.prog == f"shardio {name}"
 
 
 def test_main_stays_short() -> None:
