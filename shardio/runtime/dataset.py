@@ -1,4 +1,8 @@
-"""ShardDataset: map-style random access and streaming over shardio shards, for PyTorch.
+"""ShardDataset: the PyTorch face of a packed dataset, map-style random access or streaming.
+
+The faces are thin: how samples and batches are read is :mod:`shardio.runtime.reading`'s,
+a loader's run over the dataset :mod:`shardio.runtime.runs`', the epoch and the position
+:mod:`shardio.runtime.position`'s (the dataset's cursor).
 
 Start-up opens the manifest and the memory-mapped index only, whatever the shard count. Each
 process (DataLoader worker) opens a shard once, lazily, and reads members with ``pread`` at
@@ -8,69 +12,47 @@ the index offsets, verifying each member's xxh3-64.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import resource
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from shardio._check import require_int, require_path
 from shardio._deprecated import renamed_option, warn_renamed
 from shardio.errors import ShardioError, UsageError
-from shardio.format.spec import LABEL_EXT
-from shardio.metrics.read import ReadDelta, ReadMetrics
-from shardio.metrics.snapshots import MetricsSnapshot, snapshot
-from shardio.metrics.steps import StepTimer
+from shardio.metrics.read import ReadMetrics
 from shardio.order import OrderSpec, RankStream
 from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import resolve_spec
 from shardio.read.handoff import Event, Handoff
-from shardio.read.readahead import StreamReadahead
 from shardio.read.reader import ShardReader
 from shardio.read.recovery import RecoveryPolicy
 from shardio.read.setup import set_up_reader
-from shardio.read.strategy import ReadStrategy
-from shardio.read.timeouts import replaceable_readers
-from shardio.runtime.batch import read_batch, read_batch_mapped, share_tensors
-from shardio.runtime.decode import Decoder, decode_sample, make_decoder
+from shardio.runtime.batch import share_tensors
+from shardio.runtime.decode import Decoder, make_decoder
 from shardio.runtime.loader import ShardLoader
 from shardio.runtime.mptemp import ensure_short as ensure_short_mp_tempdir
-from shardio.runtime.plan import RunNeeds, RunPlan, RunState
-from shardio.runtime.protocol import FAULTS_KEY
+from shardio.runtime.position import CursorFace
+from shardio.runtime.reading import SampleReads
 from shardio.runtime.recovering import SampleRecovery, make_policy
-from shardio.runtime.stallwatch import watched_opener
-from shardio.runtime.transport import max_batch_bytes
-from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, WorkerFailure, labels_to_tensor
+from shardio.runtime.runs import ShardRuns
+from shardio.runtime.wire import WorkerFailure
 
 if TYPE_CHECKING:
     from shardio.read import Opener
 
-__all__ = ["ShardDataset", "ShardStreamDataset", "collate_samples"]
+__all__ = ["ShardDataset", "ShardStreamDataset"]
 
 logger = logging.getLogger(__name__)
 
 MODES = ("map", "stream")
 TRANSPORTS = ("ring", "shm", "mmap")
-MIN_WORKER_INFLIGHT = 4  # map mode, pfs: requests in flight per DataLoader worker, at least
-# The most a stream read-ahead reads into shards not begun to hold the next whole window.
-_WINDOW_AHEAD_MAX = 1 << 30
-# Samples of an epoch scanned for the order its shards are first read in (open_ahead).
-_OPEN_AHEAD_SCAN = 1 << 18
-
-
-def _first_use(shards: np.ndarray[Any, Any], num_shards: int) -> np.ndarray[Any, Any]:
-    """The distinct shards of ``shards`` in the order of their first appearance."""
-    first = np.full(num_shards, len(shards), dtype=np.int64)
-    np.minimum.at(first, shards, np.arange(len(shards), dtype=np.int64))
-    used = np.flatnonzero(first < len(shards))
-    return used[np.argsort(first[used], kind="stable")]
 
 
 def _default_max_open() -> int:
@@ -80,24 +62,7 @@ def _default_max_open() -> int:
     return max(16, soft // 2)
 
 
-def collate_samples(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Collate decoded samples: lists per field, ``cls`` as a tensor, equal-shape tensors
-    stacked."""
-    batch: dict[str, Any] = {}
-    for field in samples[0]:
-        values = [s.get(field) for s in samples]
-        if field == LABEL_EXT:
-            batch[field] = torch.tensor(values, dtype=torch.int64)
-        elif all(isinstance(v, torch.Tensor) for v in values):
-            tensors = [v for v in values if isinstance(v, torch.Tensor)]
-            same = len({tuple(t.shape) for t in tensors}) == 1
-            batch[field] = torch.stack(tensors) if same else tensors
-        else:
-            batch[field] = values
-    return batch
-
-
-class ShardDataset(Dataset[dict[str, Any]]):
+class ShardDataset(ShardRuns, SampleReads, CursorFace, Dataset[dict[str, Any]]):
     """A packed dataset as a PyTorch dataset.
 
     ``ShardDataset(path, mode="stream")`` returns a :class:`ShardStreamDataset` (an
@@ -172,8 +137,6 @@ class ShardDataset(Dataset[dict[str, Any]]):
     """
 
     mode = "map"
-    # A loader's pass while it drives this dataset (its plan, set before its workers start).
-    _run: RunState | None = None
     # From __getstate__: what a worker started by pickling opens the packed dataset with.
     _handoff: Handoff | None = None
 
@@ -354,65 +317,17 @@ class ShardDataset(Dataset[dict[str, Any]]):
         would: the recovery's retry, and its check of a substitute before it is taken."""
         self._read_decoded([sample])
 
-    def _batch_strategy(self) -> ReadStrategy | None:
-        """The strategy ``read_batch`` reads with: map mode's (stream mode reads its shards
-        ahead instead, and each member with one pread from the page cache).
-
-        In a DataLoader worker of several, each takes a share of the requests in flight
-        (measured on the MooseFS bed: 16 in one process, 4 per worker with 2 workers; more
-        threads per worker cost more CPU than they gained)."""
-        if self.mode != "map":
-            return None
-        strategy = self.read_choice.strategy
-        info = get_worker_info()
-        if info is None or info.num_workers < 2 or strategy.inflight <= 1:
-            return strategy
-        share = max(MIN_WORKER_INFLIGHT, strategy.inflight // (2 * info.num_workers))
-        return dataclasses.replace(strategy, inflight=min(share, strategy.inflight))
-
     # -- metrics -----------------------------------------------------------------------------
-    def read_metrics(self) -> ReadMetrics:
-        """This rank's read figures: its workers' (sent with their batches) plus this
-        process's own reads. A copy."""
-        out = self._received.copy()
-        if self._ds is not None:
-            out.merge(self._ds.metrics)
-        elif self._closed_metrics is not None:
-            out.merge(self._closed_metrics)
-        return out
-
-    def snapshot(self, steps: StepTimer, *, transport: Mapping[str, int]) -> MetricsSnapshot:
-        """This rank's read figures (:meth:`read_metrics`) with a loader's ``steps`` and
-        ``transport`` counts."""
-        ranks = self.cursor.ranks()
-        return snapshot(
-            self.read_metrics(),
-            steps,
-            rank=ranks.rank,
-            world_size=ranks.world_size,
-            transport=transport,
-        )
-
     @property
     def dataset_id(self) -> str | None:
         """The id of this dataset (the xxh3-128 of its manifest's bytes), or None."""
         found = self.packed.resolver.dataset_id
         return found if isinstance(found, str) else None
 
-    def _drain_metrics(self) -> ReadDelta | None:
-        """In a worker of the loader: this process's figures since its last batch."""
-        if self._run is None or not self.timed or self._ds is None or get_worker_info() is None:
-            return None
-        return self._ds.metrics.drain()
-
     @property
     def classes(self) -> tuple[str, ...] | None:
         """The label map (class index -> name), or None."""
         return self.packed.manifest.classes
-
-    def ranks(self) -> RankInfo:
-        """The rank layout used for splitting (detected at call time unless given)."""
-        return self.cursor.ranks()
 
     # -- order -------------------------------------------------------------------------------
     @property
@@ -430,24 +345,6 @@ class ShardDataset(Dataset[dict[str, Any]]):
         """Shards per shuffle window (``spec.window_shards``)."""
         return self.spec.window_shards
 
-    @property
-    def drop_last(self) -> bool:
-        """Whether each rank's epoch is cut instead of padded (``spec.drop_last``)."""
-        return self.spec.drop_last
-
-    @property
-    def epoch(self) -> int:
-        """The epoch (``cursor.epoch``)."""
-        return self.cursor.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch; a new epoch reshuffles and starts from its beginning.
-
-        Raises:
-            UsageError: ``epoch`` is not an integer >= 0.
-        """
-        self.cursor.set_epoch(epoch)
-
     def epoch_order(self) -> np.ndarray[Any, np.dtype[np.int64]]:
         """The global sample order of the current epoch, as one array (8 bytes a sample).
 
@@ -462,114 +359,9 @@ class ShardDataset(Dataset[dict[str, Any]]):
         of the whole epoch: a billion-sample dataset starts at once)."""
         return self.cursor.stream(consumed=consumed)
 
-    def rank_indices(self, *, consumed: int | None = None) -> np.ndarray[Any, Any]:
-        """Sample indices this rank reads in the rest of the epoch, as one array."""
-        return self.rank_stream(consumed=consumed).materialise()
-
-    def samples_per_rank(self) -> int:
-        """Samples each rank reads in a whole epoch (of the layout now)."""
-        return self.cursor.samples_per_rank()
-
-    # -- resumable state ---------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The position in the epoch: global positions delivered (``cursor.state()``)."""
-        return self.cursor.state()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict`, also with another number of ranks or nodes
-        (see :meth:`EpochCursor.load <shardio.order.cursor.EpochCursor.load>`).
-
-        Raises:
-            UsageError: the state is malformed (a key missing, of the wrong type or out of
-                range), of another version, or from a dataset with another order.
-        """
-        self.cursor.load(state)
-
     # -- reading -------------------------------------------------------------------------------
     def __len__(self) -> int:
         return self.num_samples
-
-    def _finish(self, sample: dict[str, Any]) -> dict[str, Any]:
-        key = sample.get("__key__") if isinstance(sample, dict) else None
-        if self.transform is not None:
-            sample = self.transform(sample)
-        if isinstance(sample, dict) and "__key__" not in sample and key is not None:
-            # The loader counts delivered samples by key (exact resume): keep it.
-            sample = {"__key__": key, **sample}
-        return sample
-
-    def _sample_index(self, index: object) -> int:
-        """``index`` checked and made non-negative.
-
-        Raises:
-            UsageError: not an integer (a float, a bool, a string).
-            IndexError: out of range (what ``for x in ds`` relies on to stop).
-        """
-        number = require_int(index, "sample index")
-        if not -self.num_samples <= number < self.num_samples:
-            raise IndexError(f"sample {number} out of range for {self.num_samples} samples")
-        return number % self.num_samples
-
-    def _read_checked(self, read: Callable[[list[int]], Any], indices: list[int]) -> Any:
-        """``read(indices)``, through the recovery policy when there is one; a worker sends
-        the recovery's events with the batch, the training process keeps them."""
-        if self.recovering is None:
-            return read(indices)
-        batch, events = self.recovering.read(self, read, indices)
-        if events:
-            if get_worker_info() is not None:
-                if isinstance(batch, dict):
-                    batch[EVENTS_KEY] = events
-            else:
-                self.recovering.absorb(events)
-        return batch
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        """Sample ``index`` as a dict: ``__key__``, bytes per extension, ``cls`` as int.
-
-        Raises:
-            SampleDecodeError: the decoder failed on the sample (naming it).
-        """
-        return self._sample(index)[0]
-
-    def _sample(self, index: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """(sample ``index`` decoded and transformed, the recovery events of its read)."""
-        got = self._read_checked(self._read_decoded, [self._sample_index(index)])
-        events = got.pop(EVENTS_KEY, None) if isinstance(got, dict) else None
-        return self._finish(got), events or []
-
-    def _read_decoded(self, indices: list[int]) -> dict[str, Any]:
-        """Read and decode the one sample of ``indices``: the read a ResilientDataset
-        recovers, so that a sample its decoder refuses is substituted like an unreadable one.
-
-        Raises:
-            SampleDecodeError: the decoder failed on it.
-        """
-        batch = read_batch(self.packed, indices, verify=self.verify, shared=False)
-        sample = {
-            k: (
-                v[0]
-                if k == "__key__"
-                else int(v[0])
-                if k == LABEL_EXT
-                else (bytes(v[0]) if v[0] is not None else None)
-            )
-            for k, v in batch.items()
-        }
-        if self._decoder is None:
-            return sample
-        packed, index = self.packed, indices[0]
-        decoded = decode_sample(
-            self._decoder,
-            sample,
-            dataset=self.path,
-            shard=packed.manifest.shards[packed.shard_of(index)].path,
-            index=index,
-        )
-        if isinstance(decoded, dict) and "__key__" not in decoded:
-            # The loader counts delivered samples by key (exact resume): keep it.
-            decoded = {"__key__": sample["__key__"], **decoded}
-        return decoded
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
         """A batch: packed in shared memory when undecoded, else collated decoded samples."""
@@ -583,193 +375,6 @@ class ShardDataset(Dataset[dict[str, Any]]):
             except ShardioError as exc:
                 return WorkerFailure(exc, self._drain_metrics())
         return self._read_items(indices)
-
-    # -- a loader's run (ReadSource) ----------------------------------------------------------
-    def needs(self, positions: Any, *, batch_size: int, workers: int) -> RunNeeds:
-        """What a loader's run over ``positions`` needs (see :class:`RunNeeds`): a ring when
-        undecoded batches cross from ``workers`` over ``transport="ring"``."""
-        ringed = self.transport == "ring" and workers > 0
-        ringed = ringed and self.decode is None and self.transform is None
-        opener = watched_opener(self)
-        return RunNeeds(
-            mode=self.mode,
-            slot_bytes=max_batch_bytes(self.packed, positions, batch_size) if ringed else None,
-            read_timeout_s=self.read_timeout_s,
-            # Readers behind the deadline's threads: a kill replaces none (no stall watch).
-            watch=opener if replaceable_readers(self.read_choice.fs) else None,
-            shards=len(self.packed.manifest.shards),
-            where=self.path,
-        )
-
-    def begin_run(self, plan: RunPlan) -> None:
-        """In the training process, before a loader starts its workers (they get the dataset
-        with its plan): with workers, the stamps of the epoch's shards checked once here and,
-        forked, its first shards opened here for all of them."""
-        self._run = RunState(plan)
-        if plan.workers == 0:
-            return
-        positions = plan.positions
-        # One stamp check per shard of the epoch, here, instead of one in every worker:
-        # each worker still opens a copy without following a symlink, locks it and checks
-        # every member, so a decision gone stale costs a fallback to the source, never a byte.
-        # An epoch too large to scan (a lazy stream) checks the shards its rank may read.
-        self.packed.decide(positions if isinstance(positions, np.ndarray) else self._shards_read())
-        if plan.forked:
-            self.packed.open_ahead(self._first_shards(positions))
-
-    def _follow_board(self) -> None:
-        """In a persistent worker at a pass's start: follow the loader's board (the copies
-        staged since the last epoch are looked for again)."""
-        if self._run is not None and self._run.follow(self.cursor):
-            self.packed.resolver.recheck_unstaged()
-
-    def end_run(self) -> None:
-        """After a loader's run (its workers shut down): direct use reads as before."""
-        self._run = None
-
-    def absorb(self, sent: dict[str, Any]) -> None:
-        """Take a worker's figures and recovery events out of ``sent`` (a batch), and the
-        loader's own fault counts (``worker_restarts``, ``stalls``, ``stall_ms``).
-
-        Raises:
-            UsageError: the figures are malformed.
-        """
-        delta = sent.pop(METRICS_KEY, None)
-        if delta is not None:
-            self._received.absorb(delta)
-        events = sent.pop(EVENTS_KEY, None)
-        if events is not None:
-            self.absorb_events(events)
-        for name, value in sent.pop(FAULTS_KEY, {}).items():
-            self._received.add(name, require_int(value, name, minimum=0))
-
-    def absorb_events(self, events: list[dict[str, Any]]) -> None:
-        """Recovery events a worker sent (kept with a recovery policy; a dataset without one
-        sends none)."""
-        if self.recovering is not None:
-            self.recovering.absorb(events)
-        elif events:
-            logger.debug("%d recovery events without a recovery policy: dropped", len(events))
-
-    # -- read-ahead advice ------------------------------------------------------------------
-    def _first_shards(self, positions: Any) -> list[int]:
-        """The shards of the epoch in the order its first samples reach them (a lazy stream:
-        the shards this rank may read, by number)."""
-        if not isinstance(positions, np.ndarray):
-            return [int(s) for s in self.packed.index.shards_of(self._shards_read())]
-        head = np.asarray(positions[:_OPEN_AHEAD_SCAN], dtype=np.int64)
-        if len(head) == 0:
-            return []
-        return [
-            int(s) for s in _first_use(self.packed.index.shards_of(head), len(self._shard_sizes))
-        ]
-
-    def _shards_read(self) -> np.ndarray[Any, Any]:
-        """A first sample of every shard this rank may read in the epoch (its node's share
-        with a partition, else every shard)."""
-        first = np.concatenate([[0], np.cumsum(self._shard_sizes)[:-1]]).astype(np.int64)
-        shards = np.flatnonzero(self._shard_sizes > 0)
-        if self.spec.partitioned:
-            from shardio.order import node_shares
-
-            layout = self.ranks()
-            owner = node_shares(self._shard_sizes, self.spec, self.epoch, layout.num_nodes)
-            shards = shards[owner[shards] == layout.node]
-        return first[shards]
-
-    def _advise_planned(self, indices: Sequence[int]) -> None:
-        """Map mode, in a loader's worker, before its first batch ``indices`` (workers start
-        afresh each epoch): advise its next ``depth - 1`` batches of the plan too."""
-        run, info = self._run, get_worker_info()
-        if run is None or info is None or run.plan.workers == 0:
-            return
-        if run.advised_in == os.getpid():
-            return
-        run.advised_in = os.getpid()
-        plan = run.plan
-        first, size = info.id, plan.batch_size
-        if not np.array_equal(plan.positions[first * size : (first + 1) * size], indices):
-            return  # not the batch the plan deals this worker first (another sampler)
-        ahead = (first + a * plan.workers for a in range(1, plan.depth))
-        self._advise_batches(plan.positions, size, ahead)
-
-    def _advise_batches(
-        self, positions: np.ndarray[Any, Any], batch_size: int, batches: Iterable[int]
-    ) -> None:
-        """Advise the reads of batches ``batches`` of ``positions`` (those past the end are
-        none)."""
-        wanted = [
-            positions[b * batch_size : (b + 1) * batch_size]
-            for b in batches
-            if 0 <= b * batch_size < len(positions)
-        ]
-        if not wanted:
-            return
-        # Advice only: a fault found here (a shard that cannot be opened, altered records) is
-        # raised, with its own type, by the read of that batch.
-        with contextlib.suppress(ShardioError, OSError):
-            self.packed.advise(np.concatenate(wanted).tolist())
-
-    def _read_items(self, indices: Sequence[int]) -> Any:
-        checked = [self._sample_index(i) for i in indices]
-        if self._decoder is None and self.transform is None:
-            batch = self._read_checked(self._read_raw, checked)
-        else:
-            samples, events = [], []
-            for i in checked:
-                sample, got = self._sample(i)
-                samples.append(sample)
-                events.extend(got)
-            batch = collate_samples(samples)
-            if events:
-                batch[EVENTS_KEY] = events
-        delta = self._drain_metrics()
-        if delta is not None and isinstance(batch, dict):
-            batch[METRICS_KEY] = delta  # travels with the batch: no channel of its own
-        return self._to_send(batch)
-
-    def read_samples(self, indices: Sequence[int]) -> dict[str, Any]:
-        """Samples ``indices`` undecoded, as one batch in this process's memory
-        (:func:`~shardio.runtime.batch.read_batch`'s form), read through the recovery policy;
-        in a DataLoader worker the recovery's events go along (``EVENTS_KEY``). What a mix
-        reads this dataset's share of its batch with.
-
-        Raises:
-            IndexError: an index out of range.
-        """
-        checked = [self._sample_index(i) for i in indices]
-        return self._read_checked(self._read_local, checked)  # type: ignore[no-any-return]
-
-    def _read_local(self, checked: list[int]) -> dict[str, Any]:
-        self._share_strategy()
-        return read_batch(self.packed, checked, verify=self.verify, shared=False)
-
-    def _share_strategy(self) -> None:
-        """In a DataLoader worker: take its share of the requests in flight."""
-        worker = get_worker_info()
-        if worker is not None and self._ds is not None and self._ds.read_strategy is not None:
-            self._ds.read_strategy = self._batch_strategy()  # a forked worker's share
-
-    def _read_raw(self, checked: list[int]) -> Any:
-        """Read a batch of checked indices, undecoded, in the transport's form."""
-        self._share_strategy()
-        worker = get_worker_info()
-        if self.transport == "mmap":
-            batch = read_batch_mapped(self.packed, checked, verify=self.verify)
-            return batch if worker is not None else labels_to_tensor(batch)
-        ring = self._run.plan.ring if self._run is not None else None
-        if worker is not None and ring is not None:
-            return ring.read(self.packed, checked, worker=worker.id, verify=self.verify)
-        # "shm", a plain DataLoader's worker (no ring) or in-process: a buffer of its own.
-        return read_batch(self.packed, checked, verify=self.verify, shared=worker is not None)
-
-    def _to_send(self, batch: Any) -> Any:
-        """``batch`` as a worker sends it: a ring slot's batch as a small description."""
-        worker = get_worker_info()
-        ring = self._run.plan.ring if self._run is not None else None
-        if worker is None or ring is None or not isinstance(batch, dict):
-            return batch
-        return ring.describe(batch, worker=worker.id)
 
     def loader(self, batch_size: int, num_workers: int = 0, **kwargs: Any) -> ShardLoader:
         """The DataLoader shardio recommends: batches built in the workers and moved through
@@ -869,61 +474,11 @@ class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
             if info is None:
                 self.cursor.finish()
             return
-        n_chunks = -(-len(positions) // batch_size)
         # This worker's next batches: all ``depth - 1`` of them before its first batch (the
         # cold start of the epoch), then one more before each (see RunPlan).
         depth = run.plan.depth if run is not None and run.plan.workers > 0 else 2
-        readahead = self._stream_readahead(positions, batch_size, worker, workers)
-        if readahead is not None:
-            self.packed.advising = False  # the read-ahead fills the page cache
-        try:
-            for k, c in enumerate(range(worker, n_chunks, workers)):
-                batch = positions[c * batch_size : (c + 1) * batch_size]
-                if readahead is not None:
-                    readahead.before_batch(batch)  # its shards are read ahead, not advised
-                else:
-                    ahead = range(1, depth) if k == 0 else (depth - 1,)
-                    self._advise_batches(positions, batch_size, (c + a * workers for a in ahead))
-                yield self.__getitems__(batch.tolist())
-        finally:
-            if readahead is not None:
-                readahead.close()
-                self.packed.advising = True
-
-    def _readahead_bound(self, least: int) -> int:
-        """Bytes a stream read-ahead may read into shards not begun: ``least``, and at least
-        a whole window of the shard-local order (up to ``_WINDOW_AHEAD_MAX``). A window's
-        first batch needs every shard of the window: with less, the read-ahead stops while
-        the window before it is consumed, and each window's start waits for the rest."""
-        if self.spec.order != "shard-local" or not len(self._shard_sizes):
-            return least
-        sizes = sorted((int(s.size_bytes) for s in self.packed.manifest.shards), reverse=True)
-        window = sum(sizes[: self.spec.window_shards])
-        return max(least, min(window, _WINDOW_AHEAD_MAX))
-
-    def _stream_readahead(
-        self, positions: np.ndarray[Any, Any], batch_size: int, worker: int, workers: int
-    ) -> StreamReadahead | None:
-        """The read strategy's read-ahead of this worker's shards, started (None: the strategy
-        reads none, as on a local disk). The order is the epoch's; only how its bytes arrive
-        changes: each shard sequentially, in large requests, before its members are read."""
-        strategy = self.read_choice.strategy
-        if strategy.stream_readahead_bytes <= 0 or not len(positions):
-            return None
-        n = len(positions)
-        step = workers * batch_size
-        mine = np.concatenate(
-            [positions[c : c + batch_size] for c in range(worker * batch_size, n, step)]
-            or [np.empty(0, dtype=np.int64)]
-        )
-        packed = self.packed
-        shards = packed.index.shards_of(np.asarray(mine, dtype=np.int64))
-        if not len(shards):
-            return None
-        order = _first_use(shards, len(self._shard_sizes))
-        return StreamReadahead(
-            packed,
-            order.tolist(),
-            request_bytes=strategy.request_bytes,
-            ahead_bytes=self._readahead_bound(strategy.stream_readahead_bytes),
-        ).start()
+        with contextlib.closing(
+            self._stream_batches(positions, batch_size, worker, workers, depth)
+        ) as batches:
+            for batch in batches:
+                yield self.__getitems__(batch)

@@ -11,38 +11,31 @@ from __future__ import annotations
 
 import errno
 import logging
-import multiprocessing
 import time
 import weakref
 from collections.abc import Generator, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
 
 from shardio._check import require_int
 from shardio.errors import StorageError, UsageError
 from shardio.metrics.snapshots import MetricsSnapshot
 from shardio.metrics.steps import StepTimer
 from shardio.read.timeouts import check_read_timeout
-from shardio.runtime import internals
-from shardio.runtime.mptemp import ensure_short as ensure_short_mp_tempdir
-from shardio.runtime.placement import worker_pinning
-from shardio.runtime.plan import RunNeeds, RunPlan, run_positions
+from shardio.runtime.plan import RunNeeds, run_positions
 from shardio.runtime.protocol import FAULTS_KEY, ReadSource
 from shardio.runtime.reaping import kill_workers, stop_workers
 from shardio.runtime.stallwatch import StallWatch, WorkersStuckError
 from shardio.runtime.transport import BatchRing, RingBatch
 from shardio.runtime.wire import METRICS_KEY, WorkerFailure, labels_to_tensor
+from shardio.runtime.workers import PREFETCH, KeptWorkers, WorkerKeeper, make_dataloader
 
 __all__ = ["ShardLoader"]
 
 logger = logging.getLogger(__name__)
 
 _Batches = Generator[dict[str, Any], None, None]
-_PREFETCH = 4  # batches each worker prepares ahead (the DataLoader's prefetch_factor)
 _SPARE_SLOTS = 2  # ring slots per worker beyond those: the batch in use, the one arriving
 # The default watchdog: this many read deadlines without a batch (a batch may meet a few
 # stalls of distinct shards, each one deadline), and never under a minute.
@@ -55,32 +48,6 @@ def default_watchdog_s(read_timeout_s: float | None) -> float:
     (None or 0: no deadline, no watchdog)."""
     deadline = float(read_timeout_s or 0.0)
     return max(_MIN_WATCHDOG_S, _WATCHDOG_DEADLINES * deadline) if deadline else 0.0
-
-
-def _identity(batch: Any) -> Any:
-    return batch
-
-
-# A rank's positions up to this many are an array; more stay a lazy RankStream, read a chunk
-# at a time (8 bytes a sample: a billion-sample epoch split over 8 ranks would take 1 GB).
-_CHUNK = 1 << 16
-
-
-class _PositionSampler(Sampler[int]):
-    def __init__(self, positions: Any) -> None:
-        self.positions = positions
-
-    def __iter__(self) -> Iterator[int]:
-        if isinstance(self.positions, np.ndarray):
-            return iter(self.positions.tolist())
-        return self._chunks()
-
-    def _chunks(self) -> Iterator[int]:
-        for start in range(0, len(self.positions), _CHUNK):
-            yield from self.positions[start : start + _CHUNK].tolist()
-
-    def __len__(self) -> int:
-        return len(self.positions)
 
 
 class ShardLoader:
@@ -154,7 +121,7 @@ class ShardLoader:
         self.persistent_workers = persistent_workers and num_workers > 0
         # Persistent workers between iterations, stopped by close() or when this loader is
         # collected (a loader made per epoch, ``for b in ds.loader(...)``, leaves none behind).
-        self._keeper = _Keeper()
+        self._keeper = WorkerKeeper()
         weakref.finalize(self, self._keeper.drop)
         self._ring_counts: torch.Tensor | None = None  # the last ring's, shared with workers
         self._transport_done = {"ring": 0, "fallback": 0}  # of the iterations before it
@@ -175,70 +142,11 @@ class ShardLoader:
         n = self.dataset.cursor.samples_per_rank()
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def _dataloader(
-        self,
-        positions: Any,
-        mode: str,
-        *,
-        ring: BatchRing | None = None,
-        timeout: float = 0.0,
-        watch: StallWatch | None = None,
-        board: torch.Tensor | None = None,
-    ) -> tuple[DataLoader[Any], _PositionSampler | None]:
-        """The DataLoader of a run over ``positions`` (cut to whole batches with
-        ``drop_last``), and its sampler (map mode)."""
-        common: dict[str, Any] = {"num_workers": self.num_workers, **self.kwargs}
-        if board is not None:
-            common["persistent_workers"] = True
-        if self.num_workers > 0:
-            ensure_short_mp_tempdir()  # the workers send batches through sockets named in it
-            if timeout:
-                common["timeout"] = timeout
-            common.setdefault("prefetch_factor", _PREFETCH)
-            if self.pin_workers:  # computed here, in the main process, before workers start
-                pinning = worker_pinning(
-                    num_workers=self.num_workers,
-                    local_rank=self.dataset.cursor.ranks().local_rank,
-                    user_init=common.get("worker_init_fn"),
-                )
-                if pinning is not None:
-                    common["worker_init_fn"] = pinning
-            if watch is not None:
-                common["worker_init_fn"] = watch.init_fn(common.get("worker_init_fn"))
-        # Before the workers start, which take the source and its plan with it: the batches
-        # each reads (each advises its first ones before reading any), the ring, the board.
-        prefetch = common.get("prefetch_factor")
-        self.dataset.begin_run(
-            RunPlan(
-                positions=positions,
-                batch_size=self.batch_size,
-                workers=self.num_workers,
-                depth=prefetch if isinstance(prefetch, int) and prefetch >= 2 else 2,
-                forked=self.num_workers > 0 and _forks(common.get("multiprocessing_context")),
-                drop_last=self.drop_last,
-                ring=ring,
-                board=board,
-            )
-        )
-        data: Any = self.dataset  # a torch Dataset (map mode) or IterableDataset (stream)
-        if mode == "stream":
-            return DataLoader(data, batch_size=None, collate_fn=_identity, **common), None
-        sampler = _PositionSampler(positions)
-        loader = DataLoader(
-            data,
-            batch_size=self.batch_size,
-            sampler=sampler,
-            drop_last=self.drop_last,
-            collate_fn=_identity,
-            **common,
-        )
-        return loader, sampler
-
     def _make_ring(self, needs: RunNeeds) -> BatchRing | None:
         """The ring of one iteration, when its batches take one."""
         if needs.slot_bytes is None or self.num_workers == 0:
             return None
-        prefetch = self.kwargs.get("prefetch_factor", _PREFETCH)
+        prefetch = self.kwargs.get("prefetch_factor", PREFETCH)
         prefetch = 2 if prefetch is None else require_int(prefetch, "prefetch_factor", minimum=0)
         return BatchRing.allocate(
             workers=self.num_workers, slots=prefetch + _SPARE_SLOTS, slot_bytes=needs.slot_bytes
@@ -419,12 +327,23 @@ class ShardLoader:
                 board = torch.zeros(3, dtype=torch.int64) if self.persistent_workers else None
                 if board is not None:
                     board.share_memory_()  # type: ignore[no-untyped-call]
-                loader, sampler = self._dataloader(
-                    positions, needs.mode, ring=ring, timeout=watchdog, watch=watch, board=board
+                loader, sampler = make_dataloader(
+                    self.dataset,
+                    positions,
+                    needs.mode,
+                    batch_size=self.batch_size,
+                    num_workers=self.num_workers,
+                    drop_last=self.drop_last,
+                    pin_workers=self.pin_workers,
+                    kwargs=self.kwargs,
+                    ring=ring,
+                    timeout=watchdog,
+                    watch=watch,
+                    board=board,
                 )
                 batches = iter(loader)
                 if board is not None:
-                    kept = _KeptWorkers(loader, batches, sampler, ring, watch, board)
+                    kept = KeptWorkers(loader, batches, sampler, ring, watch, board)
             if watch is not None:
                 watch.start(batches, kill_workers)
             while True:
@@ -500,19 +419,6 @@ class ShardLoader:
         self.dataset.cursor.load(state)
 
 
-def _forks(context: object) -> bool:
-    """Whether DataLoader workers started with ``multiprocessing_context=context`` are
-    forked (and so inherit this process's open descriptors)."""
-    if context is None:
-        # Not get_start_method(allow_none=False): that would fix the method for the process.
-        chosen = multiprocessing.get_start_method(allow_none=True)
-        return (chosen or multiprocessing.get_all_start_methods()[0]) == "fork"
-    if isinstance(context, str):
-        return context == "fork"
-    method = getattr(context, "get_start_method", None)
-    return callable(method) and method() == "fork"
-
-
 def _arrived(item: Any, ring: BatchRing | None) -> Any:
     """The batch a worker's ``item`` stands for: a failure re-raised, a ring slot's checked."""
     if isinstance(item, WorkerFailure):
@@ -522,44 +428,3 @@ def _arrived(item: Any, ring: BatchRing | None) -> Any:
             raise StorageError(errno.EPROTO, "ring transport: a ring batch without a ring")
         return ring.receive(item)
     return item
-
-
-@dataclass
-class _KeptWorkers:
-    """A DataLoader's persistent workers between iterations, and what they were given."""
-
-    loader: DataLoader[Any]
-    batches: Any  # its iterator (a persistent DataLoader resets and reuses it)
-    sampler: _PositionSampler | None
-    ring: BatchRing | None
-    watch: StallWatch | None
-    board: torch.Tensor  # [run, epoch, consumed], read by the workers at each run's start
-
-    def park(self) -> None:
-        """Between epochs: the workers idle, and their death (the OOM killer) must not raise
-        from torch's SIGCHLD handler in whatever the training loop runs then; it is found
-        at the next epoch's start instead (:meth:`resume`)."""
-        internals.unwatch(self.batches)
-
-    def resume(self) -> bool:
-        """At an epoch's start: whether every worker is alive (then watched again)."""
-        workers = internals.workers(self.batches)
-        if not workers or not all(w.is_alive() for w in workers):
-            return False
-        internals.watch(self.batches, tuple(w.pid for w in workers))
-        return True
-
-    def shutdown(self) -> None:
-        stop_workers(self.batches)
-
-
-class _Keeper:
-    """Holds a loader's persistent workers; stops them when asked or when the loader goes."""
-
-    def __init__(self) -> None:
-        self.kept: _KeptWorkers | None = None
-
-    def drop(self) -> None:
-        kept, self.kept = self.kept, None
-        if kept is not None:
-            kept.shutdown()

@@ -38,15 +38,12 @@ into which each source's labels are then remapped by class name.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-import xxhash
 from torch.utils.data import Dataset, get_worker_info
 
 from shardio._check import require_int
@@ -55,22 +52,29 @@ from shardio.format.spec import LABEL_EXT
 from shardio.metrics.read import ReadMetrics
 from shardio.metrics.snapshots import MetricsSnapshot, snapshot
 from shardio.metrics.steps import StepTimer
-from shardio.order.mix import MixCursor, MixOrder, check_weight, mix_counts, mix_schedule
-from shardio.order.ranks import RankInfo
+from shardio.order.mix import MixOrder, check_weight, mix_counts, mix_schedule
 from shardio.order.spec import OrderSpec
-from shardio.runtime.batch import share_tensors, shared_uint8
-from shardio.runtime.dataset import ShardDataset, collate_samples
-from shardio.runtime.labels import described, label_maps, remap
+from shardio.runtime.batch import share_tensors
+from shardio.runtime.dataset import ShardDataset
+from shardio.runtime.labels import label_maps, remap
 from shardio.runtime.loader import ShardLoader
-from shardio.runtime.mixread import Allocate, read_shares
+from shardio.runtime.mixread import (
+    Allocate,
+    allocate_local,
+    allocate_shared,
+    collate_mixed,
+    read_shares,
+    reads_batches,
+)
+from shardio.runtime.mixstate import MixPosition, mix_dataset_id, refuse_repeats
 from shardio.runtime.plan import RunNeeds, RunPlan, RunState
+from shardio.runtime.position import CursorFace
 from shardio.runtime.protocol import FAULTS_KEY
 from shardio.runtime.transport import estimated_batch_bytes, largest_batch, sample_bytes
 from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, SOURCE_KEY, WorkerFailure
 
-__all__ = ["SOURCE_KEY", "MixedDataset", "collate_mixed", "mix_counts", "mix_schedule"]
+__all__ = ["SOURCE_KEY", "MixedDataset", "mix_counts", "mix_schedule"]
 
-MIXED_STATE_VERSION = 1
 _SEED_LIMIT = 2**64
 _CHUNK = 1 << 16  # positions of a rank's share computed at once (8 bytes each)
 _BLOCK = 256  # positions located at once by ``locate``
@@ -78,7 +82,7 @@ _SPAN = 1 << 13  # a rank's positions located at once for its batches (see _loca
 _SPANS_KEPT = 4
 
 
-class MixedDataset(Dataset[dict[str, Any]]):
+class MixedDataset(CursorFace, Dataset[dict[str, Any]]):
     """A weighted mix of shardio datasets (map-style: ``mixed[p]`` is position ``p`` of the
     epoch's mix; see the module docstring for the epoch, the draws and the rank split).
 
@@ -137,7 +141,7 @@ class MixedDataset(Dataset[dict[str, Any]]):
                 )
             datasets.append(ds)
             weights.append(check_weight(weight, s))
-        _refuse_repeats(datasets)
+        refuse_repeats(datasets)
         self.classes, self._relabel = label_maps(datasets, classes)
         self.remaps_labels = classes is not None  # classes= given: the labels are the mix's
         if not isinstance(drop_last, bool):
@@ -159,7 +163,7 @@ class MixedDataset(Dataset[dict[str, Any]]):
         self.counts = tuple(mix_counts([ds.num_samples for ds in datasets], self.weights))
         self.num_samples = sum(self.counts)
         spec = OrderSpec(order="sequential", seed=self.seed, drop_last=drop_last)
-        self.cursor = _MixPosition(spec, self.num_samples, self)
+        self.cursor: MixPosition = MixPosition(spec, self.num_samples, self)
         self.cursor.ranks()  # the layouts agree, or one line now
         self.cursor.set_epoch(datasets[0].epoch)
         self._order: MixOrder | None = None  # the epoch's, computed position by position
@@ -169,36 +173,13 @@ class MixedDataset(Dataset[dict[str, Any]]):
         # ShardDataset read undecoded (a source that reads its samples otherwise, by its own
         # __getitem__ or a decoder, is read sample by sample) and the labels agree (all or
         # none labelled: a batch's cls is one tensor).
-        self._batched = all(_reads_batches(ds) for ds in datasets) and (
+        self._batched = all(reads_batches(ds) for ds in datasets) and (
             len({ds.classes is None for ds in datasets}) == 1
         )
         self._run: RunState | None = None  # a loader's pass (see begin_run)
         self._spans: dict[tuple[int, ...], tuple[np.ndarray[Any, Any], ...]] = {}
         self._received = ReadMetrics()  # what the loader saw (worker restarts)
         self.delivered = dict.fromkeys(self.source_names, 0)  # samples per source, by a loader
-
-    # -- the epoch ---------------------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        """The epoch (the sources' too)."""
-        return self.cursor.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch, for the mix and every source.
-
-        Raises:
-            UsageError: ``epoch`` is not an integer >= 0.
-        """
-        self.cursor.set_epoch(epoch)
-
-    def ranks(self) -> RankInfo:
-        """The sources' common rank layout."""
-        return self.cursor.ranks()
-
-    @property
-    def drop_last(self) -> bool:
-        """Whether each rank's share of the mix is cut instead of padded."""
-        return self.cursor.spec.drop_last
 
     def schedule(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """The whole epoch's mix as arrays: (source of each position, its draw number in that
@@ -243,15 +224,6 @@ class MixedDataset(Dataset[dict[str, Any]]):
             self._block = (at, *self.locate_many(positions))
         _, source, index = self._block
         return int(source[p % _BLOCK]), int(index[p % _BLOCK])
-
-    def rank_indices(self, *, consumed: int | None = None) -> np.ndarray[Any, Any]:
-        """The positions of the mix this rank reads in the rest of the epoch (a sampler for
-        a plain DataLoader)."""
-        return self.cursor.stream(consumed=consumed).materialise()
-
-    def samples_per_rank(self) -> int:
-        """Samples each rank reads in a whole epoch."""
-        return self.cursor.samples_per_rank()
 
     # -- reading -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -314,7 +286,7 @@ class MixedDataset(Dataset[dict[str, Any]]):
             if worker is not None and ring is not None:
                 batch = ring.fill(build, worker=worker)
             else:
-                batch = build(_shared if worker is not None else _local)
+                batch = build(allocate_shared if worker is not None else allocate_local)
         if worker is not None and self._run is not None:
             batch[METRICS_KEY] = self._drain(np.unique(source).tolist())
             ring = self._run.plan.ring
@@ -389,80 +361,7 @@ class MixedDataset(Dataset[dict[str, Any]]):
         and the label map given as ``classes=``): what a checkpoint of its position records
         (:mod:`shardio.checkpoint`), so that it resumes no other mix; None when a source's id
         is unknown. Its loader's (:attr:`ShardLoader.dataset_id`) is the same."""
-        parts = [
-            (ds.packed.resolver.dataset_id, weight)
-            for ds, weight in zip(self.sources, self.weights, strict=True)
-        ]
-        if not all(isinstance(found, str) for found, _ in parts):
-            return None
-        what: list[Any] = ["mix", self.seed, parts]
-        if self.remaps_labels:  # (the id of a mix without classes= is unchanged)
-            what.append(list(self.classes or ()))
-        return xxhash.xxh3_128_hexdigest(json.dumps(what).encode())
-
-    # -- resumable state ---------------------------------------------------------------------
-    def _identity(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": name,
-                "weight": weight,
-                "draws": count,
-                "num_samples": ds.num_samples,
-                "spec": ds.spec.to_dict(),
-                "dataset_id": ds.packed.resolver.dataset_id,
-            }
-            for name, weight, count, ds in zip(
-                self.source_names, self.weights, self.counts, self.sources, strict=True
-            )
-        ]
-
-    def state_dict(self) -> dict[str, Any]:
-        """The position in the mix (global positions delivered) and what the mix is made of
-        (plain values: JSON-ready): ``cursor.state()``."""
-        return self.cursor.state()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict`, also with another number of ranks.
-
-        Raises:
-            UsageError: the state is malformed, of another version, or of another mix (other
-                sources, weights, seed or source orders).
-        """
-        self.cursor.load(state)
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        """Refuse a state of another mix (see :meth:`load_state_dict`)."""
-        if not isinstance(state, Mapping) or state.get("kind") != "mixed":
-            raise UsageError("not the state of a MixedDataset (no 'kind': 'mixed')")
-        if state.get("version") != MIXED_STATE_VERSION:
-            raise UsageError(f"unsupported MixedDataset state version {state.get('version')!r}")
-        saved = state.get("sources")
-        mine = self._identity()
-        if not isinstance(saved, list) or len(saved) != len(mine):
-            raise UsageError(
-                f"state was saved for a mix of {len(saved) if isinstance(saved, list) else '?'} "
-                f"sources, this mix has {len(mine)}: cannot resume"
-            )
-        for s, (theirs, ours) in enumerate(zip(saved, mine, strict=True)):
-            if not isinstance(theirs, Mapping):
-                raise UsageError(f"state 'sources'[{s}] must be a dict")
-            differ = [
-                k
-                for k in ours
-                if k != "name" and theirs.get(k) != ours[k] and not _unknown_id(k, theirs, ours)
-            ]
-            if differ:
-                raise UsageError(
-                    f"state was saved for another mix: source {s} differs in "
-                    f"{', '.join(differ)}: cannot resume"
-                )
-        mine_classes = list(self.classes) if self.classes is not None else None
-        if "classes" in state and state["classes"] != mine_classes:  # absent: an older state
-            raise UsageError(
-                "state was saved for a mix whose labels mean other classes "
-                f"({described(state['classes'])}; this mix: {described(mine_classes)}): "
-                "cannot resume"
-            )
+        return mix_dataset_id(self)
 
     # -- a loader's run (ReadSource) -----------------------------------------------------------
     def needs(self, positions: Any, *, batch_size: int, workers: int) -> RunNeeds:
@@ -547,82 +446,3 @@ class MixedDataset(Dataset[dict[str, Any]]):
         share of the mix: ring transport, persistent workers, the watchdog, ``close()``,
         resumable with ``state_dict``."""
         return ShardLoader(self, batch_size=batch_size, num_workers=num_workers, **kwargs)
-
-
-class _MixPosition(MixCursor):
-    """The mix's cursor, whose state is the mix's: what it is made of goes along, and is
-    checked when a state is loaded (what a loader's ``state_dict`` gives)."""
-
-    def __init__(self, spec: OrderSpec, total: int, mix: MixedDataset) -> None:
-        super().__init__(spec, total, [ds.cursor for ds in mix.sources])
-        self.mix = mix
-
-    def state(self) -> dict[str, Any]:
-        mix = self.mix
-        return {
-            "version": MIXED_STATE_VERSION,
-            "kind": "mixed",
-            "sources": mix._identity(),
-            "cursor": super().state(),
-            "classes": list(mix.classes) if mix.classes is not None else None,
-        }
-
-    def load(self, state: Mapping[str, Any]) -> None:
-        self.mix._check_state(state)
-        super().load(state.get("cursor"))  # type: ignore[arg-type]
-
-
-def _reads_batches(ds: ShardDataset) -> bool:
-    """Whether source ``ds`` reads a share of a batch with one batch read: a ShardDataset
-    read undecoded through its own reads (one that overrides ``__getitem__`` is read by it)."""
-    reads = type(ds).__getitem__ is ShardDataset.__getitem__
-    return reads and ds.decode is None and ds.transform is None
-
-
-def _local(nbytes: int) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8)
-
-
-def _shared(nbytes: int) -> torch.Tensor:
-    return shared_uint8(nbytes)
-
-
-def _refuse_repeats(datasets: Sequence[ShardDataset]) -> None:
-    """Refuse a dataset given twice (as two objects, a recovering copy, a staging area of it
-    or a byte-for-byte copy): its samples would be drawn twice an epoch.
-
-    Raises:
-        UsageError: naming both sources and the dataset.
-    """
-    seen: list[tuple[str | None, str]] = []
-    for s, ds in enumerate(datasets):
-        resolver = ds.packed.resolver
-        ident = resolver.identity()
-        real = os.path.realpath(resolver.source_root)
-        for t, (other_id, other_real) in enumerate(seen):
-            if (
-                ident.dataset_id is not None and ident.dataset_id == other_id
-            ) or real == other_real:
-                raise UsageError(
-                    f"source {s} of the mix is the same dataset as source {t} "
-                    f"({ident.describe()}): its samples would be drawn twice an epoch; give "
-                    "each dataset once, with the sum of its weights"
-                )
-        seen.append((ident.dataset_id, real))
-
-
-def _unknown_id(key: str, theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> bool:
-    """A dataset id that one side could not tell (None) does not count as a difference."""
-    return key == "dataset_id" and (theirs.get(key) is None or ours[key] is None)
-
-
-def collate_mixed(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Collate samples as ShardDataset does; samples of sources with other fields give a list
-    per field (None where a sample lacks it), labels included."""
-    fields = list(dict.fromkeys(f for s in samples for f in s))
-    if all(len(s) == len(fields) for s in samples):
-        return collate_samples(samples)
-    batch: dict[str, Any] = {f: [s.get(f) for s in samples] for f in fields}
-    if all(v is not None for v in batch.get(LABEL_EXT, [None])):
-        batch[LABEL_EXT] = torch.tensor(batch[LABEL_EXT], dtype=torch.int64)
-    return batch

@@ -19,10 +19,19 @@ import numpy as np
 import torch
 
 from shardio.format.spec import LABEL_EXT
-from shardio.runtime.batch import ByteColumn
+from shardio.runtime.batch import ByteColumn, shared_uint8
+from shardio.runtime.reading import SampleReads, collate_samples
 from shardio.runtime.wire import EVENTS_KEY, SOURCE_KEY
 
-__all__ = ["merge_batches", "read_shares"]
+__all__ = [
+    "Allocate",
+    "allocate_local",
+    "allocate_shared",
+    "collate_mixed",
+    "merge_batches",
+    "read_shares",
+    "reads_batches",
+]
 
 Allocate = Callable[[int], torch.Tensor]
 
@@ -107,4 +116,33 @@ def read_shares(
     batch[SOURCE_KEY] = torch.from_numpy(np.asarray(source, dtype=np.int64))
     if events:
         batch[EVENTS_KEY] = events
+    return batch
+
+
+def reads_batches(ds: Any) -> bool:
+    """Whether source ``ds`` reads a share of a batch with one batch read: a ShardDataset
+    read undecoded through its own reads (one that overrides ``__getitem__`` is read by it)."""
+    reads = type(ds).__getitem__ is SampleReads.__getitem__
+    return reads and ds.decode is None and ds.transform is None
+
+
+def allocate_local(nbytes: int) -> torch.Tensor:
+    """A batch buffer of this process (read here, in the training process)."""
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def allocate_shared(nbytes: int) -> torch.Tensor:
+    """A batch buffer in shared memory (read in a worker of a plain DataLoader)."""
+    return shared_uint8(nbytes)
+
+
+def collate_mixed(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Collate samples as ShardDataset does; samples of sources with other fields give a list
+    per field (None where a sample lacks it), labels included."""
+    fields = list(dict.fromkeys(f for s in samples for f in s))
+    if all(len(s) == len(fields) for s in samples):
+        return collate_samples(samples)
+    batch: dict[str, Any] = {f: [s.get(f) for s in samples] for f in fields}
+    if all(v is not None for v in batch.get(LABEL_EXT, [None])):
+        batch[LABEL_EXT] = torch.tensor(batch[LABEL_EXT], dtype=torch.int64)
     return batch

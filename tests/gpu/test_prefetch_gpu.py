@@ -15,7 +15,8 @@ import torch
 
 from shardio.runtime.batch import ByteColumn
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.prefetch import DeviceByteColumn, GPUPrefetcher
+from shardio.runtime.gpucopy import DeviceByteColumn
+from shardio.runtime.prefetch import GPUPrefetcher
 
 pytestmark = [
     pytest.mark.gpu,

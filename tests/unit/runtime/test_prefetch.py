@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 from shardio.errors import ChecksumMismatchError, UsageError
 from shardio.runtime.batch import ByteColumn
 from shardio.runtime.dataset import ShardDataset
-from shardio.runtime.prefetch import DeviceByteColumn, GPUPrefetcher, _fill, _HostStaging
+from shardio.runtime.gpucopy import DeviceByteColumn, HostStaging, fill_views
+from shardio.runtime.prefetch import GPUPrefetcher
 
 BATCH = 32
 SEED = 5
@@ -363,7 +364,7 @@ def test_the_same_exception_object_is_raised():
 
 # -- the host half of the CUDA path, on the CPU -------------------------------------------------
 def test_staging_reuses_its_arenas_and_rebuilds_the_batch(packed_tar):
-    staging = _HostStaging(sets=3, pin=False)
+    staging = HostStaging(sets=3, pin=False)
     loader = loader_of(packed_tar, "map", 2)
     sizes = []
     seen = 0
@@ -374,7 +375,7 @@ def test_staging_reuses_its_arenas_and_rebuilds_the_batch(packed_tar):
             template, arena, nbytes = staging.stage(batch)
             sizes.append(nbytes)
             del batch  # the ring slot is free: the bytes now live in the arena only
-            rebuilt = _fill(template, arena.buffer[:nbytes].clone())  # the "device" copy
+            rebuilt = fill_views(template, arena.buffer[:nbytes].clone())  # the "device" copy
             jpeg = rebuilt["jpeg"]
             assert isinstance(jpeg, DeviceByteColumn)
             assert jpeg.offsets[0] == 0 and len(jpeg) == len(expected["__key__"])
@@ -394,7 +395,7 @@ def test_staging_reuses_its_arenas_and_rebuilds_the_batch(packed_tar):
 
 
 def test_staging_keeps_dtypes_shapes_and_non_tensor_leaves():
-    staging = _HostStaging(sets=2, pin=False)
+    staging = HostStaging(sets=2, pin=False)
     buffer = torch.frombuffer(bytearray(b"..abcdefgh.."), dtype=torch.uint8)
     col = ByteColumn(buffer, np.array([2, 5, 5, 10]), np.array([True, False, True]))
     strided = torch.arange(12, dtype=torch.float32).view(3, 4).t()  # not contiguous
@@ -411,7 +412,7 @@ def test_staging_keeps_dtypes_shapes_and_non_tensor_leaves():
     template, arena, nbytes = staging.stage(batch)
     slots = dict(zip(template.keys, template.items, strict=True))
     assert slots["keys"] is batch["keys"] and slots["arr"] is batch["arr"]  # carried as they are
-    out = _fill(template, arena.buffer[:nbytes].clone())
+    out = fill_views(template, arena.buffer[:nbytes].clone())
     assert out["col"][1] is None
     assert bytes(out["col"][0].numpy()) == b"abc"
     assert bytes(out["col"][2].numpy()) == b"defgh"
@@ -473,19 +474,19 @@ def test_a_first_batch_that_fails_is_raised_at_the_first_next():
 
 
 def test_pin_memory_with_a_cuda_prefetcher_is_warned_about(packed_tar):
-    from shardio.runtime.prefetch import _double_pinning
+    from shardio.runtime.gpucopy import double_pinning
 
     pinned = ShardDataset(packed_tar.path).loader(8, 0, pin_memory=True)
     assert pinned.pin_memory
-    assert "pin_memory=False" in _double_pinning(pinned, torch.device("cuda", 0))
-    assert _double_pinning(pinned, torch.device("cpu")) is None  # no arena on the CPU
-    assert _double_pinning(loader_of(packed_tar), torch.device("cuda", 0)) is None
-    assert _double_pinning(DataLoader([1, 2], pin_memory=True), torch.device("cuda")) is not None
+    assert "pin_memory=False" in double_pinning(pinned, torch.device("cuda", 0))
+    assert double_pinning(pinned, torch.device("cpu")) is None  # no arena on the CPU
+    assert double_pinning(loader_of(packed_tar), torch.device("cuda", 0)) is None
+    assert double_pinning(DataLoader([1, 2], pin_memory=True), torch.device("cuda")) is not None
 
 
 def test_a_copy_not_landed_is_waited_for_and_counted():
     """The stall metric sees a copy still in flight (a stream wait alone returns at once)."""
-    from shardio.runtime.prefetch import await_copy
+    from shardio.runtime.gpucopy import await_copy
 
     class Event:  # a CUDA event whose copy lands 50 ms after it is asked about
         def __init__(self, landed: bool) -> None:

@@ -163,7 +163,7 @@ def test_the_choice_travels_to_workers(packed_tar, mode) -> None:  # type: ignor
 
 
 def test_each_of_several_workers_takes_a_share_of_the_requests(packed_tar, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from shardio.runtime import dataset as module
+    from shardio.runtime import reading as module
 
     class Info:
         id, num_workers = 0, 2

@@ -99,7 +99,7 @@ def test_ranks_of_a_partitioned_job_cover_the_epoch():
 def test_a_lazy_epoch_reads_what_an_array_would(packed_tar, monkeypatch, mode, workers):
     """Above the materialising limit the loader reads the rank's positions chunk by chunk
     (and sizes the ring from the mean sample): the same batches, exact resume."""
-    import shardio.runtime.loader as loader_module
+    import shardio.runtime.workers as workers_module
     from shardio.order.ranks import RankInfo
     from shardio.runtime.dataset import ShardDataset
 
@@ -109,7 +109,7 @@ def test_a_lazy_epoch_reads_what_an_array_would(packed_tar, monkeypatch, mode, w
     import shardio.runtime.plan as protocol_module
 
     monkeypatch.setattr(protocol_module, "MATERIALISE_LIMIT", 10)
-    monkeypatch.setattr(loader_module, "_CHUNK", 7)
+    monkeypatch.setattr(workers_module, "_CHUNK", 7)
     lazy = ShardDataset(packed_tar.path, mode=mode, ranks=ranks, seed=3)
     loader = lazy.loader(batch_size=16, num_workers=workers)
     got = []

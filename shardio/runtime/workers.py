@@ -1,0 +1,183 @@
+"""The DataLoader workers of a ShardLoader: the DataLoader of a run started, and the
+persistent workers kept between epochs.
+
+:func:`make_dataloader` builds the DataLoader of one run (the sampler of its positions, the
+workers' pinning and stall watch, the source's plan taken before they start);
+:class:`KeptWorkers` are a run's persistent workers parked between epochs and resumed
+through the shared board; :class:`WorkerKeeper` holds them for the loader and stops them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from shardio.runtime import internals
+from shardio.runtime.mptemp import ensure_short as ensure_short_mp_tempdir
+from shardio.runtime.placement import worker_pinning
+from shardio.runtime.plan import RunPlan
+from shardio.runtime.protocol import ReadSource
+from shardio.runtime.reaping import stop_workers
+from shardio.runtime.stallwatch import StallWatch
+from shardio.runtime.transport import BatchRing
+
+__all__ = ["PREFETCH", "KeptWorkers", "PositionSampler", "WorkerKeeper", "make_dataloader"]
+
+PREFETCH = 4  # batches each worker prepares ahead (the DataLoader's prefetch_factor)
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+# A rank's positions up to this many are an array; more stay a lazy RankStream, read a chunk
+# at a time (8 bytes a sample: a billion-sample epoch split over 8 ranks would take 1 GB).
+_CHUNK = 1 << 16
+
+
+class PositionSampler(Sampler[int]):
+    """A map-mode run's positions, in order (a lazy stream read a chunk at a time); a
+    persistent DataLoader's is given the next run's positions."""
+
+    def __init__(self, positions: Any) -> None:
+        self.positions = positions
+
+    def __iter__(self) -> Iterator[int]:
+        if isinstance(self.positions, np.ndarray):
+            return iter(self.positions.tolist())
+        return self._chunks()
+
+    def _chunks(self) -> Iterator[int]:
+        for start in range(0, len(self.positions), _CHUNK):
+            yield from self.positions[start : start + _CHUNK].tolist()
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+
+def make_dataloader(
+    source: ReadSource,
+    positions: Any,
+    mode: str,
+    *,
+    batch_size: int,
+    num_workers: int,
+    drop_last: bool,
+    pin_workers: bool,
+    kwargs: Mapping[str, Any],
+    ring: BatchRing | None = None,
+    timeout: float = 0.0,
+    watch: StallWatch | None = None,
+    board: torch.Tensor | None = None,
+) -> tuple[DataLoader[Any], PositionSampler | None]:
+    """The DataLoader of a loader's run of ``source`` over ``positions`` (cut to whole
+    batches with ``drop_last``), and its sampler (map mode); ``kwargs``: the DataLoader's
+    other arguments. The source takes the run's plan first (its workers get it with it)."""
+    common: dict[str, Any] = {"num_workers": num_workers, **kwargs}
+    if board is not None:
+        common["persistent_workers"] = True
+    if num_workers > 0:
+        ensure_short_mp_tempdir()  # the workers send batches through sockets named in it
+        if timeout:
+            common["timeout"] = timeout
+        common.setdefault("prefetch_factor", PREFETCH)
+        if pin_workers:  # computed here, in the main process, before workers start
+            pinning = worker_pinning(
+                num_workers=num_workers,
+                local_rank=source.cursor.ranks().local_rank,
+                user_init=common.get("worker_init_fn"),
+            )
+            if pinning is not None:
+                common["worker_init_fn"] = pinning
+        if watch is not None:
+            common["worker_init_fn"] = watch.init_fn(common.get("worker_init_fn"))
+    # Before the workers start, which take the source and its plan with it: the batches
+    # each reads (each advises its first ones before reading any), the ring, the board.
+    prefetch = common.get("prefetch_factor")
+    source.begin_run(
+        RunPlan(
+            positions=positions,
+            batch_size=batch_size,
+            workers=num_workers,
+            depth=prefetch if isinstance(prefetch, int) and prefetch >= 2 else 2,
+            forked=num_workers > 0 and _forks(common.get("multiprocessing_context")),
+            drop_last=drop_last,
+            ring=ring,
+            board=board,
+        )
+    )
+    data: Any = source  # a torch Dataset (map mode) or IterableDataset (stream)
+    if mode == "stream":
+        return DataLoader(data, batch_size=None, collate_fn=_identity, **common), None
+    sampler = PositionSampler(positions)
+    loader = DataLoader(
+        data,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=drop_last,
+        collate_fn=_identity,
+        **common,
+    )
+    return loader, sampler
+
+
+def _forks(context: object) -> bool:
+    """Whether DataLoader workers started with ``multiprocessing_context=context`` are
+    forked (and so inherit this process's open descriptors)."""
+    if context is None:
+        # Not get_start_method(allow_none=False): that would fix the method for the process.
+        chosen = multiprocessing.get_start_method(allow_none=True)
+        return (chosen or multiprocessing.get_all_start_methods()[0]) == "fork"
+    if isinstance(context, str):
+        return context == "fork"
+    method = getattr(context, "get_start_method", None)
+    return callable(method) and method() == "fork"
+
+
+@dataclass
+class KeptWorkers:
+    """A DataLoader's persistent workers between iterations, and what they were given."""
+
+    loader: DataLoader[Any]
+    batches: Any  # its iterator (a persistent DataLoader resets and reuses it)
+    sampler: PositionSampler | None
+    ring: BatchRing | None
+    watch: StallWatch | None
+    board: torch.Tensor  # [run, epoch, consumed], read by the workers at each run's start
+
+    def park(self) -> None:
+        """Between epochs: the workers idle, and their death (the OOM killer) must not raise
+        from torch's SIGCHLD handler in whatever the training loop runs then; it is found
+        at the next epoch's start instead (:meth:`resume`)."""
+        internals.unwatch(self.batches)
+
+    def resume(self) -> bool:
+        """At an epoch's start: whether every worker is alive (then watched again)."""
+        workers = internals.workers(self.batches)
+        if not workers or not all(w.is_alive() for w in workers):
+            return False
+        internals.watch(self.batches, tuple(w.pid for w in workers))
+        return True
+
+    def shutdown(self) -> None:
+        """Stop the workers (joined)."""
+        stop_workers(self.batches)
+
+
+class WorkerKeeper:
+    """Holds a loader's persistent workers; stops them when asked or when the loader goes."""
+
+    def __init__(self) -> None:
+        self.kept: KeptWorkers | None = None
+
+    def drop(self) -> None:
+        """Stop the kept workers, if any."""
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            kept.shutdown()
