@@ -66,14 +66,24 @@ class ByteColumn(Sequence[memoryview]):
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def __getitem__(self, i: int) -> memoryview:  # type: ignore[override]
+    def _present(self, i: int) -> int | None:
+        """Sample ``i``'s place (a negative ``i`` counts from the end), or None where it
+        lacks this field.
+
+        Raises:
+            IndexError: ``i`` is outside the column.
+        """
         if not -len(self) <= i < len(self):
             raise IndexError(i)
         i %= len(self)
-        if not self.present[i]:
+        return i if self.present[i] else None
+
+    def __getitem__(self, i: int) -> memoryview:  # type: ignore[override]
+        at = self._present(i)
+        if at is None:
             return None  # type: ignore[return-value]
         view = memoryview(self.buffer.numpy())  # type: ignore[arg-type]
-        return view[int(self.offsets[i]) : int(self.offsets[i + 1])]
+        return view[int(self.offsets[at]) : int(self.offsets[at + 1])]
 
     def __iter__(self) -> Iterator[memoryview]:
         return (self[i] for i in range(len(self)))
@@ -147,15 +157,13 @@ class MappedColumn(ByteColumn):
         return len(self.sizes)
 
     def __getitem__(self, i: int) -> memoryview:  # type: ignore[override]
-        if not -len(self) <= i < len(self):
-            raise IndexError(i)
-        i %= len(self)
-        if not self.present[i]:
+        at = self._present(i)
+        if at is None:
             return None  # type: ignore[return-value]
-        j = int(self.which[i])
+        j = int(self.which[at])
         view = _RECEIVER_MAPS.view(self.paths[j], self.identities[j])
-        start = int(self.starts[i])
-        return view[start : start + int(self.sizes[i])]
+        start = int(self.starts[at])
+        return view[start : start + int(self.sizes[at])]
 
     def tensor(self, i: int) -> torch.Tensor:
         """Sample i's bytes as a uint8 tensor view of the mapping (no copy)."""

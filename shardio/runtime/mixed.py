@@ -50,8 +50,6 @@ from shardio._check import require_int
 from shardio.errors import ShardioError, UsageError
 from shardio.format.spec import LABEL_EXT
 from shardio.metrics.read import ReadMetrics
-from shardio.metrics.snapshots import MetricsSnapshot, snapshot
-from shardio.metrics.steps import StepTimer
 from shardio.order.mix import MixOrder, check_weight, mix_counts, mix_schedule
 from shardio.order.spec import OrderSpec
 from shardio.runtime.batch import share_tensors
@@ -428,18 +426,9 @@ class MixedDataset(CursorFace, Dataset[dict[str, Any]]):
             read.merge(ds.read_metrics())
         return read
 
-    def snapshot(self, steps: StepTimer, *, transport: Mapping[str, int]) -> MetricsSnapshot:
-        """The sources' read figures added up, a loader's ``steps`` and ``transport`` counts,
-        and in ``sources`` the samples delivered per source (the mix drawn)."""
-        ranks = self.ranks()
-        return snapshot(
-            self.read_metrics(),
-            steps,
-            rank=ranks.rank,
-            world_size=ranks.world_size,
-            transport=transport,
-            sources=self.delivered,
-        )
+    def by_source(self) -> Mapping[str, int]:
+        """Samples delivered per source by a loader (the mix drawn)."""
+        return self.delivered
 
     def loader(self, batch_size: int, num_workers: int = 0, **kwargs: Any) -> ShardLoader:
         """The one loader (:class:`~shardio.runtime.loader.ShardLoader`) over this rank's

@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from shardio.metrics.read import ReadMetrics
+from shardio.metrics.snapshots import MetricsSnapshot, snapshot
+from shardio.metrics.steps import StepTimer
 from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo
 
@@ -28,6 +31,27 @@ class CursorFace:
     """
 
     cursor: EpochCursor
+
+    def read_metrics(self) -> ReadMetrics:  # pragma: no cover - each face has its own
+        """This rank's read figures."""
+        raise NotImplementedError
+
+    def by_source(self) -> Mapping[str, int] | None:
+        """Samples delivered per source (a mix's); None for a single dataset."""
+        return None
+
+    def snapshot(self, steps: StepTimer, *, transport: Mapping[str, int]) -> MetricsSnapshot:
+        """This rank's read figures (:meth:`read_metrics`) with a loader's ``steps`` and
+        ``transport`` counts (and a mix's samples per source)."""
+        ranks = self.cursor.ranks()
+        return snapshot(
+            self.read_metrics(),
+            steps,
+            rank=ranks.rank,
+            world_size=ranks.world_size,
+            transport=transport,
+            sources=self.by_source(),
+        )
 
     @property
     def epoch(self) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,8 +21,6 @@ from torch.utils.data import get_worker_info
 from shardio._check import require_int
 from shardio.errors import ShardioError
 from shardio.metrics.read import ReadMetrics
-from shardio.metrics.snapshots import MetricsSnapshot, snapshot
-from shardio.metrics.steps import StepTimer
 from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import OrderSpec
@@ -302,15 +300,3 @@ class ShardRuns:
         elif self._closed_metrics is not None:
             out.merge(self._closed_metrics)
         return out
-
-    def snapshot(self, steps: StepTimer, *, transport: Mapping[str, int]) -> MetricsSnapshot:
-        """This rank's read figures (:meth:`read_metrics`) with a loader's ``steps`` and
-        ``transport`` counts."""
-        ranks = self.cursor.ranks()
-        return snapshot(
-            self.read_metrics(),
-            steps,
-            rank=ranks.rank,
-            world_size=ranks.world_size,
-            transport=transport,
-        )
