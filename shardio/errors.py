@@ -26,7 +26,7 @@ sees storage problems and ``except ValueError`` sees malformed input.
 from __future__ import annotations
 
 import errno
-from typing import Any
+from typing import Any, TypeVar, overload
 
 __all__ = [
     "CheckpointError",
@@ -48,6 +48,7 @@ __all__ = [
     "UNAVAILABLE_ERRNOS",
     "UsageError",
     "unavailable_error",
+    "wrap_os_error",
 ]
 
 
@@ -156,6 +157,19 @@ class ReadStalledError(StorageUnavailableError):
     """
 
     waited_s: float = 0.0
+
+
+_OSErrorT = TypeVar("_OSErrorT", bound=OSError)
+
+
+@overload
+def wrap_os_error(exc: OSError, message: str) -> StorageError: ...
+@overload
+def wrap_os_error(exc: OSError, message: str, kind: type[_OSErrorT]) -> _OSErrorT: ...
+def wrap_os_error(exc: OSError, message: str, kind: type[OSError] = StorageError) -> OSError:
+    """A ``kind`` (a :class:`StorageError` unless told) for ``exc`` with ``message``: its
+    errno, or EIO when it has none (``raise wrap_os_error(exc, ...) from exc``)."""
+    return kind(exc.errno or errno.EIO, message)
 
 
 def unavailable_error(exc: OSError, message: str) -> StorageError:

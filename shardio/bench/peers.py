@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from shardio.bench.settings import BenchSettings, RunnerStats
-from shardio.errors import ShardioError, StorageError, UsageError
+from shardio.errors import ShardioError, StorageError, UsageError, wrap_os_error
 from shardio.format.fields import MAX_INT
 from shardio.format.manifest import load_manifest
 from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
@@ -98,9 +98,7 @@ def list_regular_files(root: str) -> list[bytes]:
                     elif entry.is_file(follow_symlinks=False):
                         found.append(name)
         except OSError as exc:
-            raise StorageError(
-                exc.errno or errno.EIO, f"cannot list {os.fsdecode(where)}: {exc.strerror}"
-            ) from exc
+            raise wrap_os_error(exc, f"cannot list {os.fsdecode(where)}: {exc.strerror}") from exc
     found.sort()
     return found
 

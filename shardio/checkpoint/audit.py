@@ -29,6 +29,7 @@ from shardio.errors import (
     CheckpointUnavailableError,
     NoCheckpointError,
     UsageError,
+    wrap_os_error,
 )
 from shardio.storage.stall import IoThreads, call_with_deadline
 
@@ -118,8 +119,8 @@ def _unchecked(x: Listed) -> CheckedCheckpoint:
 
 
 def _cannot_read(path: str, exc: OSError) -> CheckpointUnavailableError:
-    return CheckpointUnavailableError(
-        exc.errno or errno.EIO, f"{path} cannot be read now (not damaged; retry): {exc}"
+    return wrap_os_error(
+        exc, f"{path} cannot be read now (not damaged; retry): {exc}", CheckpointUnavailableError
     )
 
 

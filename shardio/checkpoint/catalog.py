@@ -30,6 +30,7 @@ from shardio.errors import (
     IntegrityError,
     ShardioError,
     StorageError,
+    wrap_os_error,
 )
 from shardio.storage.atomic import TEMP_MARK, rename_noreplace
 from shardio.storage.files import read_regular, rmdir_inside, unlink_inside
@@ -129,9 +130,10 @@ def list_checkpoints(
         return [], []
     except OSError as exc:
         reason = str(exc) if isinstance(exc, ShardioError) else exc.strerror
-        raise CheckpointUnavailableError(
-            exc.errno or errno.EIO,
+        raise wrap_os_error(
+            exc,
             f"the checkpoints in {directory} cannot be read now (not damaged; retry): {reason}",
+            CheckpointUnavailableError,
         ) from exc
     found: list[Listed] = []
     temps: list[str] = []
@@ -193,9 +195,10 @@ def one_checkpoint(path: str, *, pool: IoThreads, timeout_s: float) -> Listed | 
             pool, functools.partial(_dir_at, path), timeout_s, f"looking for {path}"
         )
     except OSError as exc:
-        raise CheckpointUnavailableError(
-            exc.errno or errno.EIO,
+        raise wrap_os_error(
+            exc,
             f"checkpoint {path} cannot be read now (not damaged; retry): {exc}",
+            CheckpointUnavailableError,
         ) from exc
     if found is None:
         return None

@@ -31,6 +31,7 @@ from shardio.errors import (
     MissingExtraError,
     ShardioError,
     StorageError,
+    wrap_os_error,
 )
 from shardio.storage.stall import IoThreads, call_with_deadline
 
@@ -134,7 +135,7 @@ def _write_error(exc: OSError, path: str) -> StorageError:
         return StorageError(exc.errno, f"no space left on device while writing checkpoint {path}")
     if exc.errno == errno.EDQUOT:
         return StorageError(exc.errno, f"disk quota exceeded while writing checkpoint {path}")
-    return StorageError(exc.errno or errno.EIO, f"writing checkpoint {path} failed: {exc}")
+    return wrap_os_error(exc, f"writing checkpoint {path} failed: {exc}")
 
 
 def write_payload(fd: int, path: str, obj: Any, *, level: int | None, threads: int) -> Written:
@@ -213,7 +214,7 @@ def _deadline_pread(
         except StorageError:
             raise
         except OSError as exc:
-            raise StorageError(exc.errno or errno.EIO, f"reading {path} failed: {exc}") from exc
+            raise wrap_os_error(exc, f"reading {path} failed: {exc}") from exc
         return data
 
     return pread
@@ -227,7 +228,7 @@ def _open_sized(path: str, size_bytes: int) -> int:
         actual = os.fstat(fd).st_size
     except OSError as exc:
         os.close(fd)
-        raise StorageError(exc.errno or errno.EIO, f"cannot stat {path}: {exc}") from exc
+        raise wrap_os_error(exc, f"cannot stat {path}: {exc}") from exc
     if actual != size_bytes:
         os.close(fd)
         raise IntegrityError(

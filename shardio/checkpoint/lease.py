@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from shardio.checkpoint.naming import NO_JOB, Identity, clean_host, is_job_id
-from shardio.errors import CheckpointError, ShardioError, StorageError
+from shardio.errors import CheckpointError, ShardioError, wrap_os_error
 from shardio.storage.atomic import TEMP_MARK
 from shardio.storage.runner import CommandRunner, run_command
 
@@ -106,9 +106,7 @@ def read_owner(directory: str) -> Owner | None:
     except OSError as exc:
         if exc.errno == errno.EINVAL:  # not a symlink: not a lease shardio wrote
             return None
-        raise StorageError(
-            exc.errno or errno.EIO, f"cannot read the lease {path}: {exc.strerror}"
-        ) from exc
+        raise wrap_os_error(exc, f"cannot read the lease {path}: {exc.strerror}") from exc
     return _parse(data)
 
 
@@ -182,8 +180,8 @@ def _mutex(directory: str) -> Iterator[None]:
                 ) from None  # fmt: skip
             time.sleep(0.05)
         except OSError as exc:
-            raise CheckpointError(
-                exc.errno or errno.EIO, f"cannot lock {path}: {exc.strerror}"
+            raise wrap_os_error(
+                exc, f"cannot lock {path}: {exc.strerror}", CheckpointError
             ) from exc
     try:
         yield None
@@ -312,8 +310,8 @@ def _write(directory: str, owner: Owner) -> None:
         if exc.errno in _NO_SYMLINKS:  # a filesystem without symlinks: saves go on, unguarded
             logger.warning("no lease on %s (symlinks unsupported: %s)", directory, exc.strerror)
             return
-        raise CheckpointError(
-            exc.errno or errno.EIO, f"cannot write the lease {path}: {exc.strerror}"
+        raise wrap_os_error(
+            exc, f"cannot write the lease {path}: {exc.strerror}", CheckpointError
         ) from exc
 
 

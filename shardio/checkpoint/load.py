@@ -52,6 +52,7 @@ from shardio.errors import (
     ShardioError,
     StorageError,
     UsageError,
+    wrap_os_error,
 )
 from shardio.storage.stall import IoThreads, call_with_deadline
 
@@ -151,9 +152,10 @@ def _given(folder: str, pool: IoThreads, timeout_s: float) -> bool:
     try:
         return bool(call_with_deadline(pool, look, timeout_s, f"looking into {folder}"))
     except OSError as exc:
-        raise CheckpointUnavailableError(
-            exc.errno or errno.EIO,
+        raise wrap_os_error(
+            exc,
             f"the checkpoints in {folder} cannot be read now (not damaged; retry): {exc}",
+            CheckpointUnavailableError,
         ) from exc
 
 
@@ -180,10 +182,11 @@ def _check_owner(
     except CheckpointError:
         raise
     except StorageError as exc:
-        raise CheckpointUnavailableError(
-            exc.errno or errno.EIO,
+        raise wrap_os_error(
+            exc,
             f"the checkpoints in {directory} cannot be read now (not damaged; retry): "
             f"its lease: {exc}",
+            CheckpointUnavailableError,
         ) from exc
 
 

@@ -18,10 +18,7 @@ from shardio.checkpoint.snapshot import snapshot_bytes
 from shardio.checkpoint.store import Plan
 from shardio.checkpoint.writing import (
     SaveOptions,
-    check_payload,
-    dataset_id_of,
-    loader_state_of,
-    make_payload,
+    checked_payload,
     resolve_options,
     run_save_bounded,
 )
@@ -83,8 +80,7 @@ def save(
         folder = require_path(directory, "checkpoint directory")
         ranks.check_environ(env)
         own_state = state if per_rank or rank == 0 else None
-        payload = make_payload(own_state, loader_state_of(loader), dataset_id_of(loader))
-        check_payload(payload)
+        payload = checked_payload(own_state, loader)
         prepared = (kind, folder, keep, opts, payload, snapshot_bytes(own_state))
     except Exception as exc:
         failure = exc

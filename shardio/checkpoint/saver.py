@@ -40,10 +40,7 @@ from shardio.checkpoint.snapshot import copied_tensors, snapshot_bytes, to_host
 from shardio.checkpoint.store import Plan
 from shardio.checkpoint.writing import (
     SaveOptions,
-    check_payload,
-    dataset_id_of,
-    loader_state_of,
-    make_payload,
+    checked_payload,
     resolve_options,
     run_save_bounded,
 )
@@ -278,8 +275,7 @@ class Checkpointer:
     def _copy(self, state: Any) -> tuple[dict[str, Any], int]:
         """This rank's payload, checked (what weights_only loads), copied to host memory."""
         own = state if self.per_rank or self.identity.rank == 0 else None
-        checked = make_payload(own, loader_state_of(self.loader), dataset_id_of(self.loader))
-        check_payload(checked)  # before the copy: a refused state costs no copy
+        checked = checked_payload(own, self.loader)  # before the copy: a refusal costs none
         state_copy = to_host(own, self._buffers if self.reuse_buffers else None)
         payload = {**checked, "state": state_copy, "loader": to_host(checked["loader"])}
         self._buffers = copied_tensors(state_copy) if self.reuse_buffers else []

@@ -45,6 +45,7 @@ from shardio.errors import (
     FormatError,
     ShardioError,
     StorageError,
+    wrap_os_error,
 )
 from shardio.storage.atomic import (
     atomic_write,
@@ -116,8 +117,8 @@ def make_directory(folder: str) -> None:
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
-        raise CheckpointError(
-            exc.errno or errno.EIO, f"cannot create checkpoint directory {folder}: {exc.strerror}"
+        raise wrap_os_error(
+            exc, f"cannot create checkpoint directory {folder}: {exc.strerror}", CheckpointError
         ) from exc
     if not os.path.isdir(folder):
         raise CheckpointError(errno.ENOTDIR, f"{folder} is not a directory")
@@ -145,9 +146,10 @@ def make_temp_dir(plan: Plan, *, layout: Callable[[str], None] | None) -> None:
                 errno.EEXIST, f"{staging} exists already: another save has this token"
             ) from None
         except OSError as exc:
-            raise CheckpointError(
-                exc.errno or errno.EIO,
+            raise wrap_os_error(
+                exc,
                 f"cannot create checkpoint directory {staging}: {exc.strerror}",
+                CheckpointError,
             ) from exc
         try:
             if layout is not None:
@@ -161,9 +163,10 @@ def make_temp_dir(plan: Plan, *, layout: Callable[[str], None] | None) -> None:
                     errno.EEXIST, f"{tmp} exists already: another save has this token"
                 ) from None
             if isinstance(exc, OSError) and not isinstance(exc, ShardioError):
-                raise CheckpointError(
-                    exc.errno or errno.EIO,
+                raise wrap_os_error(
+                    exc,
                     f"cannot create checkpoint directory {tmp}: {exc.strerror}",
+                    CheckpointError,
                 ) from exc
             raise
         return
@@ -205,7 +208,7 @@ def write_rank(
     try:
         fd = create_temp(tmp)
     except OSError as exc:
-        raise StorageError(exc.errno or errno.EIO, f"cannot create {tmp}: {exc.strerror}") from exc
+        raise wrap_os_error(exc, f"cannot create {tmp}: {exc.strerror}") from exc
     try:
         try:
             written = write_payload(fd, final, payload, level=level, threads=threads)
@@ -350,8 +353,8 @@ def commit(
         except FileExistsError:
             continue
         except OSError as exc:
-            raise CheckpointError(
-                exc.errno or errno.EIO, f"cannot publish checkpoint {final}: {exc.strerror}"
+            raise wrap_os_error(
+                exc, f"cannot publish checkpoint {final}: {exc.strerror}", CheckpointError
             ) from exc
         fsync_dir(plan.directory)
         return final, manifest

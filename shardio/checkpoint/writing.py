@@ -38,6 +38,7 @@ __all__ = [
     "PAYLOAD_VERSION",
     "SaveOptions",
     "check_payload",
+    "checked_payload",
     "dataset_id_of",
     "loader_state_of",
     "loader_summary",
@@ -204,6 +205,14 @@ def check_payload(payload: Mapping[str, Any]) -> None:
 
     check_loadable(payload["state"], "state")
     check_loadable(payload["loader"], "the loader's state_dict()")
+
+
+def checked_payload(state: Any, loader: Any) -> dict[str, Any]:
+    """The payload (:func:`make_payload`) of ``state`` and of ``loader``'s position and
+    dataset, refused as :func:`check_payload` refuses (before any copy or write)."""
+    payload = make_payload(state, loader_state_of(loader), dataset_id_of(loader))
+    check_payload(payload)
+    return payload
 
 
 def dataset_id_of(loader: Any) -> str | None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import errno
 import os
 
 import xxhash
 
-from shardio.errors import ShardioError, StorageError
+from shardio.errors import ShardioError, wrap_os_error
 from shardio.storage.files import refuse_irregular
 from shardio.storage.opener import Opener, PosixOpener, open_named
 
@@ -77,9 +76,7 @@ def file_xxh3_128(
     except ShardioError:
         raise
     except OSError as exc:
-        raise StorageError(
-            exc.errno or errno.EIO, f"cannot read {what} {name}: {exc.strerror or exc}"
-        ) from exc
+        raise wrap_os_error(exc, f"cannot read {what} {name}: {exc.strerror or exc}") from exc
     finally:
         reader.close(fd)
 

@@ -159,24 +159,20 @@ def detect_ranks(environ: Mapping[str, str] | None = None) -> RankInfo:
             f"say rank {plain[0]} of {plain[1]}: initialise torch.distributed before reading, "
             "or give the ranks explicitly"
         )
-    if slurm is not None:
-        per_node = _ranks_per_node(env, slurm[1])
-        return RankInfo(
-            rank=slurm[0],
-            world_size=slurm[1],
-            local_rank=_local_rank(env, ("SLURM_LOCALID",), per_node, slurm[1]),
-            source="slurm",
-            ranks_per_node=per_node,
-        )
-    if plain is not None:
-        per_node = _ranks_per_node(env, plain[1])
-        return RankInfo(
-            rank=plain[0],
-            world_size=plain[1],
-            local_rank=_local_rank(env, ("LOCAL_RANK",), per_node, plain[1]),
-            source="env",
-            ranks_per_node=per_node,
-        )
+    for pair, local_keys, source in (
+        (slurm, ("SLURM_LOCALID",), "slurm"),
+        (plain, ("LOCAL_RANK",), "env"),
+    ):
+        if pair is not None:
+            rank, world = pair
+            per_node = _ranks_per_node(env, world)
+            return RankInfo(
+                rank=rank,
+                world_size=world,
+                local_rank=_local_rank(env, local_keys, per_node, world),
+                source=source,
+                ranks_per_node=per_node,
+            )
     return RankInfo()
 
 

@@ -9,7 +9,6 @@ records list (and shardio's own work directory) are removed, never through a sym
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import stat
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from shardio.errors import FormatError, ShardioError, StorageError, UsageError
+from shardio.errors import FormatError, ShardioError, UsageError, wrap_os_error
 from shardio.format.checksum import file_xxh3_128
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import (
@@ -79,9 +78,9 @@ def make_dst(dst: str) -> bool:
             os.makedirs(dst)
             return True
         except OSError as exc:
-            raise StorageError(exc.errno or errno.EIO, f"cannot create {dst}: {exc}") from exc
+            raise wrap_os_error(exc, f"cannot create {dst}: {exc}") from exc
     except OSError as exc:
-        raise StorageError(exc.errno or errno.EIO, f"cannot create {dst}: {exc.strerror}") from exc
+        raise wrap_os_error(exc, f"cannot create {dst}: {exc.strerror}") from exc
     if not os.path.isdir(dst):
         raise UsageError(f"destination {dst} exists and is not a directory")
     return False
@@ -126,7 +125,7 @@ def _lstat(path: str) -> os.stat_result | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise StorageError(exc.errno or errno.EIO, f"cannot stat {path}: {exc.strerror}") from exc
+        raise wrap_os_error(exc, f"cannot stat {path}: {exc.strerror}") from exc
 
 
 def existing_dir(path: str) -> bool:

@@ -7,13 +7,12 @@ from the sorted class directories, and refuses a class directory the map lacks.
 
 from __future__ import annotations
 
-import errno
 import os
 from dataclasses import dataclass
 
 import xxhash
 
-from shardio.errors import FormatError, StorageError, UsageError
+from shardio.errors import FormatError, StorageError, UsageError, wrap_os_error
 from shardio.format.identity import load_identified
 from shardio.format.label_source import LabelSource
 from shardio.format.spec import MANIFEST_FILENAME
@@ -130,7 +129,7 @@ def load_dataset_labels(path: str) -> PinnedLabels:
     except FormatError as exc:
         raise FormatError(f"{option}: {exc}") from exc
     except StorageError as exc:
-        raise StorageError(exc.errno or errno.EIO, f"{option}: {exc}") from exc
+        raise wrap_os_error(exc, f"{option}: {exc}") from exc
     if manifest.classes is None:
         raise UsageError(
             f"{option}: {path} has no label map (it was packed without labels), so it cannot "

@@ -17,11 +17,10 @@ not happened, so the old manifest (step 2) is never confused with the new one.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 
-from shardio.errors import FormatError, StorageError, UsageError
+from shardio.errors import FormatError, UsageError, wrap_os_error
 from shardio.format.manifest import Manifest
 from shardio.format.spec import MANIFEST_FILENAME, WORK_DIR
 from shardio.packing.dest import check_owned, dataset_files, remove_work_dir, unlink_regular
@@ -114,9 +113,7 @@ def _rename(source: str, target: str) -> None:
     try:
         os.rename(source, target)
     except OSError as exc:
-        raise StorageError(
-            exc.errno or errno.EIO, f"cannot move {source} to {target}: {exc.strerror}"
-        ) from exc
+        raise wrap_os_error(exc, f"cannot move {source} to {target}: {exc.strerror}") from exc
 
 
 def _sync(folder: str, durable: bool) -> None:

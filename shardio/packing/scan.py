@@ -15,7 +15,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardio.errors import PackError, SourceError, UsageError
+from shardio.errors import PackError, SourceError, UsageError, wrap_os_error
 from shardio.format.keys import encode_component, split_name
 from shardio.format.label_source import LabelSource
 from shardio.format.spec import LABEL_EXT, NO_LABEL
@@ -218,8 +218,8 @@ def _walk(root: bytes, calls: SourceCalls) -> tuple[list[_File], list[bytes]]:
             with os.scandir(path) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError as exc:
-            raise SourceError(
-                exc.errno or errno.EIO, f"cannot list {os.fsdecode(path)}: {exc.strerror}"
+            raise wrap_os_error(
+                exc, f"cannot list {os.fsdecode(path)}: {exc.strerror}", SourceError
             ) from exc
         dirs_listed += 1
         entries_seen += len(entries)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from shardio.errors import FormatError, IntegrityError, StorageError, UsageError
+from shardio.errors import FormatError, IntegrityError, StorageError, UsageError, wrap_os_error
 from shardio.format.checksum import digest_or_none
 from shardio.format.manifest import Manifest, ShardEntry
 from shardio.format.parity import (
@@ -157,7 +157,7 @@ def group_lock(root: str, group: int, *, timeout_s: float) -> Iterator[None]:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     except OSError as exc:
-        raise StorageError(exc.errno or errno.EIO, f"cannot open the lock {path}: {exc}") from exc
+        raise wrap_os_error(exc, f"cannot open the lock {path}: {exc}") from exc
     try:
         deadline = time.monotonic() + timeout_s
         while True:

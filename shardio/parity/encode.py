@@ -21,7 +21,7 @@ from typing import Any
 
 import xxhash
 
-from shardio.errors import FormatError, StorageError, UsageError
+from shardio.errors import FormatError, StorageError, UsageError, wrap_os_error
 from shardio.format.checksum import digest_or_none
 from shardio.format.manifest import ShardEntry
 from shardio.format.parity import (
@@ -141,9 +141,7 @@ class _Journal:
             finally:
                 os.close(fd)
         except OSError as exc:
-            raise StorageError(
-                exc.errno or errno.EIO, f"cannot write the parity journal {self.path}: {exc}"
-            ) from exc
+            raise wrap_os_error(exc, f"cannot write the parity journal {self.path}: {exc}") from exc
 
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -52,39 +52,23 @@ import numpy as np
 
 from shardio._check import require_int
 from shardio.errors import ReadStalledError, UsageError
-from shardio.read.inflight import InFlightCalls
+from shardio.read.gate import CallGate
 from shardio.read.timeouts import check_read_timeout, hold_for
 from shardio.read.unavailable import UnavailableShards, holds_path
 from shardio.read.watch import ReadWatch
 from shardio.storage.opener import Opener, PosixOpener
 from shardio.storage.stall import IoThreads, Job, submit
 
-__all__ = ["MAX_ABANDONED", "DeadlineOpener", "bounded", "with_deadline"]
+__all__ = ["MAX_ABANDONED", "DeadlineOpener", "bounded"]
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 MAX_ABANDONED = 16  # abandoned calls per process before every call fails at once
 _CLOSE_WAIT_S = 2.0  # at most this long (or the deadline) for a close
-_GATE_TICK_S = 0.02  # how often a call held back by a slow one looks again
 # Descriptors of held files a process keeps open rather than close (see close); past this
 # many (a dead server holding thousands of shards) they are closed, each a bounded wait.
 MAX_KEPT = 256
-
-
-def with_deadline(
-    opener: Opener | None, timeout_s: float, *, scope: str | os.PathLike[str] | None = None
-) -> Opener | None:
-    """``opener`` bounded by ``timeout_s`` (0: ``opener`` itself), its stalled paths held on
-    the node under ``scope`` (the dataset's directory: every process reading it shares the
-    holds). An opener already bounded is re-bounded, not wrapped twice."""
-    if not timeout_s:
-        return opener
-    if isinstance(opener, DeadlineOpener):
-        opener = opener.inner
-    key = os.path.realpath(scope) if scope is not None else None
-    registry = UnavailableShards(key, hold_s=hold_for(timeout_s))
-    return DeadlineOpener(opener, timeout_s=timeout_s, registry=registry)
 
 
 class DeadlineOpener:
@@ -118,14 +102,13 @@ class DeadlineOpener:
         )
         self.stalls = 0  # calls abandoned in this process
         self.stalled_ns = 0  # time callers waited on them
-        self.held_fails = 0  # calls refused at once: their path was held unavailable
         self._paths: dict[int, str] = {}
         self._threads: IoThreads | None = None
         self._pid = os.getpid()
         self._watch: ReadWatch | None = None
         self._try_held = False
         self._kept: dict[int, str] = {}  # descriptors of held paths left open (see close)
-        self._inflight = InFlightCalls()  # data calls of this process in flight, by path
+        self._calls = CallGate(self.registry, seconds)  # held files, slow calls in flight
         self._answered: set[str] = set()  # paths a data call of this process read from
 
     # -- pickling and fork ------------------------------------------------------------------
@@ -151,7 +134,7 @@ class DeadlineOpener:
             # the parent's descriptors, so their paths stay known (a loader opens shards once
             # before it forks its workers: FilePool).
             self._threads, self._pid, self._watch = None, os.getpid(), None
-            self.stalls, self.stalled_ns, self.held_fails = 0, 0, 0
+            self.stalls, self.stalled_ns, self._calls.held_fails = 0, 0, 0
         if self._threads is None:
             self._threads = IoThreads(self.max_abandoned)
         return self._threads
@@ -181,46 +164,25 @@ class DeadlineOpener:
 
     # -- the calls --------------------------------------------------------------------------
     def _refuse_held(self, path: str, what: str) -> None:
-        """A ReadStalledError ("not attempted") when ``path`` is held unavailable."""
-        left = self.registry.held(path) if path and not self._try_held else None
-        if left is not None:
-            self.held_fails += 1
-            raise ReadStalledError(
-                errno.ETIMEDOUT,
-                f"{what}: not attempted, {path} is held unavailable for {left:.0f} s more "
-                f"after a read of it stalled for {self.timeout_s:g} s or failed",
-            )
+        if not self._try_held:
+            self._calls.refuse_held(path, what)
+
+    def _admit(self, path: str, what: str) -> None:
+        """Refuse a held ``path``, and wait behind a slow call on it (:class:`CallGate`)."""
+        if not self._try_held:
+            self._calls.refuse_held(path, what)
+            self._calls.wait(path, what)
 
     @property
     def slow_s(self) -> float:
-        """How long a data call may run before its file counts as not answering promptly:
-        a tenth of the deadline, at most half a second (a healthy read takes milliseconds)."""
-        return min(0.5, self.timeout_s / 10)
+        """:attr:`CallGate.slow_s`: how long a data call may run before its file counts as
+        not answering promptly."""
+        return self._calls.slow_s
 
-    def _gate(self, path: str, what: str) -> None:
-        """Wait while a data call on ``path`` (of this process, or of another process of the
-        node: :meth:`UnavailableShards.suspected`) has been in flight for more than
-        :attr:`slow_s`, rather than send another request after it: on a dead server each
-        request holds a client thread until the client gives up (a FUSE client has a few),
-        so a dead file gets about one request per node, not one per sample. The
-        wait ends when that call returns, or when its deadline holds the path (this call is
-        then refused), or after ``timeout_s`` (a ReadStalledError)."""
-        if not path or self._try_held:
-            return
-        slow_ns = int(self.slow_s * 1e9)
-        began = time.monotonic()
-        while self._inflight.oldest_ns(path) > slow_ns or self.registry.suspected(path):
-            self._refuse_held(path, what)
-            waited = time.monotonic() - began
-            if waited >= self.timeout_s:
-                stalled = ReadStalledError(
-                    errno.ETIMEDOUT,
-                    f"{what}: not attempted, a call on {path} has not answered for "
-                    f"{self.timeout_s:g} s",
-                )
-                stalled.waited_s = waited
-                raise stalled
-            time.sleep(min(_GATE_TICK_S, self.timeout_s - waited))
+    @property
+    def held_fails(self) -> int:
+        """Calls refused at once: their path was held unavailable."""
+        return self._calls.held_fails
 
     def _run_data(
         self,
@@ -231,9 +193,8 @@ class DeadlineOpener:
         target: memoryview | None = None,
     ) -> Any:
         """:meth:`_run` for a call that reads the file's data (gated and tracked)."""
-        self._refuse_held(path, what)
-        self._gate(path, what)
-        with self._inflight.tracked(path):
+        self._admit(path, what)
+        with self._calls.inflight.tracked(path):
             got = self._run(path, what, call, target=target, suspect=True)
         if path:
             self._answered.add(path)
@@ -339,13 +300,12 @@ class DeadlineOpener:
         slot = watch.slot()
         if slot is None:
             return None
-        self._refuse_held(path, what)
-        self._gate(path, what)
+        self._admit(path, what)
         row = watch.table[slot]
         row[1] = fd
         row[0] = time.monotonic_ns()
         try:
-            with self._inflight.tracked(path):
+            with self._calls.inflight.tracked(path):
                 got = call()
             if path:
                 self._answered.add(path)
@@ -409,7 +369,7 @@ class DeadlineOpener:
 
     def advise(self, fd: int, offset: int, length: int) -> None:
         path = self._paths.get(fd, "")
-        if self.abandoned or self._inflight.oldest_ns() > int(self.slow_s * 1e9):
+        if self.abandoned or self._calls.slow():
             # A call of this process is stuck (or slow) in the storage: read-ahead advice
             # would queue more requests behind it (a FUSE client has a few threads, a dead
             # server's requests hold them for minutes), so it is left out until it returns.
@@ -450,10 +410,7 @@ class DeadlineOpener:
             path
             and not self._try_held
             and len(self._kept) < MAX_KEPT
-            and (
-                self.registry.held(path) is not None
-                or self._inflight.oldest_ns(path) > int(self.slow_s * 1e9)
-            )
+            and (self.registry.held(path) is not None or self._calls.slow(path))
         ):
             self._kept[fd] = path
             return

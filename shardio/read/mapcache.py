@@ -18,7 +18,7 @@ import mmap
 import os
 from collections import OrderedDict
 
-from shardio.errors import StorageError
+from shardio.errors import StorageError, wrap_os_error
 from shardio.metrics.read import ReadMetrics
 from shardio.storage.opener import Opener, PosixOpener
 
@@ -115,9 +115,7 @@ class MapCache:
                 after = file_identity(os.stat(path))
             except OSError as exc:
                 _close(mm)
-                raise StorageError(
-                    exc.errno or errno.EIO, f"cannot map shard {path}: {exc.strerror or exc}"
-                ) from exc
+                raise wrap_os_error(exc, f"cannot map shard {path}: {exc.strerror or exc}") from exc
             if before == after:
                 return mm, after
             _close(mm)

@@ -34,7 +34,7 @@ import os
 import shutil
 import tempfile
 
-from shardio.errors import IntegrityError, ShardioError, StorageError
+from shardio.errors import IntegrityError, ShardioError, StorageError, wrap_os_error
 from shardio.format.checksum import fd_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry
 from shardio.read.reader import ShardReader
@@ -162,8 +162,8 @@ class ParityRebuild:
             except OSError as exc:
                 last = exc
                 logger.debug("cannot make a rebuild directory in %s: %s", parent, exc)
-        raise StorageError(
-            last.errno or errno.EIO,
+        raise wrap_os_error(
+            last,
             f"cannot make a private directory to rebuild a shard into under {parents[-1]}: "
             f"{last.strerror or last}",
         ) from last
@@ -215,9 +215,8 @@ class ParityRebuild:
                 os.close(fd)
                 if isinstance(exc, ShardioError):
                     raise
-                raise StorageError(
-                    exc.errno or errno.EIO,
-                    f"cannot read shard {entry.path} rebuilt into {scratch}: {exc}",
+                raise wrap_os_error(
+                    exc, f"cannot read shard {entry.path} rebuilt into {scratch}: {exc}"
                 ) from exc
             except BaseException:
                 os.close(fd)

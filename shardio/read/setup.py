@@ -13,13 +13,14 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from shardio.read.deadline import with_deadline
+from shardio.read.deadline import DeadlineOpener
 from shardio.read.reader import ShardReader
 from shardio.read.strategy import StrategyChoice, choose_strategy
-from shardio.read.timeouts import resolve_read_timeout
+from shardio.read.timeouts import hold_for, resolve_read_timeout
+from shardio.read.unavailable import UnavailableShards
 from shardio.storage.opener import Opener
 
-__all__ = ["ReaderSetup", "set_up_reader"]
+__all__ = ["ReaderSetup", "set_up_reader", "with_deadline"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,3 +75,18 @@ def set_up_reader(
         read_timeout_s=timeout,
         opener=with_deadline(opener, timeout, scope=root),
     )
+
+
+def with_deadline(
+    opener: Opener | None, timeout_s: float, *, scope: str | os.PathLike[str] | None = None
+) -> Opener | None:
+    """``opener`` bounded by ``timeout_s`` (0: ``opener`` itself), its stalled paths held on
+    the node under ``scope`` (the dataset's directory: every process reading it shares the
+    holds). An opener already bounded is re-bounded, not wrapped twice."""
+    if not timeout_s:
+        return opener
+    if isinstance(opener, DeadlineOpener):
+        opener = opener.inner
+    key = os.path.realpath(scope) if scope is not None else None
+    registry = UnavailableShards(key, hold_s=hold_for(timeout_s))
+    return DeadlineOpener(opener, timeout_s=timeout_s, registry=registry)

@@ -19,7 +19,7 @@ import re
 import stat
 from collections.abc import Iterator, Mapping
 
-from shardio.errors import FormatError, ShardioError, StorageError, UsageError
+from shardio.errors import FormatError, ShardioError, StorageError, UsageError, wrap_os_error
 from shardio.format.manifest import Manifest, load_manifest
 from shardio.format.spec import MANIFEST_FILENAME
 from shardio.staging.clean import CleanResult, journal_name, remove_staged
@@ -159,16 +159,12 @@ def _classify_dest(dest: str, *, cleaning: bool) -> str:
             except FileNotFoundError:
                 return "missing"
             except OSError as exc:
-                raise StorageError(
-                    exc.errno or errno.EIO, f"cannot access {dest}: {exc.strerror}"
-                ) from exc
+                raise wrap_os_error(exc, f"cannot access {dest}: {exc.strerror}") from exc
             if stat.S_ISLNK(link.st_mode):
                 raise UsageError(f"{dest} is a dangling symlink: give a directory") from None
             # Another stager of this node made DEST between the two looks: look again.
         except OSError as exc:
-            raise StorageError(
-                exc.errno or errno.EIO, f"cannot access {dest}: {exc.strerror}"
-            ) from exc
+            raise wrap_os_error(exc, f"cannot access {dest}: {exc.strerror}") from exc
     else:
         raise StorageError(errno.EAGAIN, f"cannot access {dest}: it keeps changing")
     if not stat.S_ISDIR(st.st_mode):
@@ -189,7 +185,7 @@ def _classify_dest(dest: str, *, cleaning: bool) -> str:
             # (under the area lock, which this stager then waits for).
             return "unfinished"
     except OSError as exc:
-        raise StorageError(exc.errno or errno.EIO, f"cannot list {dest}: {exc.strerror}") from exc
+        raise wrap_os_error(exc, f"cannot list {dest}: {exc.strerror}") from exc
     if read_area_marker(dest) is not None:
         # Another stager of this node made DEST an area between our two looks (rank 0 and
         # rank 1 both found it empty): the marker is published atomically, so it is one.

@@ -25,6 +25,7 @@ from shardio.errors import (
     ShardioError,
     StorageError,
     UsageError,
+    wrap_os_error,
 )
 from shardio.format.checksum import fd_xxh3_128
 from shardio.format.manifest import Manifest, ShardEntry
@@ -88,9 +89,7 @@ def _open_staged(path: str, what: str) -> int | None:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _refuse_staged(path, "symlink") from exc
-        raise StorageError(
-            exc.errno or errno.EIO, f"cannot read {what} {path}: {exc.strerror}"
-        ) from exc
+        raise wrap_os_error(exc, f"cannot read {what} {path}: {exc.strerror}") from exc
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
@@ -248,18 +247,17 @@ def _rebuild_here(
     try:
         rebuild(entry)
     except ShardioError as again:
-        raise IntegrityError(
-            exc.errno or errno.EIO, f"{exc}; rebuilding it failed: {again}"
-        ) from again
+        raise wrap_os_error(exc, f"{exc}; rebuilding it failed: {again}", IntegrityError) from again
     digest = _staged_digest(final, "rebuilt copy", opener)
     if digest != entry.xxh3_128:
         if digest is not None:  # a regular file the rebuild wrote: never left to be read
             with contextlib.suppress(OSError):
                 os.unlink(final)
-        raise IntegrityError(
-            exc.errno or errno.EIO,
+        raise wrap_os_error(
+            exc,
             f"{exc}; the copy rebuilt from parity at {final} does not match its manifest "
             f"checksum (got {digest})",
+            IntegrityError,
         )
     return entry.size_bytes
 

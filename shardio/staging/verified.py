@@ -54,11 +54,6 @@ class _Bound(Protocol):
     ) -> int: ...
 
 
-def _direct(call: Callable[[], int], cleanup: Callable[[int], None] | None = None) -> int:
-    del cleanup
-    return call()
-
-
 def _hash_file(reader: Opener, fd: int, size: int, bound: _Bound) -> str:
     """xxh3-128 of the first ``size`` bytes of a temp file of ours, read back with ``pread``
     (its pages are still in the page cache). Not mapped: a page the filesystem cannot serve
@@ -113,15 +108,11 @@ def copy_verified(
         ReadStalledError: the source stalled past ``read_timeout_s``.
     """
     reader = opener if opener is not None else PosixOpener()
-    if not read_timeout_s:
-        return _copy_verified(
-            src, dst, expected, size_bytes=size_bytes, durable=durable, counters=counters,
-            what=what, action=action, before_publish=before_publish, bound=_direct,
-            reader=reader,
-        )  # fmt: skip
-    pool = IoThreads(_MAX_ABANDONED_COPIES)
+    pool = IoThreads(_MAX_ABANDONED_COPIES) if read_timeout_s else None
 
     def bound(call: Callable[[], int], cleanup: Callable[[int], None] | None = None) -> int:
+        if pool is None:  # no deadline: nothing is abandoned, so nothing to clean up
+            return call()
         got: int = call_with_deadline(
             pool, call, read_timeout_s, f"copy of {what} {src}", cleanup=cleanup
         )
@@ -134,7 +125,8 @@ def copy_verified(
             reader=reader,
         )  # fmt: skip
     finally:
-        pool.close()
+        if pool is not None:
+            pool.close()
 
 
 def _copy_verified(

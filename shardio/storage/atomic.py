@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import IO, Any
 
-from shardio.errors import StorageError
+from shardio.errors import StorageError, wrap_os_error
 
 __all__ = [
     "TEMP_MARK",
@@ -124,7 +124,7 @@ def storage_error(exc: OSError, path: str, action: str) -> StorageError:
         return StorageError(exc.errno, f"no space left on device while {action} {path}")
     if exc.errno == errno.EDQUOT:
         return StorageError(exc.errno, f"disk quota exceeded while {action} {path}")
-    return StorageError(exc.errno or errno.EIO, f"{action} {path} failed: {exc.strerror or exc}")
+    return wrap_os_error(exc, f"{action} {path} failed: {exc.strerror or exc}")
 
 
 @contextmanager

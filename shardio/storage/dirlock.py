@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import Iterator
 
-from shardio.errors import StorageError, UsageError
+from shardio.errors import UsageError, wrap_os_error
 
 __all__ = ["lock_directory"]
 
@@ -44,7 +44,7 @@ def lock_directory(
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        raise StorageError(exc.errno or errno.EIO, f"cannot open {path}: {exc.strerror}") from exc
+        raise wrap_os_error(exc, f"cannot open {path}: {exc.strerror}") from exc
     try:
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
@@ -52,9 +52,7 @@ def lock_directory(
             raise UsageError(f"{busy} {path}: wait for it to finish and retry") from exc
         except OSError as exc:
             if exc.errno not in _NO_LOCKS:
-                raise StorageError(
-                    exc.errno or errno.EIO, f"cannot lock {path}: {exc.strerror}"
-                ) from exc
+                raise wrap_os_error(exc, f"cannot lock {path}: {exc.strerror}") from exc
             logger.warning(
                 "cannot lock %s (%s): nothing stops another writer from writing there at once",
                 path,

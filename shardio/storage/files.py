@@ -17,7 +17,7 @@ import os
 import stat
 from collections.abc import Callable, Collection
 
-from shardio.errors import FormatError, ShardioError, StorageError, UsageError
+from shardio.errors import FormatError, ShardioError, StorageError, UsageError, wrap_os_error
 from shardio.storage.atomic import TEMP_MARK, storage_error
 
 __all__ = [
@@ -80,7 +80,7 @@ def open_regular(path: str | bytes, *, what: str = "file", nofollow: bool = Fals
             reason = "is a directory, not a regular file"
         elif exc.errno == errno.ELOOP and nofollow:
             reason = "is a symlink, not a file shardio wrote"
-        raise StorageError(exc.errno or errno.EIO, f"cannot open {what} {name}: {reason}") from exc
+        raise wrap_os_error(exc, f"cannot open {what} {name}: {reason}") from exc
     refuse_irregular(fd, name, what=what)
     return fd
 
@@ -94,7 +94,7 @@ def refuse_irregular(
         mode = os.fstat(fd).st_mode
     except OSError as exc:
         close(fd)
-        raise StorageError(exc.errno or errno.EIO, f"cannot stat {what} {name}") from exc
+        raise wrap_os_error(exc, f"cannot stat {what} {name}") from exc
     if not stat.S_ISREG(mode):
         close(fd)
         raise StorageError(
@@ -119,9 +119,7 @@ def open_for_pread(path: str | bytes, *, what: str = "file", nofollow: bool = Fa
         reason = exc.strerror or str(exc)
         if exc.errno == errno.ELOOP and nofollow:
             reason = "is a symlink, not a file shardio wrote"
-        raise StorageError(
-            exc.errno or errno.EIO, f"cannot open {what} {os.fsdecode(path)}: {reason}"
-        ) from exc
+        raise wrap_os_error(exc, f"cannot open {what} {os.fsdecode(path)}: {reason}") from exc
 
 
 def read_regular(
@@ -162,9 +160,7 @@ def read_regular(
     except OSError as exc:
         if isinstance(exc, StorageError):
             raise
-        raise StorageError(
-            exc.errno or errno.EIO, f"cannot read {what} {os.fsdecode(path)}: {exc.strerror}"
-        ) from exc
+        raise wrap_os_error(exc, f"cannot read {what} {os.fsdecode(path)}: {exc.strerror}") from exc
     finally:
         os.close(fd)
 
@@ -224,9 +220,7 @@ def make_dirs_inside(root: str, rel: str, *, mode: int = 0o777) -> str:
         except FileExistsError:
             pass
         except OSError as exc:
-            raise StorageError(
-                exc.errno or errno.EIO, f"cannot create {path}: {exc.strerror}"
-            ) from exc
+            raise wrap_os_error(exc, f"cannot create {path}: {exc.strerror}") from exc
         st = os.lstat(path)
         if stat.S_ISLNK(st.st_mode):
             raise UsageError(
@@ -302,8 +296,8 @@ def unlink_inside(root: str, rel: str) -> bool:
     except ShardioError:
         raise
     except OSError as exc:
-        raise StorageError(
-            exc.errno or errno.EIO, f"cannot remove {os.path.join(root, rel)}: {exc.strerror}"
+        raise wrap_os_error(
+            exc, f"cannot remove {os.path.join(root, rel)}: {exc.strerror}"
         ) from exc
 
 
@@ -343,8 +337,8 @@ def find_temps_inside(root: str, folder: str) -> dict[str, list[str]]:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise StorageError(
-            exc.errno or errno.EIO, f"cannot list {os.path.join(root, folder)}: {exc.strerror}"
+        raise wrap_os_error(
+            exc, f"cannot list {os.path.join(root, folder)}: {exc.strerror}"
         ) from exc
     for entry in entries:
         head, mark, _ = entry.partition(TEMP_MARK)

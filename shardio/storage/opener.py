@@ -17,7 +17,7 @@ import mmap
 import os
 from typing import Protocol
 
-from shardio.errors import StorageError, StorageUnavailableError
+from shardio.errors import StorageError, StorageUnavailableError, wrap_os_error
 from shardio.storage.files import open_for_pread, open_regular
 
 __all__ = ["Opener", "PosixOpener", "copy_through_buffer", "open_named", "read_fully"]
@@ -143,7 +143,7 @@ def open_named(opener: Opener, path: str, *, what: str, nofollow: bool = False) 
             reason = "is a directory, not a regular file"
         else:
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise StorageError(exc.errno or errno.EIO, f"cannot open {what} {path}: {reason}") from exc
+        raise wrap_os_error(exc, f"cannot open {what} {path}: {reason}") from exc
 
 
 def read_fully(opener: Opener, fd: int, target: memoryview, offset: int) -> int:

@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from shardio.errors import FormatError, IntegrityError, ShardioError, StorageError
+from shardio.errors import FormatError, IntegrityError, ShardioError, StorageError, wrap_os_error
 from shardio.format.checksum import digest_or_none, file_xxh3_128
 from shardio.format.manifest import IndexEntry, Manifest, ShardEntry
 from shardio.metrics.progress import Counters, ProgressCallback
@@ -385,7 +385,7 @@ class RepairJob:
                 raise  # writing here failed, not the source
             note = self._rebuild(shard)
             if note:
-                raise IntegrityError(exc.errno or errno.EIO, f"{exc}; {note}") from exc
+                raise wrap_os_error(exc, f"{exc}; {note}", IntegrityError) from exc
             refuse_non_regular(final)
             if digest_or_none(final, opener=self.opener) != entry.xxh3_128:
                 raise IntegrityError(

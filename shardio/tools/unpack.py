@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shardio.errors import FormatError, StorageError, UsageError
+from shardio.errors import FormatError, StorageError, UsageError, wrap_os_error
 from shardio.metrics.progress import Counters, ProgressCallback, ProgressThread
 from shardio.read.reader import ShardReader
 from shardio.storage.atomic import TEMP_MARK, create_temp
@@ -106,9 +106,7 @@ def _check_out(out: bytes, shown: str) -> tuple[bytes, int | None]:
     except FileNotFoundError:
         return out, None
     except OSError as exc:  # a parent that is a file, a name too long, ...
-        raise StorageError(
-            exc.errno or errno.EIO, f"cannot unpack into {shown}: {exc.strerror or exc}"
-        ) from exc
+        raise wrap_os_error(exc, f"cannot unpack into {shown}: {exc.strerror or exc}") from exc
     if not stat.S_ISDIR(st.st_mode) or os.listdir(out):
         raise UsageError(f"{shown} exists and is not empty: choose a new directory")
     if os.path.samestat(st, os.stat(b".")):
@@ -129,9 +127,7 @@ def _make_parents(parent: bytes) -> list[bytes]:
             os.mkdir(path)
         except OSError as exc:
             _remove_dirs(missing[:i])
-            raise StorageError(
-                exc.errno or errno.EIO, f"cannot create {os.fsdecode(path)}: {exc.strerror}"
-            ) from exc
+            raise wrap_os_error(exc, f"cannot create {os.fsdecode(path)}: {exc.strerror}") from exc
     return missing
 
 
@@ -154,10 +150,7 @@ def _make_private_dir(parent: bytes, name: bytes) -> bytes:
         except FileExistsError:
             continue  # left by a killed run whose pid was ours
         except OSError as exc:
-            raise StorageError(
-                exc.errno or errno.EIO,
-                f"cannot create {os.fsdecode(path)}: {exc.strerror}",
-            ) from exc
+            raise wrap_os_error(exc, f"cannot create {os.fsdecode(path)}: {exc.strerror}") from exc
     raise StorageError(errno.EEXIST, f"cannot create a fresh {os.fsdecode(base)}-N directory")
 
 
@@ -199,9 +192,7 @@ def _write_tree(
                 fh.write(data)
             os.replace(tmp, dest)
         except OSError as exc:
-            raise StorageError(
-                exc.errno or errno.EIO, f"cannot write {shown(f.rel)}: {exc.strerror or exc}"
-            ) from exc
+            raise wrap_os_error(exc, f"cannot write {shown(f.rel)}: {exc.strerror or exc}") from exc
         nbytes += len(data)
         if counters is not None:
             counters.add(1, len(data))
@@ -270,9 +261,8 @@ def unpack_dataset(
                 try:
                     os.rename(tree, target)  # onto an empty directory too
                 except OSError as exc:
-                    raise StorageError(
-                        exc.errno or errno.EIO,
-                        f"cannot move the unpacked tree to {out_shown}: {exc.strerror}",
+                    raise wrap_os_error(
+                        exc, f"cannot move the unpacked tree to {out_shown}: {exc.strerror}"
                     ) from exc
         except BaseException:
             if tree:

@@ -21,9 +21,10 @@ from shardio.errors import (
     UsageError,
     unavailable_error,
 )
-from shardio.read.deadline import DeadlineOpener, with_deadline
+from shardio.read.deadline import DeadlineOpener
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.reader import ShardReader
+from shardio.read.setup import with_deadline
 from shardio.read.timeouts import (
     DEFAULT_NETWORK_TIMEOUT_S,
     check_read_timeout,
