@@ -947,10 +947,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dali_version": dali_version,
     }
     body = _report(outcomes, data, args, info)
-    print(body)
-    if not args.no_write:
-        common.update_section(args.out, SECTION, body, common.results_header(args.workdir))
-        print(f"updated {args.out}", file=sys.stderr)
+    common.publish(body, SECTION, args)
     return 0
 
 

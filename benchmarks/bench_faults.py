@@ -1043,10 +1043,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "code": common.code_line(code_before, common.code_state(REPO), "read"),
     }
     body = _report(outcomes, data, args, info)
-    print(body)
-    if not args.no_write:
-        common.update_section(args.out, SECTION, body, common.results_header(args.workdir))
-        print(f"updated {args.out}", file=sys.stderr)
+    common.publish(body, SECTION, args)
     return 0
 
 

@@ -320,10 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "repeat": args.repeat,
     }
     body = _report(costs, member, compare, command, info)
-    print(body)
-    if not args.no_write:
-        common.update_section(args.out, SECTION, body, common.results_header(args.workdir))
-        print(f"updated {args.out}", file=sys.stderr)
+    common.publish(body, SECTION, args)
     return 0
 
 

@@ -152,10 +152,7 @@ def main() -> int:
             "same loader class (`ShardLoader`), transport and workers.",
         ]
     )
-    print(body)
-    if not args.no_write:
-        common.update_section(args.out, SECTION, body, common.results_header(args.workdir))
-        print(f"updated {args.out}", file=sys.stderr)
+    common.publish(body, SECTION, args)
     return 0
 
 

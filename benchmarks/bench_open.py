@@ -314,10 +314,7 @@ def main() -> int:
         argv=[sys.executable, *sys.argv],
     )
     body = _report(res, info)
-    print(body)
-    if not args.no_write:
-        common.update_section(args.out, SECTION, body, common.results_header(args.workdir))
-        print(f"updated {args.out}", file=sys.stderr)
+    common.publish(body, SECTION, args)
     return 0
 
 

@@ -501,10 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code_before=code_before,
         code_after=common.code_state(REPO),
     )
-    print(body)
-    if not args.no_write:
-        common.update_section(args.out, SECTION, body, common.results_header(args.workdir))
-        print(f"updated {args.out}", file=sys.stderr)
+    common.publish(body, SECTION, args)
     return 0
 
 

@@ -669,10 +669,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code_after=common.code_state(REPO),
         gen_note=gen_note,
     )
-    print(body)
-    if not args.no_write:
-        common.update_section(args.out, SECTION, body, common.results_header(args.workdir))
-        print(f"updated {args.out}", file=sys.stderr)
+    common.publish(body, SECTION, args)
     return 0 if all(not r.errors for r in rounds) else 1
 
 

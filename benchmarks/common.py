@@ -445,6 +445,15 @@ def update_section(path: str, heading: str, body: str, header_lines: Sequence[st
         fh.write(out.rstrip("\n") + "\n")
 
 
+def publish(body: str, heading: str, args: Any) -> None:
+    """Print a benchmark's section and write it into ``args.out`` (RESULTS.md) unless
+    ``args.no_write``; the file header comes from ``args.workdir``'s machine."""
+    print(body)
+    if not args.no_write:
+        update_section(args.out, heading, body, results_header(args.workdir))
+        print(f"updated {args.out}", file=sys.stderr)
+
+
 def results_header(workdir: str) -> list[str]:
     """Header of RESULTS.md: what the file is and the machine the figures come from."""
     return [
