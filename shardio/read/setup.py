@@ -60,7 +60,7 @@ def set_up_reader(
         read_strategy: "local", "pfs", "auto" or None (see
             :func:`~shardio.read.strategy.choose_strategy`).
         read_timeout_s: seconds a read may stall; None: the filesystem's default; 0: none
-            (see :func:`~shardio.read.deadline.resolve_read_timeout`).
+            (see :func:`~shardio.read.timeouts.resolve_read_timeout`).
         opener: the opener to wrap (None: plain POSIX reads).
 
     Raises:
