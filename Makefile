@@ -9,7 +9,7 @@ DEV_STAMP := $(VENV)/.stamp-dev
 BENCH_STAMP := $(VENV)/.stamp-bench
 PYTEST_ARGS ?= -q
 
-.PHONY: install install-dev test test-fast test-durations test-pfs lint typecheck check bench demo stage-nvme clean
+.PHONY: install install-dev test test-fast test-durations test-pfs lint typecheck wheel-smoke check bench demo stage-nvme clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,10 @@ lint: install-dev
 
 typecheck: install-dev
 	$(VENV)/bin/mypy
+
+# The wheel and sdist built, the wheel installed in a fresh venv and tried (pack, verify, read).
+wheel-smoke: install-dev
+	scripts/wheel_smoke.sh $(PY)
 
 check: lint typecheck test
 

@@ -56,3 +56,16 @@ def test_the_old_staging_package_warns_and_forwards() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "shardio.cache is deprecated" in out.stdout and "shardio.staging" in out.stdout
+
+
+def test_the_distribution_is_named_apart_from_the_import_and_versioned_once() -> None:
+    """The package index's "shardio" is another project: the distribution is shardio-hpc,
+    the import and the command stay shardio, and pyproject's version is shardio's."""
+    import pathlib
+    import tomllib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["name"] == "shardio-hpc"
+    assert project["version"] == shardio.__version__
+    assert project["scripts"]["shardio"].startswith("shardio.")

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Build the wheel and the sdist of this checkout, install the wheel in a fresh venv (no
+# checkout on its path) and try it as a user would: the command, pack, verify, a read through
+# the torch-free reader, and the distribution's name and version.
+#
+# Usage: scripts/wheel_smoke.sh [PYTHON]   (default: .venv/bin/python, which has setuptools)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${1:-.venv/bin/python}
+work=$(mktemp -d "${TMPDIR:-/tmp}/shardio-wheel.XXXXXX")
+trap 'rm -rf -- "$work"' EXIT
+dist="$work/dist"
+mkdir -p "$dist"
+# The PEP 517 hooks directly: no isolated build environment to download.
+"$python" - "$dist" <<'PY'
+import sys
+from setuptools import build_meta
+
+out = sys.argv[1]
+print("built", build_meta.build_wheel(out), build_meta.build_sdist(out))
+PY
+wheel=$(ls "$dist"/*.whl)
+sdist=$(ls "$dist"/*.tar.gz)
+version=$("$python" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+name=$("$python" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["name"])')
+case "$(basename "$wheel")" in
+  "${name//-/_}-$version-"*) ;;
+  *) echo "wheel_smoke: $wheel is not $name $version" >&2; exit 1 ;;
+esac
+# The sdist holds what a build from it needs.
+tar -tzf "$sdist" > "$work/sdist.txt"  # (grep -q on a pipe would cut tar off)
+grep -q "/pyproject.toml$" "$work/sdist.txt"
+grep -q "/shardio/metrics/alerts/" "$work/sdist.txt"
+python3 -m venv "$work/venv"
+"$work/venv/bin/pip" install -q "$wheel"
+cd "$work"  # not the checkout: the installed package is the one imported
+bin="$work/venv/bin"
+[ "$("$bin/shardio" --version)" = "shardio $version" ]
+"$bin/pip" show "$name" > "$work/show.txt"
+grep -qx "Version: $version" "$work/show.txt"
+mkdir -p tree/train/cat tree/train/dog
+for i in 1 2 3 4 5 6; do
+  head -c $((1000 + i)) /dev/urandom > "tree/train/cat/$i.jpg"
+  head -c $((2000 + i)) /dev/urandom > "tree/train/dog/$i.jpg"
+done
+"$bin/shardio" pack tree out --shard-size 8KiB --no-progress > /dev/null
+"$bin/shardio" verify out --no-progress > /dev/null
+"$bin/python" - <<'PY'
+import pathlib
+import sys
+
+import shardio
+from shardio import ShardReader
+
+assert "site-packages" in shardio.__file__, shardio.__file__
+assert "torch" not in sys.modules
+with ShardReader("out") as reader:
+    got = {reader.read_sample(i)["__key__"] for i in range(len(reader))}
+want = {str(p.relative_to("tree").with_suffix("")) for p in pathlib.Path("tree").rglob("*.jpg")}
+assert got == want, (sorted(got), sorted(want))
+assert shardio.metrics.alerts_path().is_file()
+print(f"wheel_smoke: {len(got)} samples packed, verified and read back from the installed wheel")
+PY
+echo "wheel_smoke: $(basename "$wheel") and $(basename "$sdist") OK"
