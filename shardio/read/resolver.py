@@ -152,7 +152,7 @@ class ShardResolver:
             self.cache_problem = problem
             self.metrics.add("cache_missing")
             logger.warning(
-                "cache %s %s: shards are read from the source %s until it is staged "
+                "stage=%s %s: shards are read from the source %s until it is staged "
                 "(shardio stage %s %s)",
                 self.cache_root,
                 problem,
