@@ -96,8 +96,14 @@ def require_seconds(value: object, what: str, *, positive: bool = False) -> floa
     # The comparison is False for NaN and needs no float() of a huge int.
     if not (value > 0 if positive else value >= 0) or not value <= MAX_SECONDS:
         low = "more than 0" if positive else "at least 0"
-        raise UsageError(f"{what} must be seconds, {low} and at most a day, got {value!r}")
+        raise UsageError(f"{what} must be seconds, {low} and at most a day, got {_shown(value)}")
     seconds = float(value)
     if not math.isfinite(seconds):  # pragma: no cover - excluded by the bounds above
-        raise UsageError(f"{what} must be a finite number of seconds, got {value!r}")
+        raise UsageError(f"{what} must be a finite number of seconds, got {_shown(value)}")
     return seconds
+
+
+def _shown(value: object) -> str:
+    """``value`` as an error message shows it: at most 40 characters (a huge int is cut)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
