@@ -9,7 +9,7 @@ DEV_STAMP := $(VENV)/.stamp-dev
 BENCH_STAMP := $(VENV)/.stamp-bench
 PYTEST_ARGS ?= -q
 
-.PHONY: install install-dev test test-fast test-durations test-pfs lint typecheck wheel-smoke check bench demo stage-nvme clean
+.PHONY: install install-dev test test-fast test-durations test-pfs lint typecheck wheel-smoke docs docs-serve check bench demo stage-nvme clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,15 @@ typecheck: install-dev
 # The wheel and sdist built, the wheel installed in a fresh venv and tried (pack, verify, read).
 wheel-smoke: install-dev
 	scripts/wheel_smoke.sh $(PY)
+
+# The docs site (mkdocs.yml, docs/) into site/; a broken link, a missing page or a name the API
+# reference cannot find fails the build. Every code block of its pages runs in `make test`.
+docs: install-dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The site on http://127.0.0.1:8000, rebuilt as pages change.
+docs-serve: install-dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 check: lint typecheck test
 
