@@ -115,9 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     train(out, classes=classes, steps=args.steps)
     print(
-        "next: the guides in docs/ (docs/architecture.md: how shardio is built), "
-        "`make test` for the test suite, and README.md's sections on staging, recovery, "
-        "checkpoints and SLURM"
+        "next: the guides of the docs site (docs/index.md; `make docs-serve` serves it): "
+        "docs/guides/training.md for the loader, staging-slurm.md for a cluster job, "
+        "healing.md and checkpoints.md; examples/ for complete scripts; `make test` for the "
+        "test suite"
     )
     return 0
 

@@ -3,10 +3,16 @@
 # checkout on its path) and try it as a user would: the command, pack, verify, a read through
 # the torch-free reader, and the distribution's name and version.
 #
+# Then the install block of the README and the install guide (marked
+# `<!-- test: by=wheel-smoke -->`), as it stands, in the unpacked sdist: a fresh venv, torch
+# first, shardio from the source tree.
+#
 # Usage: scripts/wheel_smoke.sh [PYTHON]   (default: .venv/bin/python, which has setuptools)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${1:-.venv/bin/python}
+case $python in /*) ;; */*) python=$PWD/$python ;; esac  # the script changes directory
+root=$PWD
 work=$(mktemp -d "${TMPDIR:-/tmp}/shardio-wheel.XXXXXX")
 trap 'rm -rf -- "$work"' EXIT
 dist="$work/dist"
@@ -61,4 +67,29 @@ assert got == want, (sorted(got), sorted(want))
 assert shardio.metrics.alerts_path().is_file()
 print(f"wheel_smoke: {len(got)} samples packed, verified and read back from the installed wheel")
 PY
-echo "wheel_smoke: $(basename "$wheel") and $(basename "$sdist") OK"
+# The install blocks of the README and the install guide (marked by=wheel-smoke; the same text,
+# so one run), in the unpacked sdist (what a user's checkout holds).
+"$python" - "$root/README.md" "$root/docs/install.md" > "$work/install.sh" <<'PY'
+import re
+import sys
+
+blocks = []
+for name in sys.argv[1:]:
+    text = open(name, encoding="utf-8").read()
+    found = re.findall(r"<!-- test: by=wheel-smoke -->\s*```sh\n(.*?)^```", text, re.S | re.M)
+    if not found:
+        sys.exit(f"wheel_smoke: {name} has no install block marked by=wheel-smoke")
+    blocks += found
+if len(set(blocks)) != 1:
+    sys.exit("wheel_smoke: the install blocks of README.md and docs/install.md differ")
+print(blocks[0])
+PY
+mkdir "$work/src"
+tar -xzf "$sdist" -C "$work/src"
+(cd "$work"/src/* && bash -euo pipefail "$work/install.sh" > "$work/install.log" 2>&1) || {
+  tail -20 "$work/install.log" >&2
+  echo "wheel_smoke: the install block failed in the unpacked sdist" >&2
+  exit 1
+}
+grep -qx "shardio $version" "$work/install.log"
+echo "wheel_smoke: $(basename "$wheel") and $(basename "$sdist") OK; the install block works"

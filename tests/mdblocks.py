@@ -18,7 +18,9 @@ HTML comments, invisible on GitHub and on the site, steer a block:
   between are fine): the exit status it must end with (default 0); the recording fakes of
   tools that cannot run here (tests/fakebin: ``lfs``, ``beegfs-ctl``, ``beeond``, ...) first
   on ``PATH``; its time limit in seconds (default 300). ``by=wheel-smoke``: the block installs
-  shardio, and scripts/wheel_smoke.sh runs it (in its fresh venv) instead of this runner.
+  shardio, and scripts/wheel_smoke.sh runs it (in a fresh venv, in the unpacked sdist)
+  instead of this runner. ``by=ci``: the block is commands that .ci/run runs (``make test``
+  cannot run inside itself); each must be a line of .ci/run.
 - ``<!-- test-setup:`` newline, shell lines, ``-->``: run (bash) before the next block, in the
   same directory, e.g. to damage a shard that the next block repairs.
 - ``<!-- test-page: needs=slurm -->`` anywhere on a page: the page runs in tests/slurm, under
@@ -84,6 +86,13 @@ def pages() -> list[str]:
     found = ["README.md"]
     found += sorted(str(p.relative_to(REPO)) for p in REPO.glob(PAGES_GLOB))
     return found
+
+
+def needs(name: str) -> set[str]:
+    """What a page's ``test-page`` comment says it needs (read without parsing its blocks, so
+    a page the runner cannot read still gets its test, which then fails naming the problem)."""
+    text = (REPO / name).read_text(encoding="utf-8")
+    return {w.partition("=")[2] for m in _PAGE.finditer(text) for w in m.group("body").split()}
 
 
 def _options(body: str, where: str) -> dict[str, str]:
@@ -158,7 +167,7 @@ def parse(name: str, text: str | None = None) -> Page:
 def make_world(root: pathlib.Path, data: pathlib.Path) -> pathlib.Path:
     """A directory that looks like a checkout with the example data (a copy of ``data``)."""
     home = root / "work"
-    home.mkdir()
+    home.mkdir(parents=True)
     for name in ("scripts", "examples", "benchmarks", ".venv"):
         if (REPO / name).exists():
             (home / name).symlink_to(REPO / name)
@@ -193,6 +202,7 @@ def _env(block: Block, home: pathlib.Path, extra: dict[str, str]) -> dict[str, s
         PYTHONWARNINGS="error::DeprecationWarning",
         SHARDIO_FAKE_LOG=str(home.parent / "fakes.log"),
         HOME=str(home),
+        COLUMNS="80",  # argparse wraps help to the terminal: the width the pages show
     )
     env.pop("PYTHONPATH", None)
     return env
@@ -215,6 +225,34 @@ def _console(code: str) -> tuple[str, list[str]]:
             expected.append(line.strip())
         i += 1
     return "\n".join(commands) + "\n", expected
+
+
+RUNNERS = {"wheel-smoke": REPO / "scripts" / "wheel_smoke.sh", "ci": REPO / ".ci" / "run"}
+
+
+def commands(code: str) -> list[str]:
+    """A shell block's commands, comments and blank lines dropped."""
+    found = []
+    for line in code.splitlines():
+        command = line.split(" #", 1)[0].strip()
+        if command and not command.startswith("#"):
+            found.append(command)
+    return found
+
+
+def _check_runner(block: Block, by: str) -> None:
+    """A block another runner runs: that runner exists and really runs it."""
+    if by not in RUNNERS:
+        raise PageError(f"{block.where}: by={by!r}: the runners are {sorted(RUNNERS)}")
+    script = RUNNERS[by].read_text(encoding="utf-8")
+    if by == "wheel-smoke":
+        assert "by=wheel-smoke" in script, f"{block.where}: wheel_smoke.sh no longer runs it"
+        return
+    lines = [line.strip() for line in script.splitlines() if not line.strip().startswith("#")]
+    for command in commands(block.code):
+        assert any(line.endswith(command) or f"{command} " in line for line in lines), (
+            f"{block.where}: .ci/run does not run {command!r}"
+        )
 
 
 def run_block(block: Block, home: pathlib.Path, extra_env: dict[str, str] | None = None) -> str:
@@ -242,7 +280,9 @@ def run_block(block: Block, home: pathlib.Path, extra_env: dict[str, str] | None
     if block.lang == "toml":
         tomllib.loads(block.code)
         return ""
-    if block.options.get("by") == "wheel-smoke":
+    by = block.options.get("by")
+    if by is not None:
+        _check_runner(block, by)
         return ""
     expected: list[str] = []
     if block.lang == "python":
@@ -265,8 +305,7 @@ def run_block(block: Block, home: pathlib.Path, extra_env: dict[str, str] | None
         raise AssertionError(f"{block.where}: still running after {timeout:g} s") from None
     output = done.stdout + done.stderr
     assert done.returncode == want, (
-        f"{block.where}: {block.lang} block exited {done.returncode}, not {want}:\n"
-        f"{output[-4000:]}"
+        f"{block.where}: {block.lang} block exited {done.returncode}, not {want}:\n{output[-4000:]}"
     )
     for line in expected:
         assert line in output, f"{block.where}: the output lacks {line!r}:\n{output[-4000:]}"

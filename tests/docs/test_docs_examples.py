@@ -13,7 +13,7 @@ import pathlib
 import mdblocks
 import pytest
 
-LOCAL = [name for name in mdblocks.pages() if "slurm" not in mdblocks.parse(name).needs]
+LOCAL = [name for name in mdblocks.pages() if "slurm" not in mdblocks.needs(name)]
 
 
 @pytest.fixture(scope="module")

@@ -76,7 +76,7 @@ def test_a_page_the_runner_cannot_read_is_an_error(text: str, why: str) -> None:
         ("```sh\nfalse\n```\n", "exited 1, not 0"),
         ("```python\nimport warnings\nwarnings.warn('old', DeprecationWarning)\n```\n", "old"),
         ("```console\n$ echo hi\nbye\n```\n", "lacks 'bye'"),
-        ("```json\n{\"a\": 1,}\n```\n", "not JSON"),
+        ('```json\n{"a": 1,}\n```\n', "not JSON"),
     ],
 )
 def test_a_block_that_fails_fails_its_page(text: str, why: str, tmp_path: pathlib.Path) -> None:
@@ -84,3 +84,17 @@ def test_a_block_that_fails_fails_its_page(text: str, why: str, tmp_path: pathli
     data.mkdir()
     with pytest.raises(AssertionError, match=why):
         mdblocks.run_page(mdblocks.parse("bad.md", text), tmp_path, data)
+
+
+def test_a_block_run_by_ci_must_be_in_ci(tmp_path: pathlib.Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    good = "<!-- test: by=ci -->\n```sh\nmake lint   # ruff\nmake test\n```\n"
+    mdblocks.run_page(mdblocks.parse("ok.md", good), tmp_path / "a", data)
+    bad = "<!-- test: by=ci -->\n```sh\nmake everything\n```\n"
+    with pytest.raises(AssertionError, match="does not run 'make everything'"):
+        mdblocks.run_page(mdblocks.parse("bad.md", bad), tmp_path / "b", data)
+    with pytest.raises(mdblocks.PageError, match="the runners are"):
+        mdblocks.run_page(
+            mdblocks.parse("bad.md", "<!-- test: by=me -->\n```sh\nls\n```\n"), tmp_path / "c", data
+        )
