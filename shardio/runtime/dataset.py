@@ -82,7 +82,7 @@ class ShardDataset(ShardRuns, SampleReads, CursorFace, Dataset[dict[str, Any]]):
             window_shards and drop_last in it, not here.
         window_shards: shards per shuffle window in shard-local order (at least 1).
         decode: None (raw bytes), "pil", "torch" or a callable on the sample dict; a
-            sample it fails on raises SampleDecodeError naming it (ResilientDataset's policy
+            sample it fails on raises SampleDecodeError naming it (a ``recovery=`` policy
             substitutes or raises it).
         transform: a callable applied to each (decoded) sample.
         verify: check every member's xxh3-64 on read (cheap); a mismatch raises

@@ -2,7 +2,7 @@
 
 :func:`decode_sample` runs a decoder on one sample and turns any failure into a
 :class:`~shardio.errors.SampleDecodeError` naming the dataset, shard and sample, which
-ResilientDataset's policy handles like an unreadable sample.
+a dataset's ``recovery=`` policy handles like an unreadable sample.
 """
 
 from __future__ import annotations

@@ -85,8 +85,8 @@ class MixedDataset(CursorFace, Dataset[dict[str, Any]]):
     epoch's mix; see the module docstring for the epoch, the draws and the rank split).
 
     Args:
-        sources: ``(dataset, weight)`` pairs: ShardDatasets (any mode; a ResilientDataset
-            is one), each dataset once (by dataset id and real path: not opened twice, nor
+        sources: ``(dataset, weight)`` pairs: ShardDatasets (any mode, with ``recovery=``
+            or not), each dataset once (by dataset id and real path: not opened twice, nor
             with a recovering copy or a staging area of it), with positive finite weights
             (normalised) and one rank layout; their orders must be global (no
             ``partition=node``).
@@ -129,7 +129,7 @@ class MixedDataset(CursorFace, Dataset[dict[str, Any]]):
             ds, weight = pair
             if not isinstance(ds, ShardDataset):
                 raise UsageError(
-                    f"source {s} of the mix must be a ShardDataset (or ResilientDataset), "
+                    f"source {s} of the mix must be a ShardDataset, "
                     f"got {type(ds).__name__}"
                 )
             if ds.spec.partitioned:
