@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 from typing import TYPE_CHECKING
 
 from shardio.cli.common import (
@@ -104,15 +105,15 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"checked {where}{args.dst}: {result.num_files:,} files "
             f"({format_size(result.data_bytes)}) in {result.num_samples:,} samples, "
-            f"{result.num_shards:,} {options.shard_format} shards "
+            f"{result.num_shards:,} {options.shard_format} {_shards(result.num_shards)} "
             f"({format_size(result.total_bytes)}), in {format_duration(result.seconds)}"
         )
     else:
         print(
             f"packed {result.num_files:,} files ({format_size(result.data_bytes)}) into "
             f"{result.num_samples:,} samples in {result.num_shards:,} {options.shard_format} "
-            f"shards ({format_size(result.total_bytes)}) at {where}{args.dst} in "
-            f"{format_duration(result.seconds)}: {format_size(rate)}/s, "
+            f"{_shards(result.num_shards)} ({format_size(result.total_bytes)}) at "
+            f"{where}{args.dst} in {format_duration(result.seconds)}: {format_size(rate)}/s, "
             f"{result.num_files / max(result.seconds, 1e-9):,.0f} files/s"
         )
     for warning in result.warnings:
@@ -129,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         f"{result.num_files:,} files packed"
     )
     if result.skipped:
-        print(f"skipped {len(result.skipped):,} file(s), listed in {args.dst}/pack-report.json:")
+        report = os.path.join(args.dst, "pack-report.json")  # "out/" gives "out/pack-report.json"
+        print(f"skipped {len(result.skipped):,} file(s), listed in {report}:")
         for s in result.skipped[:_SKIPPED_SHOWN]:
             print(f"  {show_path(s.path)}: {s.reason}")
         if len(result.skipped) > _SKIPPED_SHOWN:
@@ -146,6 +148,11 @@ def run(args: argparse.Namespace) -> int:
     if num_parts > 1:
         print(f"when all {num_parts} parts are done, run: shardio merge {args.dst}")
     return EXIT_OK
+
+
+def _shards(count: int) -> str:
+    """``shard`` or ``shards``: "in 1 tar shard", "in 6 tar shards"."""
+    return "shard" if count == 1 else "shards"
 
 
 def _labels_text(result: PackResult) -> str:

@@ -375,14 +375,28 @@ def test_zero_byte_only_tree(tmp_path: pathlib.Path, run_cli) -> None:
     for i in range(3):
         (src / "c" / f"z{i}.txt").write_bytes(b"")
     dst = tmp_path / "ds"
-    rc, _, err = run_cli("pack", src, dst, "--no-progress")
+    rc, out, err = run_cli("pack", src, dst, "--no-progress")
     assert rc == 0, err
+    assert " samples in 1 tar shard (" in out, out  # one shard: "shard", not "shards"
     rc, _, err = run_cli("verify", dst, *W1)
     assert rc == 0, err
     out_dir = tmp_path / "restored"
     rc, _, err = run_cli("unpack", dst, out_dir)
     assert rc == 0, err
     assert tree_files(out_dir) == {f"c/z{i}.txt": b"" for i in range(3)}
+
+
+def test_skipped_report_path_of_a_dst_given_with_a_slash(tmp_path: pathlib.Path, run_cli) -> None:
+    """``pack SRC out/`` names ``out/pack-report.json``, not ``out//pack-report.json``."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"a")
+    (src / "gone.txt").symlink_to("nowhere")
+    dst = f"{tmp_path / 'ds'}/"
+    rc, out, err = run_cli("pack", src, dst, "--no-progress")
+    assert rc == 0, err
+    assert f"skipped 1 file(s), listed in {tmp_path / 'ds'}/pack-report.json:" in out, out
+    assert "//" not in out, out
 
 
 # --------------------------------------------------------------------------- manifests
