@@ -139,9 +139,14 @@ def run(args: argparse.Namespace) -> int:
     )
     rewritable = sum(1 for p in report.problems if p.state == "rewritable")
     if report.status == "degraded" and rewritable and not parity_bad:
+        # Without parity, --repair of a dataset needs --source (repair_dataset refuses it
+        # otherwise), though the .idx itself is written from the index, not copied.
+        repair = f"shardio verify --repair {args.dst}"
+        if not report.parity_checked:
+            repair = f"shardio verify {args.dst} --repair --source SRC (another copy of it)"
         print_error(
             f"DEGRADED: {rewritable} DALI index(es) missing beside intact shards; every data "
-            f"shard is intact, and shardio verify --repair {args.dst} writes them again"
+            f"shard is intact, and {repair} writes them again"
         )
         return int(args.exit_code)
     if report.status == "degraded":  # parity alone: every byte of training data is intact

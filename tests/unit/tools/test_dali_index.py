@@ -84,6 +84,29 @@ def test_verify_calls_a_lost_idx_rewritable_and_repair_writes_it(
     assert run_cli("verify", ds, *W1).rc == 0
 
 
+def test_without_parity_the_hint_names_the_source_that_repair_needs(
+    small_tree: pathlib.Path, tmp_path: pathlib.Path, run_cli: Any
+) -> None:
+    """A dataset without parity: ``--repair`` alone is refused (exit 2), so the summary's
+    hint names ``--source``, and the repair it names writes the ``.idx`` again."""
+    ds, copy = tmp_path / "ds", tmp_path / "copy"
+    r = run_cli("pack", small_tree, ds, "--shard-size", "512KiB", *W1)
+    assert r.rc == 0, r.stderr
+    shutil.copytree(ds, copy)
+    original = idx_files(ds)
+    lost = manifest_of(ds).shards[0].dali_index
+    assert lost is not None
+    (ds / lost).unlink()
+    r = run_cli("verify", ds, *W1)
+    assert r.rc == EXIT_DEGRADED
+    assert f"shardio verify {ds} --repair --source SRC" in r.stderr
+    assert run_cli("verify", ds, "--repair", *W1).rc == 2
+    r = run_cli("verify", ds, "--repair", "--source", copy, *W1)
+    assert r.rc == EXIT_REPAIRED, r.stderr
+    assert f"repaired {lost} (rewritable): written again from the index records" in r.stdout
+    assert idx_files(ds) == original
+
+
 def test_repair_writes_the_idx_of_a_shard_it_rebuilt(ds: pathlib.Path, run_cli: Any) -> None:
     man = manifest_of(ds)
     original, shard = idx_files(ds), (ds / man.shards[2].path).read_bytes()
