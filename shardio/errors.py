@@ -11,10 +11,10 @@
     ├── StorageError(OSError)             reading or writing a dataset failed (ENOSPC, EIO, ...)
     │   ├── CommandNotFoundError          an external command (lfs, beegfs-ctl) is not installed
     │   ├── IntegrityError                bytes on disk differ from what the index promises
+    │   │   └── ChecksumMismatchError     one member's or shard's xxh3 does not match
     │   ├── StorageUnavailableError       the storage did not answer (ENXIO, ENOTCONN, ESTALE,
     │   │   │                             ETIMEDOUT, EIO, ...): retryable, ``.retryable``
     │   │   └── ReadStalledError          a read stalled past its deadline and was abandoned
-    │   │   └── ChecksumMismatchError     one member's or shard's xxh3 does not match
     │   └── SampleUnavailableError        a sample stayed unreadable after every recovery step
     ├── SampleDecodeError(ValueError)     a sample's bytes (checked) cannot be decoded
     └── PackError                         a pack could not complete (strict mode, changed source)
@@ -310,7 +310,7 @@ def _rebuild_unavailable(
 
 class SampleDecodeError(ShardioError, ValueError):
     """A sample's bytes passed their checksum but its decoder failed on them (a corrupt image
-    packed as it was, or a decoder that raised). ResilientDataset's policy treats it like an
+    packed as it was, or a decoder that raised). A ``recovery=`` policy treats it like an
     unreadable sample: ``skip`` substitutes it, ``raise`` raises this.
 
     Attributes:
