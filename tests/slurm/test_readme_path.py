@@ -1,10 +1,11 @@
 """The README's "From nothing to a SLURM job" lines, run as they stand on the real cluster.
 
 The block is taken from README.md and run by bash in a directory that looks like a checkout
-(``scripts/`` and ``.venv`` linked to this one's, the Makefile and pyproject.toml copied with
-their times, so ``make install`` finds the install done), with the cluster's SLURM_CONF and a
-node-local TMPDIR, as a login shell on a cluster has them. It packs, stages, trains two ranks,
-checkpoints, and a second job resumes from the first one's newest checkpoint.
+(``scripts/``, ``examples/`` and ``.venv`` linked to this one's, the Makefile and
+pyproject.toml copied with their times, so ``make install`` finds the install done), with the
+cluster's SLURM_CONF and a node-local TMPDIR, as a login shell on a cluster has them. It
+packs, stages, trains two ranks, checkpoints, and a second job resumes from the first one's
+newest checkpoint.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def test_readme_path_packs_stages_trains_and_resumes(
         pytest.fail("`make install` is not up to date in this checkout: run it first")
     home = tmp_path / "checkout"
     home.mkdir()
-    for name in ("scripts", ".venv"):
+    for name in ("scripts", "examples", ".venv"):
         (home / name).symlink_to(REPO / name)
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy2(REPO / name, home / name)

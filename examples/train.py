@@ -6,7 +6,7 @@ saves a checkpoint (model, optimizer and the loader's position) every ``--ckpt-e
 into ``$SHARDIO_CKPT_DIR``. A retry (``retry_srun.sh``) or a new job resumes from the newest
 intact checkpoint, at the sample after the last one trained on. Run it by hand too::
 
-    SHARDIO_DATA=out/ python scripts/slurm/train_example.py --steps 20
+    SHARDIO_DATA=out/ python examples/train.py --steps 20
 
 Replace the model and the step with yours; the data and checkpoint parts stay as they are.
 """
