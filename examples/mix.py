@@ -62,7 +62,7 @@ def main() -> int:
         epoch += 1
     drawn = loader.metrics().sources  # samples delivered per source, by name
     share = {name: f"{n / max(1, sum(drawn.values())):.2f}" for name, n in drawn.items()}
-    weights = dict(zip(names, mixed.weights, strict=True))  # normalised
+    weights = {n: round(w, 3) for n, w in zip(names, mixed.weights, strict=True)}  # normalised
     print(f"mix of {len(mixed):,} samples an epoch, weights {weights}")
     print(f"{step} steps, last loss {loss.item():.4f}; the batches held {seen.tolist()}")
     print(f"drawn: {dict(drawn)} (shares {share})")
