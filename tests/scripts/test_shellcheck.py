@@ -24,6 +24,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 def _scripts() -> list[pathlib.Path]:
     found = [REPO / ".ci" / "run", *(REPO / "scripts").rglob("*.sh")]
     found += (REPO / "scripts").rglob("*.sbatch")
+    found += (REPO / "examples").rglob("*.sh")
     return sorted(set(found)) + fake_files()
 
 
@@ -40,6 +41,7 @@ def test_the_scripts_are_the_ones_on_disk() -> None:
     names = {p.relative_to(REPO).as_posix() for p in _scripts()}
     assert {".ci/run", "scripts/slurm/retry_srun.sh", "scripts/slurm/train_8gpu.sbatch"} <= names
     assert "scripts/pfs/moosefs.sh" in names
+    assert "examples/slurm.sh" in names
 
 
 @pytest.mark.parametrize(("which", "binary"), _shellchecks(), ids=[w for w, _ in _shellchecks()])

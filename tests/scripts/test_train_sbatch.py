@@ -304,6 +304,25 @@ def test_dry_run_stages_trains_and_cleans(
     assert "warning" not in result.stderr
 
 
+def test_the_default_training_is_examples_train_py(
+    run_script: Callable[..., Any], job_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    # A checkout whose examples/train.py records that it ran, and with what.
+    home = tmp_path / "my checkout"  # a space: the default command quotes the path
+    (home / "examples").mkdir(parents=True)
+    (home / "scripts").symlink_to(REPO / "scripts")
+    ran = tmp_path / "ran.txt"
+    (home / "examples" / "train.py").write_text(
+        f"import os; open({str(ran)!r}, 'w').write(os.environ['SHARDIO_DATA'])\n"
+    )
+    result = run_script(["bash", SBATCH], env=job_env | {"SHARDIO_HOME": str(home)})
+    assert result.rc == 0, result.stderr
+    (train_call,) = (c for c in result.calls if c[0] == "srun" and c[-3] == "bash")
+    assert train_call[-2:] == ["-c", 'python "$SHARDIO_HOME/examples/train.py"']
+    assert ran.read_text() == job_env["SHARDIO_DATA"]
+    assert 'GPUs: python "$SHARDIO_HOME/examples/train.py"' in result.stderr
+
+
 def test_each_try_resumes_from_the_newest_intact_checkpoint(
     run_script: Callable[..., Any],
     job_env: dict[str, str],
