@@ -87,6 +87,13 @@ def main() -> int:
     parser.add_argument("--ckpt-every", type=int, default=10, help="steps between checkpoints")
     parser.add_argument("--log-every", type=int, default=5, help="steps between loss lines")
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
+    parser.add_argument(
+        "--policy",
+        choices=("raise", "skip"),
+        default=env.get("SHARDIO_POLICY") or None,
+        help="what a sample that cannot be read intact does (default: raise; "
+        "train_8gpu.sbatch passes SHARDIO_POLICY): skip substitutes another, journaled",
+    )
     args = parser.parse_args()
     if not args.data:
         parser.error("give --data DIR (or set SHARDIO_DATA)")
@@ -102,7 +109,13 @@ def main() -> int:
     # One order spec for the stage step and training (train_8gpu.sbatch passes SHARDIO_ORDER).
     order = env.get("SHARDIO_ORDER")
     ds = ShardDataset(
-        args.data, stage=args.stage, seed=0, order=order, decode="pil", transform=small_image
+        args.data,
+        stage=args.stage,
+        seed=0,
+        order=order,
+        decode="pil",
+        transform=small_image,
+        recovery=args.policy,  # None: no recovery, a bad sample raises (as "raise" does)
     )
     cuda = device.type == "cuda"
     loader = ds.loader(batch_size=args.batch_size, num_workers=args.workers, pin_memory=cuda)

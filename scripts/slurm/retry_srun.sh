@@ -30,7 +30,7 @@
 #                 is none; an error when all are damaged or the storage does not answer)
 #
 # The article's third level of fault tolerance: a job wrapper that retries srun with a
-# storage repair in between (checkpoints and ResilientDataset are the first two). Each try
+# storage repair in between (checkpoints and a dataset's recovery= policy are the first two). Each try
 # starts the program afresh: it should resume from its last checkpoint by itself.
 #
 # Storage check and repair between tries. `shardio verify DATASET` exits 0 (intact), 3
@@ -40,8 +40,8 @@
 # from -s SOURCE, without which there is nothing to repair it from and the log says what to
 # do), which exits 0 (nothing left to repair), 4 (repaired), 5 (staged copies left that the
 # source stands in for: training works, reading the parallel filesystem) or 3 (damage is
-# left). Whatever the outcome, it is logged and the step is retried: ResilientDataset with
-# policy "skip" may still get through.
+# left). Whatever the outcome, it is logged and the step is retried: a dataset with recovery=
+# "skip" may still get through.
 #
 # Exits with the status of the last try. Each try is logged, with a timestamp, on stderr.
 # SIGTERM/SIGINT (scancel, the time limit) stop the current try and end the retries.
