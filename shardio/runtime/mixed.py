@@ -129,8 +129,7 @@ class MixedDataset(CursorFace, Dataset[dict[str, Any]]):
             ds, weight = pair
             if not isinstance(ds, ShardDataset):
                 raise UsageError(
-                    f"source {s} of the mix must be a ShardDataset, "
-                    f"got {type(ds).__name__}"
+                    f"source {s} of the mix must be a ShardDataset, got {type(ds).__name__}"
                 )
             if ds.spec.partitioned:
                 raise UsageError(
