@@ -20,8 +20,11 @@ import concurrent.futures
 import contextlib
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.util
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -35,6 +38,9 @@ __all__ = ["MAX_WORKERS", "WorkerPool", "check_workers"]
 MAX_WORKERS = 4096  # processes of one pack or verify
 _WATCH_INTERVAL_S = 0.5  # how often a worker checks that the process it works for lives
 _POLL_S = 0.1  # how often a wait for results looks whether Ctrl-C was pressed
+# The forkserver listens on a socket at TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX, and a socket
+# path holds at most 107 bytes: TMPDIR may be at most this long (a job's TMPDIR can be longer).
+_MAX_SOCKET_BASE = 70
 
 T = TypeVar("T")
 
@@ -106,6 +112,29 @@ def _call(fn: Callable[..., T], *args: Any) -> T:
 # --------------------------------------------------------------------------- the parent
 
 
+def short_socket_dir() -> None:
+    """Give multiprocessing a short directory for its sockets when TMPDIR is too long for one.
+
+    The forkserver's socket lives in multiprocessing's temp dir, under TMPDIR; with a TMPDIR
+    of more than about 70 bytes its path exceeds what a socket address holds and starting a
+    pool failed with "AF_UNIX path too long". Then the dir is made under the first short,
+    writable system temp dir instead and removed at exit, as multiprocessing removes its own
+    (Python 3.12 does the same). Nothing else is written there.
+    """
+    # where multiprocessing.util.get_temp_dir() keeps its dir (not in the stubs)
+    config: dict[str, Any] = multiprocessing.current_process()._config  # type: ignore[attr-defined]
+    if config.get("tempdir") is not None:
+        return
+    if len(os.fsencode(tempfile.gettempdir())) <= _MAX_SOCKET_BASE:
+        return
+    for base in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            tempdir = tempfile.mkdtemp(prefix="pymp-", dir=base)
+            multiprocessing.util.Finalize(None, shutil.rmtree, args=[tempdir], exitpriority=-100)
+            config["tempdir"] = tempdir
+            return
+
+
 def _start_forkserver() -> None:
     """Start the forkserver (if not yet running) with SIGINT ignored, so that the workers
     forked from it ignore SIGINT until their handler is installed.
@@ -113,6 +142,7 @@ def _start_forkserver() -> None:
     Only the main thread may change a signal's handler; from another thread the forkserver
     starts as multiprocessing would start it.
     """
+    short_socket_dir()
     if threading.current_thread() is not threading.main_thread():
         multiprocessing.forkserver.ensure_running()
         return

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from shardio._pool import short_socket_dir
 from shardio.runtime import internals
 from shardio.runtime.mptemp import ensure_short as ensure_short_mp_tempdir
 from shardio.runtime.placement import worker_pinning
@@ -112,6 +113,8 @@ def make_dataloader(
             board=board,
         )
     )
+    if num_workers > 0 and not _forks(common.get("multiprocessing_context")):
+        short_socket_dir()  # a forkserver's socket under a long TMPDIR would fail to bind
     data: Any = source  # a torch Dataset (map mode) or IterableDataset (stream)
     if mode == "stream":
         return DataLoader(data, batch_size=None, collate_fn=_identity, **common), None
