@@ -101,7 +101,7 @@ def run_patched(code: str, *args: str | os.PathLike[str]) -> subprocess.Complete
 
 @pytest.mark.parametrize("paths", [False, True])
 def test_ls_into_head_ends_quietly(big_listing: pathlib.Path, paths: bool) -> None:
-    """The README's ``shardio ls DS | head``: exit 0, nothing on stderr (no "Broken pipe",
+    """The packing guide's ``shardio ls DS | head``: exit 0, nothing on stderr (no "Broken pipe",
     no "Exception ignored")."""
     args = [sys.executable, "-m", "shardio", "ls", os.fspath(big_listing)]
     if paths:

@@ -218,7 +218,7 @@ def _mount_pids(mount: pathlib.Path) -> list[str]:
 def fault_bed(private_bed: Callable[..., Bed]) -> Bed:
     # ioretries 3: the client itself gives up on a dead chunk within seconds (ENXIO), so the
     # FUSE threads a dead chunk's requests hold are freed soon (with 30 retries they are held
-    # for minutes and the whole mount stalls; see README "Stalls and dead data servers").
+    # for minutes and the whole mount stalls; see docs/guides/healing.md).
     return private_bed(chunkservers=2, ioretries=3, goal=1)
 
 

@@ -84,7 +84,7 @@ def _config(port: int) -> dict[str, Any]:
         "scrape_configs": [
             {
                 "job_name": SCRAPE_JOB,
-                "honor_labels": True,  # keep the exporter's job label (the README says so)
+                "honor_labels": True,  # keep the exporter's job label (the metrics guide says so)
                 "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
             }
         ],

@@ -328,7 +328,7 @@ def test_textfile_checks(make_rank: Any, tmp_path: Path, caplog: Any) -> None:
 def test_a_busy_port_is_logged_and_training_goes_on(
     make_rank: Any, tmp_path: Path, caplog: Any
 ) -> None:
-    """Two jobs on one node asking for one port (the README's example): the second trains
+    """Two jobs on one node asking for one port (the metrics guide's example): the second trains
     without the endpoint, with one warning naming the port; its textfile is still written."""
     caplog.set_level(logging.WARNING)
     textfile = tmp_path / "node.prom"
@@ -506,7 +506,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="making another user's
 def test_a_spool_path_another_user_made_first_does_not_stop_training(
     make_rank: Any, tmp_path: Path, caplog: Any, exporters: list[PrometheusExporter]
 ) -> None:
-    taken = _foreign_dir(tmp_path / "shardio-metrics-1234")  # the README's old, guessable name
+    taken = _foreign_dir(tmp_path / "shardio-metrics-1234")  # an old release's guessable name
     caplog.set_level(logging.WARNING)
     node = PrometheusExporter(make_rank(0), port=0, spool_dir=taken, job="1234", interval_s=3600)
     exporters.append(node)

@@ -187,7 +187,7 @@ def test_default_stage_dir_differs_per_source_of_one_name(tmp_path):
 
 @pytest.mark.skipif(shutil.which("sha256sum") is None, reason="needs coreutils")
 def test_default_stage_dir_hash_is_the_documented_shell_line(tmp_path):
-    """The shell line the README and job scripts use gives the same hash."""
+    """The shell line the staging guide and job scripts use gives the same hash."""
     src = tmp_path / "données" / "train"
     src.mkdir(parents=True)
     line = 'printf %s "$(realpath -m -- "$1")" | sha256sum | cut -c1-8'
