@@ -22,6 +22,14 @@ WORKERS="${WORKERS:-6}"               # DataLoader workers per task: a core or t
 STEPS="${STEPS:-1000}"                # training steps in all (across resubmissions)
 BATCH_SIZE="${BATCH_SIZE:-64}"        # per task
 
+# Whole numbers only: they reach sbatch and bash arithmetic.
+for name in NODES TASKS_PER_NODE GPUS_PER_NODE CPUS_PER_TASK WORKERS STEPS BATCH_SIZE; do
+    if [[ ! "${!name}" =~ ^[0-9]{1,6}$ ]]; then
+        echo "slurm.sh: error: $name=${!name:0:40} is not a whole number (ASCII digits)" >&2
+        exit 2
+    fi
+done
+
 # The checkout holding this script: the job runs its scripts/slurm/ and examples/train.py.
 SHARDIO_HOME="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-$SHARDIO_HOME/.venv/bin/python}"

@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from shardio import ShardDataset
 from shardio.checkpoint import Checkpointer, load_latest
 from shardio.errors import NoCheckpointError, ShardioError
+from shardio.order import detect_ranks
 
 SIZE = 32  # images are resized to SIZE x SIZE: every batch is one tensor, the model is tiny
 
@@ -56,13 +57,11 @@ def tiny_cnn(classes: int) -> torch.nn.Module:
 def init_distributed() -> tuple[int, int, torch.device]:
     """(rank, world size, device), from torchrun's or SLURM's variables; torch.distributed
     is initialised when there are several ranks (before the dataset: it reads the ranks)."""
-    env = os.environ
-    world = int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", "1")))
-    rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
-    local_rank = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")))
+    ranks = detect_ranks()  # strict: a malformed RANK or SLURM_PROCID is one clear error
+    rank, world = ranks.rank, ranks.world_size
     device = torch.device("cpu")
     if torch.cuda.is_available():  # bind.sh leaves one GPU visible, torchrun all of them
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", ranks.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     if world > 1:  # torchrun and train_8gpu.sbatch set MASTER_ADDR and MASTER_PORT
         dist.init_process_group(

@@ -2,7 +2,8 @@
 
 A page is read top to bottom; its blocks run in order, in one directory of their own, each in
 a fresh process: Python blocks with this interpreter (``DeprecationWarning`` an error), shell
-blocks with ``bash -euo pipefail``, ``console`` blocks as the ``$ `` lines they show (each
+blocks with ``bash -eu`` (no pipefail: ``tar -tvf X | head`` ends as it does for a reader),
+``console`` blocks as the ``$ `` lines they show (each
 other line must appear in what they print). ``json``, ``yaml`` and ``toml`` blocks must parse;
 ``text`` blocks are output shown to the reader, not code. A block without a language fails.
 
@@ -293,7 +294,7 @@ def run_block(block: Block, home: pathlib.Path, extra_env: dict[str, str] | None
         code = block.code
         if block.lang == "console":
             code, expected = _console(code)
-        argv = ["bash", "-euo", "pipefail", "-c", code]
+        argv = ["bash", "-eu", "-c", code]
     want = int(block.options.get("exit", "0"))
     timeout = float(block.options.get("timeout", "300"))
     try:

@@ -118,3 +118,25 @@ def test_mix_draws_at_the_weights(data: pathlib.Path) -> None:
     assert sum(drawn.values()) == 32 and abs(drawn["train-ds"] - 24) <= 2, drawn
     held = ast.literal_eval(re.search(r"the batches held (\[.*?\])", out).group(1))  # type: ignore[union-attr]
     assert held == [drawn["train-ds"], drawn["val-ds"]]
+
+
+def test_malformed_values_are_one_line_errors(data: pathlib.Path) -> None:
+    """A malformed rank variable (train.py) or job size (slurm.sh, before sbatch): one line
+    naming it, no traceback, nothing run through bash arithmetic."""
+    env = {**os.environ, "RANK": "-1", "WORLD_SIZE": "2"}
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "train.py"), "--data", "out/", "--steps", "1"],
+        cwd=data, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith("train: RANK='-1' is not a whole number"), proc.stderr
+    assert "Traceback" not in proc.stderr
+    marker = data / "ran"
+    env = {**os.environ, "NODES": f"a[$(touch {marker})]"}
+    proc = subprocess.run(
+        ["bash", str(EXAMPLES / "slurm.sh")],
+        cwd=data, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "slurm.sh: error: NODES=" in proc.stderr and "not a whole number" in proc.stderr
+    assert not marker.exists()
