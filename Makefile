@@ -68,10 +68,11 @@ typecheck: install-dev
 wheel-smoke: install-dev
 	scripts/wheel_smoke.sh $(PY)
 
-# The docs site (mkdocs.yml, docs/) into site/; a broken link, a missing page or a name the API
-# reference cannot find fails the build. Every code block of its pages runs in `make test`.
+# The docs site (mkdocs.yml, docs/) into site/; a broken link, a missing page, a name the API
+# reference cannot find or a docstring it cannot read fails the build. (Not --quiet: that hides
+# the warnings strict mode counts, and the build then passes.) Every code block of its pages runs in `make test`.
 docs: install-dev
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The site on http://127.0.0.1:8000, rebuilt as pages change.
 docs-serve: install-dev

@@ -98,11 +98,15 @@ class ShardWriter:
         classes: the label map (class index -> name). Without it the labels are indexes and
             the classes are named ``"0"``, ``"1"``, ...; with several parts it is required for
             labelled data, so that every part records one map.
-        part, num_parts: this writer's part of a write split over N writers (``0 <= part <
-            num_parts``); the parts are joined by ``shardio merge`` once all have closed.
+        part: this writer's part of a write split over ``num_parts`` writers
+            (``0 <= part < num_parts``); the parts are joined by ``shardio merge`` once all
+            have closed.
+        num_parts: how many writers share the write (1: this one alone).
         overwrite: remove what an interrupted earlier write of this part left (never a
             finished dataset, never a file shardio did not write).
-        stripe, fs_type: the shard folder's layout, as ``shardio pack --stripe/--fs-type``.
+        stripe: the shard folder's layout, as ``shardio pack --stripe``.
+        fs_type: the filesystem type to plan it for, as ``shardio pack --fs-type`` (None:
+            detected).
         durable: fsync shards and records before they are published.
         runner: runs ``lfs``/``beegfs-ctl`` for striping.
     """
