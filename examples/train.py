@@ -74,6 +74,13 @@ def init_distributed() -> tuple[int, int, torch.device]:
     return rank, world, device
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (argparse prints the error line)."""
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
 def main() -> int:
     env = os.environ
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -81,10 +88,10 @@ def main() -> int:
     stage = env.get("SHARDIO_STAGE_DIR") or None  # where train_8gpu.sbatch staged the data
     parser.add_argument("--stage", default=stage, help="its staging area (`shardio stage`)")
     parser.add_argument("--ckpt-dir", default=env.get("SHARDIO_CKPT_DIR", "ckpt"))
-    parser.add_argument("--steps", type=int, default=100, help="training steps in all")
-    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--ckpt-every", type=int, default=10, help="steps between checkpoints")
-    parser.add_argument("--log-every", type=int, default=5, help="steps between loss lines")
+    parser.add_argument("--steps", type=positive, default=100, help="training steps in all")
+    parser.add_argument("--batch-size", type=positive, default=32, help="per rank")
+    parser.add_argument("--ckpt-every", type=positive, default=10, help="steps between checkpoints")
+    parser.add_argument("--log-every", type=positive, default=5, help="steps between loss lines")
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
     parser.add_argument(
         "--policy",

@@ -50,6 +50,11 @@ def default_watchdog_s(read_timeout_s: float | None) -> float:
     return max(_MIN_WATCHDOG_S, _WATCHDOG_DEADLINES * deadline) if deadline else 0.0
 
 
+# DataLoader worker processes per loader: beyond any node's cores many times over. 99,999
+# workers (a typo) would otherwise start forking and allocating until the node gave out.
+MAX_WORKERS = 1024
+
+
 class ShardLoader:
     """Iterate batches of a ShardDataset or a MixedDataset; resumable mid-epoch.
 
@@ -57,7 +62,7 @@ class ShardLoader:
         dataset: the ShardDataset (map or stream mode) or MixedDataset: any
             :class:`~shardio.runtime.protocol.ReadSource`.
         batch_size: samples per batch (an int >= 1).
-        num_workers: DataLoader worker processes (an int >= 0).
+        num_workers: DataLoader worker processes (an int from 0 to 1,024).
         drop_last: drop this rank's last incomplete batch.
         pin_workers: pin each worker to the CPUs of this rank's GPU's NUMA node and set its
             threads (:mod:`shardio.runtime.placement`; a no-op without an NVIDIA GPU);
@@ -102,7 +107,7 @@ class ShardLoader:
         self.max_worker_restarts = require_int(
             max_worker_restarts, "max_worker_restarts", minimum=0
         )
-        num_workers = require_int(num_workers, "num_workers", minimum=0)
+        num_workers = require_int(num_workers, "num_workers", minimum=0, maximum=MAX_WORKERS)
         if not isinstance(persistent_workers, bool):
             raise UsageError(
                 f"persistent_workers must be True or False, got {persistent_workers!r}"

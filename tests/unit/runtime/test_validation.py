@@ -263,6 +263,7 @@ def test_rank_indices_refuses_a_bad_consumed(ds, consumed) -> None:
         ({"batch_size": 8, "num_workers": -1}, "num_workers must be at least 0, got -1"),
         ({"batch_size": 8, "num_workers": 1.0}, "num_workers must be an integer, got float"),
         ({"batch_size": 8, "num_workers": True}, "num_workers must be an integer, not a bool"),
+        ({"batch_size": 8, "num_workers": 99_999}, "num_workers must be at most 1024, got 99999"),
     ],
 )
 def test_bad_loader_arguments(ds, kwargs, needle) -> None:
