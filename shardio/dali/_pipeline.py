@@ -94,7 +94,7 @@ class DALIOptions:
         stage = renamed_option("DALIOptions", "cache", cache, "stage", self.stage)
         object.__setattr__(self, "stage", None if stage is None else require_path(stage, "stage"))
         require_int(self.batch_size, "batch_size", minimum=1)
-        require_int(self.num_threads, "num_threads", minimum=1)
+        require_int(self.num_threads, "num_threads", minimum=1, maximum=1024)  # CPU threads
         require_int(self.prefetch_queue_depth, "prefetch_queue_depth", minimum=1)
         object.__setattr__(self, "layout", self._layout())
         if self.device_id == "auto":

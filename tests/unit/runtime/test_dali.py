@@ -525,6 +525,13 @@ def test_mixed_decoding_with_no_gpu_found_is_refused(
         DALIOptions(batch_size=4, decode="mixed")
 
 
+def test_a_huge_thread_count_is_refused() -> None:
+    from shardio.dali._pipeline import DALIOptions
+
+    with pytest.raises(UsageError, match="num_threads must be at most 1024, got 99999"):
+        DALIOptions(batch_size=4, device_id=None, num_threads=99_999)
+
+
 @pytest.mark.parametrize("strategy", [None, "pfs"])
 def test_dali_and_the_dataset_set_up_the_same_reader(
     packed_tar: Packed, monkeypatch: pytest.MonkeyPatch, strategy: str | None
