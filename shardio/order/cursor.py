@@ -9,8 +9,9 @@ this rank's epoch (lazily, chunk by chunk).
 
 The state (a dict of plain values) is versioned: version 1 (an older shardio, whose orders
 were computed otherwise) loads at an epoch boundary or in sequential order, where both
-agree; version 2 loads except mid-epoch of a rotating partition after epoch 0; version 3 is
-written now.
+agree; versions 2 and 3 load except mid-epoch of a node partition (``node`` or ``rotating``),
+whose node shares the nested deal of version 4 changed (:mod:`shardio.order.partition`);
+version 4 is written now.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from shardio.order.streams import RankStream, rank_stream
 
 __all__ = ["STATE_VERSION", "EpochCursor", "parse_state"]
 
-STATE_VERSION = 3  # 2: the order spec, ranks per node and the layouts of the epoch so far;
-# 3: rotating partitions computed directly from the epoch (their owners of epoch >= 1 differ)
+STATE_VERSION = 4  # 2: the order spec, ranks per node and the layouts of the epoch so far;
+# 3: rotating partitions computed directly from the epoch (their owners of epoch >= 1 differ);
+# 4: node partitions dealt by the nested deal (every node share differs)
 # The integers a state holds, with the least value each may take.
 _STATE_INTS = {
     "version": 0,
@@ -248,7 +250,7 @@ def parse_state(state: object) -> dict[str, Any]:
     if version == 1 and type(version) is int:
         state = _upgrade_v1(state)
         version = STATE_VERSION
-    if type(version) is not int or version not in (2, STATE_VERSION):
+    if type(version) is not int or version not in (2, 3, STATE_VERSION):
         raise UsageError(f"unsupported ShardDataset state version {version!r}")
     missing = [k for k in (*_STATE_INTS, "spec", "history") if k not in state]
     if missing:
@@ -277,18 +279,13 @@ def parse_state(state: object) -> dict[str, Any]:
         for w, r, c in history
     ]
     spec = values["spec"]
-    if (
-        version == 2
-        and spec.partition == "rotating"
-        and spec.rotate > 0
-        and values["epoch"] > 0
-        and (values["consumed"] > 0 or values["history"])
-    ):
+    mid_epoch = values["consumed"] > 0 or bool(values["history"])
+    if version < STATE_VERSION and spec.partitioned and mid_epoch:
         raise UsageError(
-            f"this state was saved mid-epoch (epoch {values['epoch']}) of a rotating partition "
-            "by an older shardio, whose rotation gave other node shares: resume from the start "
-            "of the epoch (load it after setting its 'consumed' to 0 and 'history' to []) or "
-            "finish the epoch with the older release"
+            f"this state was saved mid-epoch (epoch {values['epoch']}) of a "
+            f"partition={spec.partition} order by an older shardio, whose deal gave other node "
+            "shares: resume from the start of the epoch (load it after setting its 'consumed' "
+            "to 0 and 'history' to []) or finish the epoch with the older release"
         )
     return values
 

@@ -61,12 +61,15 @@ def _state(src, **changes):
 
 def test_a_mid_epoch_state_of_the_older_rotation_is_refused(tiny_src):
     fresh = _dataset(tiny_src, 0)
-    with pytest.raises(UsageError, match=r"mid-epoch \(epoch 5\) of a rotating partition"):
-        fresh.load_state_dict(_state(tiny_src, version=2))
-    # This release's own state, an older one at an epoch boundary, or an older one whose
-    # epoch is the deal itself (epoch 0), all resume.
-    fresh.load_state_dict(_state(tiny_src))
+    for version in (2, 3):  # older deals: every epoch's node shares differ, epoch 0's too
+        for epoch in (5, 0):
+            with pytest.raises(
+                UsageError, match=rf"mid-epoch \(epoch {epoch}\) of a partition=rotating order"
+            ):
+                fresh.load_state_dict(_state(tiny_src, version=version, epoch=epoch))
+    # This release's own state, and an older one at an epoch boundary, resume.
     fresh.load_state_dict(_state(tiny_src, version=2, consumed=0))
-    fresh.load_state_dict(_state(tiny_src, version=2, epoch=0))
-    assert fresh.epoch == 0
+    assert fresh.epoch == 5
+    fresh.load_state_dict(_state(tiny_src))
+    assert fresh.epoch == 5
     fresh.close()
