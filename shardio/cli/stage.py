@@ -99,6 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="DEST holds another dataset: remove what shardio staged there, then stage",
     )
     parser.add_argument(
+        "--peers",
+        default=None,
+        metavar="LIST",
+        help="other nodes' staging areas of this dataset, comma-separated paths or globs "
+        "(e.g. '/beeond/area-*'): a shard this node lacks is copied from a peer (verified) "
+        "before the source is read",
+    )
+    parser.add_argument(
         "--fsync", action="store_true", help="fsync every copy (survives a node crash; slower)"
     )
     add_no_progress(parser)
@@ -191,6 +199,16 @@ def _stage_timeout(src: str, given: float | None) -> float:
     return resolve_read_timeout(src, given)
 
 
+def _peers_of(text: str | None) -> tuple[str, ...]:
+    """``--peers a,b,/x/area-*`` as its paths and patterns."""
+    if text is None:
+        return ()
+    items = tuple(p.strip() for p in text.split(","))
+    if not all(items):
+        raise UsageError(f"--peers {text!r}: an empty path in the list")
+    return items
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``shardio stage`` (and ``stage --clean``)."""
     from shardio.cli.progressbar import ProgressBar
@@ -223,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
         durable=args.fsync,
         force=args.force,
         read_timeout_s=_stage_timeout(src, args.read_timeout),
+        peers=_peers_of(args.peers),
     )
     dest = args.paths[1] if len(args.paths) == 2 else default_stage_dir(src, env)
     bar = None if args.no_progress else ProgressBar("staging", unit="shards")
@@ -235,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
         f"({format_size(result.bytes_copied)}, {format_size(rate)}/s), already staged and "
         f"verified {result.present}, replaced {result.replaced}, every copy verified (xxh3-128)"
     )
+    print(f"node {node}/{nodes}: {result.moved_line()}")
     print(f"for order {options.spec}, epoch {options.epoch} (training must use the same)")
     if result.from_source:
         shown = ", ".join(result.from_source[:3]) + (", ..." if len(result.from_source) > 3 else "")

@@ -164,11 +164,12 @@ def stage_one(
     opener: Opener | None = None,
     rebuild: Callable[[ShardEntry], object] | None = None,
     dali_text: Callable[[ShardEntry], bytes] | None = None,
+    from_peer: Callable[[ShardEntry, str, Counters], int | None] | None = None,
 ) -> tuple[str, str, int]:
     """Stage one shard (and its DALI index) under its lock; return (rel, outcome, bytes).
 
     The outcome is "present" (a verified copy was there), "copied" or "replaced" (a damaged
-    copy was removed and copied again).
+    copy was removed and copied again), or "peer" (copied from another node's area).
 
     Args:
         bad_copy: (device, inode) of a staged copy a reader found bad: dropped first if it is
@@ -182,6 +183,9 @@ def stage_one(
             (:func:`shardio.staging.dali_index.dali_index_reader`): written beside the staged copy
             instead of copying the source's. None: the source's is copied; either way a
             ``.idx`` that cannot be had is a warning, never a failure of the shard.
+        from_peer: tried before the source: copies the shard from another node's staging
+            area to the final path, verified (:class:`shardio.staging.peers.PeerFetch`), and
+            returns its bytes, or None when no peer had a good copy.
     """
     rel, expected = entry.path, entry.xxh3_128
     final = os.path.join(dest, rel)
@@ -214,8 +218,12 @@ def stage_one(
                     read_timeout_s=read_timeout_s,
                     opener=opener,
                 )
+                got = from_peer(entry, final, counters) if from_peer is not None else None
                 try:
-                    copied = copy()
+                    if got is not None:
+                        copied, outcome = got, "peer"
+                    else:
+                        copied = copy()
                 except StorageError as exc:
                     if rebuild is None or not _source_fault(exc):
                         raise

@@ -17,6 +17,7 @@ MAX_RANKS_PER_NODE = 4096
 MAX_NODES = 1 << 20
 MAX_STREAMS = 256
 MAX_AHEAD = 16
+MAX_PEER_PATTERNS = 4096
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +46,9 @@ class StageOptions:
         read_timeout_s: seconds a copy's open or one of its chunks may stall (a dead data
             server) before that shard is given up, like a damaged one (it is read from the
             source later); 0: no deadline.
+        peers: other nodes' staging areas of the same dataset (paths or glob patterns): a
+            shard this node lacks is copied from the first that holds a copy that verifies,
+            before the source is read (:mod:`shardio.staging.peers`).
     """
 
     node: int = 0
@@ -58,6 +62,7 @@ class StageOptions:
     durable: bool = False
     force: bool = False
     read_timeout_s: float = 0.0
+    peers: tuple[str, ...] = ()
 
     @classmethod
     def from_cursor(cls, cursor: EpochCursor, **options: Any) -> StageOptions:
@@ -108,6 +113,11 @@ class StageOptions:
             raise UsageError(f"epoch ({self.epoch}) must be >= 0")
         if not 0 <= self.ahead <= MAX_AHEAD:
             raise UsageError(f"epochs ahead ({self.ahead}) must be 0 to {MAX_AHEAD}")
+        if isinstance(self.peers, str) or not all(isinstance(p, str) for p in self.peers):
+            raise UsageError("peers must be a sequence of paths or glob patterns")
+        object.__setattr__(self, "peers", tuple(self.peers))
+        if len(self.peers) > MAX_PEER_PATTERNS:
+            raise UsageError(f"at most {MAX_PEER_PATTERNS:,} peer paths or patterns")
         if self.capacity_bytes is not None and self.capacity_bytes < 0:
             raise UsageError("capacity must be positive")
 
