@@ -118,7 +118,12 @@ def _sizing(
                 "room_for_workers": room_for_workers(budget, p),
             }
         )
-        found = [*sizing_findings(budget, num_workers=workers, placement=p), numa_finding(topo, p)]
+        # The placement's own line only where it is tighter than the job's CPUs.
+        tighter = len(p.cpus) < budget.usable_cpus
+        found: list[str | None] = []
+        if tighter:
+            found += sizing_findings(budget, num_workers=workers, placement=p)
+        found.append(numa_finding(topo, p))
         warnings += [f"local rank {p.local_rank}: {w}" for w in found if w and w not in warnings]
     room = min([room_for_workers(budget), *(r["room_for_workers"] for r in ranks)])
     return {

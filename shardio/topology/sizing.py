@@ -136,8 +136,13 @@ def _advice(kind: str, processes: int) -> str:
     return f"ask for --cpus-per-task={processes}"
 
 
+_PREFERRED = ("slurm", "cgroup", "placement", "affinity")  # which of equal limits to name
+
+
 def _tightest(budget: CpuBudget, placement: Placement | None) -> tuple[float, str, str]:
-    """(CPUs, what says so, kind) of the tightest source, the placement's CPUs included."""
+    """(CPUs, what says so, kind) of the tightest source, the placement's CPUs included;
+    of equal ones, SLURM's, then the quota's, then the placement's: what to change first.
+    Every source at that limit is named, the affinity mask always."""
     limits = budget.limits()
     if placement is not None:
         share = (
@@ -145,8 +150,12 @@ def _tightest(budget: CpuBudget, placement: Placement | None) -> tuple[float, st
             f"placement of GPU {placement.gpu.index}: CPUs {format_cpulist(placement.cpus)}",
             "placement",
         )
-        limits = sorted([*limits, share], key=lambda limit: limit[0])
-    return limits[0]
+        limits.append(share)
+    usable = min(limit[0] for limit in limits)
+    tied = sorted((x for x in limits if x[0] == usable), key=lambda x: _PREFERRED.index(x[2]))
+    said = [x[1] for x in tied if x[2] != "affinity"]
+    said.append(f"affinity {format_cpulist(budget.affinity)}")
+    return usable, ", ".join(said), tied[0][2]
 
 
 def room_for_workers(budget: CpuBudget, placement: Placement | None = None) -> int:
@@ -181,14 +190,12 @@ def sizing_findings(
     usable, said, kind = _tightest(budget, placement)
     processes = 1 + num_workers
     if num_workers > 0 and processes > usable:
-        mask = format_cpulist(budget.affinity)
-        sources = said if kind == "affinity" else f"{said}, affinity {mask}"
         out.append(
             f"{num_workers} DataLoader worker{'s' if num_workers > 1 else ''} and the main "
-            f"process share {_cpus(usable)} ({sources}): expect them to wait on each other; "
+            f"process share {_cpus(usable)} ({said}): expect them to wait on each other; "
             f"{_advice(kind, processes)} or use num_workers={room_for_workers(budget, placement)}"
         )
-    own, said, _ = budget.limits()[0]
+    own, said, _ = _tightest(budget, None)
     if main_threads is not None and main_threads > max(1, math.floor(own)):
         fit = max(1, math.floor(own))
         out.append(
