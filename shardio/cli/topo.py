@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--workers",
         0,
-        "DataLoader workers per rank, for the thread counts (default 0)",
+        "DataLoader workers per rank, for the thread counts and the job sizing (default 0)",
         metavar="W",
     )
     parser.add_argument(
@@ -156,10 +156,10 @@ def _print_sizing(budget: CpuBudget, sizing: dict[str, Any]) -> None:
     print(f"  SLURM_CPUS_PER_TASK  {slurm if slurm is not None else 'not set'}")
     print(f"  usable CPUs          {budget.usable_cpus:g}: {_room(sizing['room_for_workers'])}")
     for rank in sizing["ranks"]:
-        print(
-            f"  local rank {rank['local_rank']:<9} {rank['cpus']} CPU{'s' * (rank['cpus'] != 1)} "
-            "placed: " + _room(rank["room_for_workers"])
-        )
+        placed = f"{rank['cpus']} CPU{'s' * (rank['cpus'] != 1)} placed"
+        if budget.usable_cpus < rank["cpus"]:
+            placed += f", {budget.usable_cpus:g} usable"
+        print(f"  local rank {rank['local_rank']:<9} {placed}: {_room(rank['room_for_workers'])}")
     if not sizing["warnings"]:
         print(f"  --workers {sizing['workers']:<10} fits")
     for warning in sizing["warnings"]:
