@@ -106,3 +106,35 @@ def srun_env(mode: str, tasks: Sequence[frozenset[int]], local: int, ncpus: int)
 def block_masks(ntasks: int, per_task: int, cpus: Sequence[int]) -> list[frozenset[int]]:
     """srun --cpu-bind=cores --distribution=block:block: consecutive cores per task."""
     return [frozenset(cpus[i * per_task : (i + 1) * per_task]) for i in range(ntasks)]
+
+
+def fake_cgroup(
+    sysfs: pathlib.Path,
+    procfs: pathlib.Path,
+    files: Mapping[str, str],
+    *,
+    version: int = 2,
+    own: str = "/job/step",
+) -> None:
+    """A cgroup tree under ``sysfs/fs/cgroup`` and ``procfs/self/cgroup`` naming ``own``.
+
+    ``files``: cgroup file (relative to the tree's root, e.g. ``"job/cpu.max"``) -> text.
+    Version 2 marks the root with ``cgroup.controllers``; version 1 mounts the ``cpu``
+    controller at ``cpu,cpuacct`` (paths in ``files`` are relative to that mount) and lists
+    other controllers in ``self/cgroup`` as a hybrid host does.
+    """
+    tree = sysfs / "fs" / "cgroup"
+    mount = tree if version == 2 else tree / "cpu,cpuacct"
+    (mount / own.strip("/")).mkdir(parents=True, exist_ok=True)
+    if version == 2:
+        (tree / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+        lines = f"0::{own}\n"
+    else:
+        (tree / "unified").mkdir()
+        lines = f"12:memory:{own}\n4:cpu,cpuacct:{own}\n1:name=systemd:{own}\n0::{own}\n"
+    for rel, text in files.items():
+        path = mount / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    (procfs / "self").mkdir(parents=True, exist_ok=True)
+    (procfs / "self" / "cgroup").write_text(lines)

@@ -26,6 +26,7 @@ from shardio.read.timeouts import check_read_timeout
 from shardio.runtime.plan import RunNeeds, run_positions
 from shardio.runtime.protocol import FAULTS_KEY, ReadSource
 from shardio.runtime.reaping import kill_workers, stop_workers
+from shardio.runtime.sizing import warn_job_size
 from shardio.runtime.stallwatch import StallWatch, WorkersStuckError
 from shardio.runtime.transport import BatchRing, RingBatch
 from shardio.runtime.wire import METRICS_KEY, WorkerFailure, labels_to_tensor
@@ -132,6 +133,7 @@ class ShardLoader:
         self._transport_done = {"ring": 0, "fallback": 0}  # of the iterations before it
         self._live: weakref.ref[_Batches] | None = None  # the last iteration
         self._needs: RunNeeds | None = None  # the current (or last) run's
+        self._sized = False  # the job's sizing checked (once per loader: runtime/sizing.py)
         self.steps = StepTimer()
 
     def set_epoch(self, epoch: int) -> None:
@@ -154,7 +156,10 @@ class ShardLoader:
         prefetch = self.kwargs.get("prefetch_factor", PREFETCH)
         prefetch = 2 if prefetch is None else require_int(prefetch, "prefetch_factor", minimum=0)
         return BatchRing.allocate(
-            workers=self.num_workers, slots=prefetch + _SPARE_SLOTS, slot_bytes=needs.slot_bytes
+            workers=self.num_workers,
+            slots=prefetch + _SPARE_SLOTS,
+            slot_bytes=needs.slot_bytes,
+            quiet=self._sized,  # warned at the first iteration's: once per loader
         )
 
     @property
@@ -267,6 +272,11 @@ class ShardLoader:
                     self.dataset.cursor.consumed,
                 )
 
+    def _check_size(self, where: Any) -> None:
+        """At the first start of workers: warn about a mis-sized job, once."""
+        self._sized = True
+        warn_job_size(num_workers=self.num_workers, where=where)
+
     def _count_faults(self, **counts: int) -> None:
         """Add what this loader saw to the rank's read figures."""
         self.dataset.absorb({FAULTS_KEY: counts})
@@ -345,6 +355,7 @@ class ShardLoader:
                     timeout=watchdog,
                     watch=watch,
                     board=board,
+                    on_start=None if self._sized else self._check_size,
                 )
                 batches = iter(loader)
                 if board is not None:

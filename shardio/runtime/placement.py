@@ -25,9 +25,17 @@ from typing import Any
 from shardio._env import env_flag
 from shardio.errors import ShardioError
 from shardio.topology import format_cpulist, placement, read_topology
+from shardio.topology.model import Placement, Topology
 from shardio.topology.sysfs import SYSFS_ENV
 
-__all__ = ["PIN_ENV", "WorkerPinning", "pin_workers_enabled", "worker_pinning"]
+__all__ = [
+    "PIN_ENV",
+    "WorkerPinning",
+    "pin_workers_enabled",
+    "pinning_for",
+    "rank_placement",
+    "worker_pinning",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,19 +79,18 @@ class WorkerPinning:
             self.user_init(worker_id)
 
 
-def worker_pinning(
+def rank_placement(
     *,
     num_workers: int,
     local_rank: int,
-    user_init: Callable[[int], Any] | None = None,
     environ: Mapping[str, str] | None = None,
-) -> WorkerPinning | None:
-    """The ``worker_init_fn`` that pins this rank's workers, or None to leave them alone.
+) -> tuple[Topology, Placement] | None:
+    """The machine's topology and this rank's placement, or None when its workers stay
+    unpinned (pinning off, no NVIDIA GPU, no placement: said at debug level).
 
     Args:
         num_workers: the DataLoader's workers (for the thread count).
         local_rank: this process's rank on the node.
-        user_init: a ``worker_init_fn`` to chain after pinning.
         environ: the environment (``SHARDIO_PIN_WORKERS``, ``SHARDIO_SYSFS``,
             ``CUDA_VISIBLE_DEVICES``, ``SLURM_*``); this process's by default.
 
@@ -100,17 +107,44 @@ def worker_pinning(
         if not topology.gpus:
             log.debug("no NVIDIA GPU in %s: DataLoader workers not pinned", sysfs)
             return None
-        where = placement(topology, local_rank, num_workers=num_workers)
+        return topology, placement(topology, local_rank, num_workers=num_workers)
     except (ShardioError, OSError) as exc:
         log.debug("no CPU placement (%s): DataLoader workers not pinned", exc)
         return None
+
+
+def pinning_for(where: Placement, user_init: Callable[[int], Any] | None = None) -> WorkerPinning:
+    """The ``worker_init_fn`` that pins workers to ``where`` (then calls ``user_init``)."""
     log.debug(
         "local rank %d: %d workers pinned to CPUs %s (NUMA node %s, GPU %d), %d thread(s) each",
-        local_rank,
-        num_workers,
+        where.local_rank,
+        where.num_workers,
         format_cpulist(where.cpus),
         where.numa_node,
         where.gpu.index,
         where.threads,
     )
     return WorkerPinning(cpus=where.cpus, threads=where.threads, user_init=user_init)
+
+
+def worker_pinning(
+    *,
+    num_workers: int,
+    local_rank: int,
+    user_init: Callable[[int], Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> WorkerPinning | None:
+    """The ``worker_init_fn`` that pins this rank's workers, or None to leave them alone
+    (:func:`rank_placement`, then :func:`pinning_for`).
+
+    Args:
+        num_workers: the DataLoader's workers (for the thread count).
+        local_rank: this process's rank on the node.
+        user_init: a ``worker_init_fn`` to chain after pinning.
+        environ: as in :func:`rank_placement`.
+
+    Raises:
+        UsageError: ``SHARDIO_PIN_WORKERS`` is not a switch.
+    """
+    where = rank_placement(num_workers=num_workers, local_rank=local_rank, environ=environ)
+    return pinning_for(where[1], user_init) if where is not None else None

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
-import os
 import secrets
 import weakref
 from collections.abc import Callable, Sequence
@@ -36,6 +35,7 @@ from shardio.errors import ShardioError, StorageError
 from shardio.format.spec import LABEL_EXT
 from shardio.read.reader import ShardReader
 from shardio.runtime.batch import SHM_DIR, ByteColumn, payload_rows, read_batch, shared_uint8
+from shardio.runtime.shmroom import ring_shortfall
 from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, SOURCE_KEY, WorkerFailure
 
 __all__ = ["BatchRing", "RingBatch", "max_batch_bytes", "sample_bytes"]
@@ -194,7 +194,13 @@ class BatchRing:
 
     @classmethod
     def allocate(
-        cls, *, workers: int, slots: int, slot_bytes: int, shm_dir: str = SHM_DIR
+        cls,
+        *,
+        workers: int,
+        slots: int,
+        slot_bytes: int,
+        shm_dir: str = SHM_DIR,
+        quiet: bool = False,
     ) -> BatchRing | None:
         """A ring, or None (with a warning) when shared memory has no room for it.
 
@@ -206,30 +212,17 @@ class BatchRing:
             workers, slots, slot_bytes: as in the constructor.
             shm_dir: where shared memory lives (whose free space bounds the ring): torch's
                 shm_open puts it in /dev/shm on Linux.
+            quiet: say it at debug level only (a loader warns once, not every epoch).
         """
-        need = workers * slots * slot_bytes
-        try:
-            stat = os.statvfs(shm_dir)
-        except OSError:
-            free = None  # nothing to check here: torch reports its own failure
-        else:
-            free = stat.f_bavail * stat.f_frsize
-        if free is not None and need > free:
-            logger.warning(
-                "ring transport: %d bytes of shared memory needed (%d workers x %d slots x "
-                "%d bytes), %s has %d free: each batch takes a fresh segment instead",
-                need,
-                workers,
-                slots,
-                slot_bytes,
-                shm_dir,
-                free,
-            )
+        level = logging.DEBUG if quiet else logging.WARNING
+        short = ring_shortfall(workers=workers, slots=slots, slot_bytes=slot_bytes, shm_dir=shm_dir)
+        if short is not None:
+            logger.log(level, "%s", short)
             return None
         try:
             return cls(workers=workers, slots=slots, slot_bytes=slot_bytes)
         except (RuntimeError, StorageError) as exc:  # torch's allocation failed (it fallocates)
-            logger.warning("ring transport: %s: each batch takes a fresh segment instead", exc)
+            logger.log(level, "ring transport: %s: each batch takes a fresh segment instead", exc)
             return None
 
     def _bind(self) -> None:

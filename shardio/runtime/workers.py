@@ -10,7 +10,7 @@ through the shared board; :class:`WorkerKeeper` holds them for the loader and st
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,12 +21,13 @@ from torch.utils.data import DataLoader, Sampler
 from shardio._pool import short_socket_dir
 from shardio.runtime import internals
 from shardio.runtime.mptemp import ensure_short as ensure_short_mp_tempdir
-from shardio.runtime.placement import worker_pinning
+from shardio.runtime.placement import pinning_for, rank_placement
 from shardio.runtime.plan import RunPlan
 from shardio.runtime.protocol import ReadSource
 from shardio.runtime.reaping import stop_workers
 from shardio.runtime.stallwatch import StallWatch
 from shardio.runtime.transport import BatchRing
+from shardio.topology.model import Placement, Topology
 
 __all__ = ["PREFETCH", "KeptWorkers", "PositionSampler", "WorkerKeeper", "make_dataloader"]
 
@@ -76,11 +77,15 @@ def make_dataloader(
     timeout: float = 0.0,
     watch: StallWatch | None = None,
     board: torch.Tensor | None = None,
+    on_start: Callable[[tuple[Topology, Placement] | None], object] | None = None,
 ) -> tuple[DataLoader[Any], PositionSampler | None]:
     """The DataLoader of a loader's run of ``source`` over ``positions`` (cut to whole
     batches with ``drop_last``), and its sampler (map mode); ``kwargs``: the DataLoader's
-    other arguments. The source takes the run's plan first (its workers get it with it)."""
+    other arguments. The source takes the run's plan first (its workers get it with it).
+    ``on_start`` is called with the placement the workers are pinned to (None: unpinned)
+    before they start (the loader's sizing check)."""
     common: dict[str, Any] = {"num_workers": num_workers, **kwargs}
+    where = None
     if board is not None:
         common["persistent_workers"] = True
     if num_workers > 0:
@@ -89,15 +94,14 @@ def make_dataloader(
             common["timeout"] = timeout
         common.setdefault("prefetch_factor", PREFETCH)
         if pin_workers:  # computed here, in the main process, before workers start
-            pinning = worker_pinning(
-                num_workers=num_workers,
-                local_rank=source.cursor.ranks().local_rank,
-                user_init=common.get("worker_init_fn"),
-            )
-            if pinning is not None:
-                common["worker_init_fn"] = pinning
+            local_rank = source.cursor.ranks().local_rank
+            where = rank_placement(num_workers=num_workers, local_rank=local_rank)
+            if where is not None:
+                common["worker_init_fn"] = pinning_for(where[1], common.get("worker_init_fn"))
         if watch is not None:
             common["worker_init_fn"] = watch.init_fn(common.get("worker_init_fn"))
+    if on_start is not None:
+        on_start(where)
     # Before the workers start, which take the source and its plan with it: the batches
     # each reads (each advises its first ones before reading any), the ring, the board.
     prefetch = common.get("prefetch_factor")

@@ -21,6 +21,7 @@ __all__ = [
     "NVIDIA_VENDOR",
     "SYSFS_ENV",
     "SYSFS_MAX_BYTES",
+    "read_attribute",
     "read_topology",
 ]
 
@@ -34,8 +35,8 @@ GPU_CLASSES = (0x030000, 0x030200)  # VGA-compatible and 3D controllers (the dat
 _INDEX = re.compile(r"-?[0-9]{1,6}")
 
 
-def _read(path: str) -> str | None:
-    """A sysfs attribute's text; None when it does not exist or cannot be read.
+def read_attribute(path: str, *, what: str = "sysfs file") -> str | None:
+    """A kernel attribute's text (sysfs, procfs, cgroup); None when absent or unreadable.
 
     Opened without blocking and refused unless a regular file (a FIFO or a symlink to
     ``/dev/zero`` in a tree given with ``--sysfs``/``SHARDIO_SYSFS``), read up to 64 KiB:
@@ -44,17 +45,17 @@ def _read(path: str) -> str | None:
     must be a regular file.
 
     Raises:
-        StorageError: the path is not a regular file.
+        StorageError: the path is not a regular file (the message names ``what``).
         FormatError: the file is larger than 64 KiB.
     """
     try:
-        data = read_regular(path, max_bytes=SYSFS_MAX_BYTES, what="sysfs file")
+        data = read_regular(path, max_bytes=SYSFS_MAX_BYTES, what=what)
     except StorageError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             return None
         if exc.errno == errno.EINVAL:  # a FIFO, device, socket or directory
             raise
-        log.debug("sysfs file %s not read: %s", path, exc)
+        log.debug("%s %s not read: %s", what, path, exc)
         return None
     return data.decode("ascii", errors="replace").strip()
 
@@ -86,11 +87,11 @@ def _nvidia_gpus(sysfs: str) -> list[tuple[str, int | None]]:
     found: list[tuple[str, int | None]] = []
     for name in sorted(names, key=lambda n: (_pci_sort_key(n), n)):
         dev = os.path.join(root, name)
-        if _hex(_read(os.path.join(dev, "vendor"))) != NVIDIA_VENDOR:
+        if _hex(read_attribute(os.path.join(dev, "vendor"))) != NVIDIA_VENDOR:
             continue
-        if _hex(_read(os.path.join(dev, "class"))) not in GPU_CLASSES:
+        if _hex(read_attribute(os.path.join(dev, "class"))) not in GPU_CLASSES:
             continue
-        node_text = _read(os.path.join(dev, "numa_node"))
+        node_text = read_attribute(os.path.join(dev, "numa_node"))
         node = int(node_text) if node_text and _INDEX.fullmatch(node_text) else -1
         found.append((name.lower(), node if node >= 0 else None))
     return found
@@ -108,14 +109,14 @@ def _numa_nodes(sysfs: str, allowed: frozenset[int]) -> tuple[dict[int, frozense
         if not (name.startswith("node") and CPU_NUMBER.fullmatch(name[4:])):
             continue
         path = os.path.join(root, name, "cpulist")
-        text = _read(path)
+        text = read_attribute(path)
         if text is None:
             continue
         nodes[int(name[4:])] = parse_cpulist(text, what=f"cpulist in {path}")
     if nodes:
         return nodes, ""
     online_path = os.path.join(sysfs, "devices", "system", "cpu", "online")
-    online = _read(online_path)
+    online = read_attribute(online_path)
     cpus = parse_cpulist(online, what=f"CPU list in {online_path}") if online else allowed
     return {0: cpus}, "sysfs lists no NUMA node: one node 0 assumed"
 
@@ -129,7 +130,7 @@ def _cores(sysfs: str, cpus: Iterable[int]) -> tuple[frozenset[int], ...]:
         path = os.path.join(
             sysfs, "devices", "system", "cpu", f"cpu{cpu}", "topology", "thread_siblings_list"
         )
-        text = _read(path)
+        text = read_attribute(path)
         try:
             siblings = parse_cpulist(text) if text else frozenset()
         except FormatError:
