@@ -173,18 +173,25 @@ def order_quality(
             np.split(shards, cuts[:-1]),
             starts.tolist(),
         )
-    return acc.end_epoch(epoch, batches=total, order=str(spec), memory_bytes=memory)
+    return acc.end_epoch(
+        epoch,
+        batches=total,
+        order=str(spec),
+        memory_bytes=memory,
+        nodes=nodes if spec.partitioned else None,
+        epoch_samples=max(len(stream) for stream in streams),
+    )
 
 
 def standard_orders(*, seed: int = 0, window: int = 4) -> list[tuple[str, OrderSpec]]:
-    """The orders a user picks from, by name: random, shard-local, sequential, and random
-    within a node partition."""
+    """The orders a user picks from, by name: random, shard-local, sequential, and
+    ``partition=node`` (random within each node's shards)."""
     base = OrderSpec(seed=seed, window_shards=window)
     return [
         ("random", base),
         (f"shard-local, window {window}", base.with_(order="shard-local")),
         ("sequential", base.with_(order="sequential")),
-        ("random, partition=node", base.with_(partition="node")),
+        ("partition=node", base.with_(partition="node")),
     ]
 
 

@@ -141,6 +141,9 @@ class QualityReport:
             two samples.
         order: the order spec measured (spec path); None for delivered batches.
         memory_bytes: what the order holds (spec path); None for delivered batches.
+        nodes: the nodes of a partitioned order (spec path; one rank each), else None.
+        epoch_samples: samples in the epoch of the rank measured (the largest share of a
+            partition; spec path), else None.
     """
 
     epoch: int
@@ -160,6 +163,8 @@ class QualityReport:
     rho: float | None
     order: str | None = None
     memory_bytes: int | None = None
+    nodes: int | None = None
+    epoch_samples: int | None = None
 
     @property
     def sampled(self) -> bool:
@@ -184,10 +189,11 @@ class QualityReport:
                 )
             entropy += ")"
         rho = "n/a" if self.rho is None else f"{self.rho:.3f}"
-        return (
-            f"{head}{entropy}, {self.shards_per_batch:.3g} distinct shards per batch, "
-            f"order vs storage rho={rho}"
+        shards = self.shards_per_batch
+        shown = (
+            f"{shards:.2f}" if shards < 10 else f"{shards:.1f}" if shards < 100 else f"{shards:.0f}"
         )
+        return f"{head}{entropy}, {shown} distinct shards per batch, order vs storage rho={rho}"
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready values (``sampled`` added)."""
@@ -392,13 +398,16 @@ class QualityAccumulator:
         batches: int | None = None,
         order: str | None = None,
         memory_bytes: int | None = None,
+        nodes: int | None = None,
+        epoch_samples: int | None = None,
     ) -> QualityReport:
         """The report of ``epoch`` (and a fresh start): empty when none of its batches came.
 
         Args:
             epoch: the epoch to report.
             batches: the epoch's batches when only some were observed (the spec path).
-            order, memory_bytes: what the spec path knows of the order.
+            order, memory_bytes, nodes, epoch_samples: what the spec path knows of the
+                order.
         """
         if epoch != self._epoch:
             self._reset(epoch)
@@ -435,6 +444,8 @@ class QualityAccumulator:
             rho=self._moments.correlation(),
             order=order,
             memory_bytes=memory_bytes,
+            nodes=nodes,
+            epoch_samples=epoch_samples,
         )
         self._reset(None)
         return report

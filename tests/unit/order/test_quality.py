@@ -137,7 +137,7 @@ def test_a_billion_samples_are_sampled_to_2000_batches() -> None:
 def test_compare_orders_ranks_them_as_the_docs_say() -> None:
     found = dict(compare_orders(SIZES, SORTED_LABELS, batch_size=16, nodes=2))
     rnd, local, seq = found["random"], found["shard-local, window 4"], found["sequential"]
-    part = found["random, partition=node"]
+    part = found["partition=node"]
     assert rnd.label_entropy > local.label_entropy > seq.label_entropy  # type: ignore[operator]
     assert rnd.switches_per_batch > local.switches_per_batch > seq.switches_per_batch
     assert abs(rnd.rho) < 0.2 and seq.rho == pytest.approx(1.0)  # type: ignore[arg-type]
