@@ -40,16 +40,6 @@ WINDOW_BATCHES = 8  # consecutive batches per read window (workers x prefetch, a
 _EXACT_LABELS = 1 << 22  # up to this many samples the dataset's entropy is exact
 _LABEL_SAMPLE = 1 << 20  # else labels read evenly strided (stratified on a class-sorted index)
 _BINCOUNT_LIMIT = 1 << 24  # labels below this are counted with bincount, else sorted
-_SHARD_LIMIT = 1 << 32  # an index's shard numbers are u4 (and a window packs them so)
-
-
-def _unique(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """The distinct values, sorted (by a sort: numpy 2's hashing np.unique is ~15x slower
-    on half a million int64)."""
-    ordered = np.sort(values)
-    keep = np.ones(len(ordered), dtype=bool)
-    keep[1:] = ordered[1:] != ordered[:-1]
-    return ordered[keep]
 
 
 def _entropy_of_counts(counts: np.ndarray[Any, Any]) -> float:
@@ -275,7 +265,7 @@ class QualityAccumulator:
         self._distinct_min: int | None = None
         self._switches = 0
         self._window_sum = self._windows = 0
-        self._window_shards = np.empty(0, dtype=np.int64)
+        self._window_shards: set[int] = set()
         self._window_count = 0
         self._next_position: int | None = None
         self._last_shard = -1
@@ -308,8 +298,8 @@ class QualityAccumulator:
         idx = _column(idx, n, "indices")
         lab = np.full(n, -1, np.int64) if labels is None else _column(labels, n, "labels")
         shd = _column(shards, n, "shards")
-        if n and (int(shd.min()) < 0 or int(shd.max()) >= _SHARD_LIMIT):
-            raise UsageError(f"observe: shards must be in [0, 2**32), got {shd.min()}..{shd.max()}")
+        if n and int(shd.min()) < 0:
+            raise UsageError(f"observe: shards must be >= 0, got {int(shd.min())}")
         if epoch != self._epoch:
             self._reset(epoch)
         if n == 0:
@@ -347,19 +337,16 @@ class QualityAccumulator:
         self._switches += int(np.count_nonzero((shd2[:, 1:] != shd2[:, :-1]) & valid[:, 1:]))
         firsts = shd2[:, 0]
         lasts = shd2[np.arange(rows), np.asarray(widths) - 1]
-        window = np.empty(rows, dtype=np.int64)
-        current, count, expected = 0, self._window_count, self._next_position
-        previous_last = self._last_shard
+        expected, previous_last = self._next_position, self._last_shard
         for r in range(rows):
             follows = positions[r] == expected
             if follows and previous_last != firsts[r]:
                 self._switches += 1
-            if not follows or count == self.window_batches:
-                current, count = current + 1, 0
-            window[r] = current
-            count += 1
+            if not follows or self._window_count == self.window_batches:
+                self._close_window()
+            self._window_shards.update(shards[r].tolist())
+            self._window_count += 1
             expected, previous_last = positions[r] + widths[r], int(lasts[r])
-        self._windows_of(window, shd2, valid, count)
         self._moments.add(
             np.concatenate([np.arange(p, p + w) for p, w in zip(positions, widths, strict=True)]),
             np.concatenate(indices),
@@ -369,27 +356,12 @@ class QualityAccumulator:
         self._samples += sum(widths)
         self._biggest = max(self._biggest, width)
 
-    def _windows_of(
-        self,
-        window: np.ndarray[Any, Any],
-        shards: np.ndarray[Any, Any],
-        valid: np.ndarray[Any, Any],
-        last_count: int,
-    ) -> None:
-        """Count the distinct shards of each window the rows closed, and keep the last one
-        open (window 0 continues the open one)."""
-        ids = np.concatenate([np.zeros(len(self._window_shards), np.int64),
-                              np.broadcast_to(window[:, None], shards.shape)[valid]])  # fmt: skip
-        keys = _unique((ids << 32) | np.concatenate([self._window_shards, shards[valid]]))
-        per_window = np.bincount(keys >> 32, minlength=int(window[-1]) + 1)
-        closed = per_window[: int(window[-1])]
-        has_rows = np.bincount(window, minlength=len(per_window))[: len(closed)] > 0
-        if len(closed):
-            has_rows[0] |= self._window_count > 0
-        self._window_sum += int(closed[has_rows].sum())
-        self._windows += int(has_rows.sum())
-        self._window_shards = keys[(keys >> 32) == window[-1]] & 0xFFFFFFFF
-        self._window_count = last_count
+    def _close_window(self) -> None:
+        if self._window_count:
+            self._window_sum += len(self._window_shards)
+            self._windows += 1
+        self._window_shards = set()
+        self._window_count = 0
 
     def end_epoch(
         self,
@@ -411,9 +383,7 @@ class QualityAccumulator:
         """
         if epoch != self._epoch:
             self._reset(epoch)
-        if self._window_count:  # the last window, however short
-            self._window_sum += len(self._window_shards)
-            self._windows += 1
+        self._close_window()  # the last window, however short
         h = self.dataset_entropy
         mean = p5 = ceiling = None
         if h == 0 and self._batches:  # one class: every batch is as mixed as the dataset

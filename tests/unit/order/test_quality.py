@@ -168,7 +168,7 @@ def test_observe_refuses_arrays_that_do_not_match() -> None:
     acc = QualityAccumulator(dataset_entropy=1.0)
     with pytest.raises(UsageError, match="labels must be 4 integers"):
         acc.observe(0, np.arange(4), np.arange(3), np.zeros(4, np.int64))
-    with pytest.raises(UsageError, match="shards must be in"):
+    with pytest.raises(UsageError, match="shards must be >= 0"):
         acc.observe(0, np.arange(4), None, np.full(4, -2))
     with pytest.raises(UsageError, match="dataset_entropy"):
         QualityAccumulator(dataset_entropy=float("nan"))
