@@ -113,6 +113,7 @@ def timed_loop(
         files_opened=stats.files_opened,
         series=tuple(series),
         notes=(*notes, *stats.notes),
+        order_quality=stats.order_quality,
     )
 
 

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from shardio.metrics.histogram import LatencyHistogram, LatencySummary
+
+if TYPE_CHECKING:
+    from shardio.order.quality import QualityReport
 
 __all__ = [
     "AU_MIN",
@@ -124,6 +127,8 @@ class BenchRun:
         files_opened: files the run opened, where known.
         series: every batch as the loop saw it (for the time series).
         notes: what the reader should know about the run (cold cache, start-up).
+        order_quality: the shuffle quality of the order read, per epoch measured (the
+            first few; shardio's runner only).
     """
 
     runner: str
@@ -148,6 +153,7 @@ class BenchRun:
     files_opened: int | None = None
     series: tuple[StepSample, ...] = field(default=(), repr=False)
     notes: tuple[str, ...] = ()
+    order_quality: tuple[QualityReport, ...] = ()
 
     @property
     def au(self) -> float:
@@ -211,6 +217,7 @@ class BenchRun:
             "files_opened": self.files_opened,
             "timeline": [w.to_dict() for w in timeline(self)],
             "notes": list(self.notes),
+            "order_quality": [q.to_dict() for q in self.order_quality],
         }
 
 
@@ -383,6 +390,11 @@ def _run_lines(run: BenchRun) -> list[str]:
     ]
     if run.files_opened is not None:
         lines.append(f"  files opened  {run.files_opened:,}")
+    for quality in run.order_quality:
+        lines.append(f"  order         {quality.line()}")
+    if run.order_quality:
+        lines.append(f"                ({run.order_quality[0].order}; shardio inspect "
+                     "--order SPEC measures another)")  # fmt: skip
     lines.extend(f"  note          {note}" for note in run.notes)
     return lines
 

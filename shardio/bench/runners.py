@@ -17,11 +17,14 @@ from shardio.errors import MissingExtraError, UsageError
 from shardio.metrics.histogram import LatencyHistogram
 
 if TYPE_CHECKING:
+    from shardio.order.quality import QualityReport
     from shardio.storage.opener import Opener
 
 __all__ = ["ShardioRunner", "require_torch", "run_bench", "run_shardio"]
 
 logger = logging.getLogger(__name__)
+
+QUALITY_EPOCHS = 3  # epochs whose shuffle quality the report shows (each is reseeded alike)
 
 
 def require_torch() -> None:
@@ -53,6 +56,7 @@ class ShardioRunner:
         from shardio.runtime.dataset import ShardDataset
 
         self.dataset = ShardDataset(path, mode=settings.mode, seed=settings.seed, opener=opener)
+        self.settings = settings
         fmt = self.dataset.packed.manifest.shard_format
         self.source = f"{path} ({fmt} shards)"
         self.loader = self.dataset.loader(
@@ -85,7 +89,34 @@ class ShardioRunner:
                 hist.merge(found)
         opened = snap.counters.get("opens_staged", 0) + snap.counters.get("opens_source", 0)
         return RunnerStats(
-            read_latency=hist, files_opened=opened, notes=stall_notes(snap, self.dataset)
+            read_latency=hist,
+            files_opened=opened,
+            notes=stall_notes(snap, self.dataset),
+            order_quality=self._order_quality(),
+        )
+
+    def _order_quality(self) -> tuple[QualityReport, ...]:
+        """The shuffle quality of the order the loader read, in the first epochs run (a pure
+        function of the dataset's spec and the epoch: what the loop was handed)."""
+        from shardio.order.quality import dataset_label_entropy, order_quality
+
+        ds = self.dataset
+        sizes = [shard.num_samples for shard in ds.packed.manifest.shards]
+        labels = ds.packed.index.samples["label"] if ds.classes is not None else None
+        entropy = dataset_label_entropy(labels) if labels is not None else None
+        batch = min(self.settings.batch_size, max(1, len(ds)))
+        nodes = ds.cursor.ranks().num_nodes if ds.spec.partitioned else 1
+        return tuple(
+            order_quality(
+                sizes,
+                labels,
+                ds.spec,
+                epoch=epoch,
+                batch_size=batch,
+                nodes=nodes,
+                dataset_entropy=entropy,
+            )
+            for epoch in range(min(self.settings.epochs, QUALITY_EPOCHS))
         )
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ from shardio.errors import UsageError
 from shardio.metrics.histogram import LatencyHistogram
 
 if TYPE_CHECKING:
-    pass
+    from shardio.order.quality import QualityReport
 
 __all__ = ["BenchSettings", "MODES", "Peer", "Runner", "RunnerStats", "parse_compare"]
 
@@ -85,11 +85,14 @@ class RunnerStats:
         read_latency: its read latencies, or None where it cannot time its reads.
         files_opened: files it opened, where known.
         notes: what the report should say about it.
+        order_quality: the shuffle quality of the order it read, per epoch measured
+            (shardio's runner; :mod:`shardio.order.quality`).
     """
 
     read_latency: LatencyHistogram | None
     files_opened: int | None = None
     notes: tuple[str, ...] = ()
+    order_quality: tuple[QualityReport, ...] = ()
 
 
 class Runner(Protocol):

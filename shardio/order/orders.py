@@ -77,6 +77,15 @@ class EpochOrder:
     def __len__(self) -> int:
         return self.size
 
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes the order holds: its per-shard (and per-window) tables, whatever the epoch's
+        size (materialising it would cost 8 bytes per sample)."""
+        tables = [self._shard_first, self._offsets]
+        if self.order == "shard-local":
+            tables += [self._window_starts, self._window_sizes]
+        return sum(int(t.nbytes) for t in tables)
+
     def take(self, positions: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
         """The samples at ``positions`` (each in ``[0, len(self))``) of this epoch."""
         pos = np.asarray(positions, dtype=np.int64)

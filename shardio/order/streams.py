@@ -27,7 +27,7 @@ from shardio.order.partition import owners
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import OrderSpec
 
-__all__ = ["RankStream", "node_shares", "rank_stream", "samples_per_rank"]
+__all__ = ["RankStream", "node_orders", "node_shares", "rank_stream", "samples_per_rank"]
 
 _NODE_SALT = 0x1000
 
@@ -41,6 +41,11 @@ class _ArrayOrder:
 
     def take(self, positions: Any) -> Any:
         return self.samples[np.asarray(positions, dtype=np.int64)]
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes it holds: 8 a sample."""
+        return int(self.samples.nbytes)
 
 
 class RankStream:
@@ -67,6 +72,11 @@ class RankStream:
 
     def __len__(self) -> int:
         return self.steps - self.first
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes the stream's order holds (O(shards) for a lazy order)."""
+        return int(self.order.memory_bytes)
 
     def take(self, start: int, stop: int) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Samples ``start`` to ``stop`` of the rest of the rank's epoch."""
@@ -123,6 +133,18 @@ def node_shares(
     """The node owning each shard in ``epoch`` under ``spec``'s partition."""
     rotate = spec.rotate if spec.partition == "rotating" else None
     return owners(sizes, num_nodes=num_nodes, seed=spec.seed, epoch=epoch, rotate=rotate)
+
+
+def node_orders(
+    sizes: Any, spec: OrderSpec, epoch: int, owner: Any, nodes: Any
+) -> dict[int, EpochOrder]:
+    """The order of each of ``nodes`` in ``epoch``, given the shards' ``owner``
+    (:func:`node_shares`): what a node's ranks take interleaved positions of."""
+    sizes_arr, owner_arr = np.asarray(sizes, dtype=np.int64), np.asarray(owner)
+    return {
+        int(node): _node_order(sizes_arr, spec, epoch, np.flatnonzero(owner_arr == node), int(node))
+        for node in nodes
+    }
 
 
 def _node_order(

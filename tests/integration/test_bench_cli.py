@@ -21,8 +21,11 @@ from shardio.bench.report import check_run
 from shardio.bench.runners import run_shardio
 from shardio.bench.settings import BenchSettings
 from shardio.format.manifest import load_manifest
+from shardio.order.quality import order_quality
+from shardio.order.spec import resolve_spec
 from shardio.packing.run import PackOptions, pack
 from shardio.read.faults import Fault, FaultyOpener
+from shardio.read.reader import ShardReader
 
 CLASSES = 3
 PER_CLASS = 40
@@ -125,6 +128,17 @@ def test_json_report_is_consistent_and_fast_reads_pass(run_cli: Any, data: Data)
     checks = _checks_of(report, "shardio")
     assert set(checks) == CHECK_NAMES
     assert checks["read_latency_p99"] == "PASS"  # KB-sized reads of local files
+    # The shuffle quality of the order read: map mode's default (random) at seed 0, per epoch.
+    quality = run["order_quality"]
+    assert [q["epoch"] for q in quality] == [0, 1]
+    with ShardReader(os.fspath(data.tar)) as reader:
+        sizes = [s.num_samples for s in reader.manifest.shards]
+        labels = reader.index.samples["label"]
+        for epoch, found in enumerate(quality):
+            spec = resolve_spec("map", None, seed=0)
+            expected = order_quality(sizes, labels, spec, epoch=epoch, batch_size=BATCH)
+            assert found == expected.to_dict()
+    assert quality[0]["rho"] != quality[1]["rho"]  # reshuffled
 
 
 @pytest.mark.parametrize(("delay_s", "status"), [(0.06, "ALERT"), (0.12, "FAIL")])
@@ -186,6 +200,8 @@ def test_text_report_lists_runs_checks_and_the_first_step(
     assert f"loose: {data.src} ({SAMPLES} loose files)" in out
     assert "first step of each epoch is left out" in out
     assert "compared with shardio" in out
+    assert "  order         epoch 0 shuffle: label entropy " in out  # stream: shard-local
+    assert "(order=shard-local,seed=0,window=4,partition=none,drop_last=0; shardio " in out
     check_lines = [ln.split() for ln in out.splitlines() if ln.startswith("  PASS") or
                    ln.startswith("  FAIL") or ln.startswith("  ALERT")]  # fmt: skip
     assert {(w[0], w[1]) for w in check_lines} >= {("PASS", "shardio"), ("PASS", "loose")}
