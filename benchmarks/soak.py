@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import os
 import statistics
 import time
@@ -283,6 +284,8 @@ def soak(
     from shardio.metrics import PrometheusExporter, combine
 
     run = SoakRun(epochs=epochs, warmup=warmup)
+    start = sample_process(os.getpid())
+    run.before = {"threads": start.threads if start else -1, "fds": start.fds if start else -1}
     plain = ShardDataset(single, mode="stream", seed=1)
     mixed = MixedDataset(
         [(ShardDataset(p, mode="map", seed=10 + i), 1.0) for i, p in enumerate(mix)], seed=2
@@ -305,8 +308,6 @@ def soak(
         linger_s=0,
     )
     shm_before = _dev_shm()
-    start = sample_process(me)
-    run.before = {"threads": start.threads if start else -1, "fds": start.fds if start else -1}
     began = time.perf_counter()
     try:
         with exporter:
@@ -338,6 +339,11 @@ def soak(
         for _, loader in loaders:
             loader.close()
     run.wall_s = time.perf_counter() - began
+    # Let go as a script would (a dataset made per evaluation): whatever they held is freed.
+    batch = loader = None  # the last ones, still bound
+    loaders.clear()  # the exporter's closure still names the list
+    del batch, loader, plain, mixed, exporter
+    gc.collect()
     end = sample_process(me)
     ours = {str(p) for p in known - ignored | {me}}
     run.after_close = {

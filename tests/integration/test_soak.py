@@ -116,7 +116,7 @@ def test_the_detector_on_made_up_series() -> None:
     assert all(p.endswith("KiB/epoch over the second half (limit 32)") for p in leaking)
     # Slow growth under the slope limit that still adds up over the run.
     slow = soak.judge({"p": _series(rss_kib=30, anon_kib=0)}, soak.Limits(growth_mib=0.5))
-    assert slow == ["p: RSS grew 1.0 MiB from start to end (limit 0.5)"]
+    assert slow == ["p: RSS grew 1.1 MiB from start to end (limit 0.5)"]
     assert soak.judge({"p": _series(fds=0.25)}, limits) == [
         "p: fds grew from 10 to 19 (at least, over the last tenth; limit +0)"
     ]
