@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -44,6 +45,10 @@ class FilePool:
         self._fds: OrderedDict[str, int] = OrderedDict()
         self._staged: set[str] = set()  # paths of staged copies among them
         self._pid = os.getpid()
+        # A pool dropped without close() (a dataset made per evaluation and let go) closes
+        # its descriptors when collected: they are plain ints, which nothing else closes.
+        # Not at exit, where the process's end closes them (and an opener may need threads).
+        weakref.finalize(self, _close_all, opener, self._fds).atexit = False
 
     def fd(self, path: str, *, staged: bool = False) -> int:
         """Return an open descriptor for ``path``.
@@ -146,9 +151,14 @@ class FilePool:
 
     def close(self) -> None:
         """Close every descriptor (in a forked child: its copies of the inherited ones)."""
-        for fd in self._fds.values():
-            with contextlib.suppress(OSError):
-                self.opener.close(fd)
-        self._fds.clear()
+        _close_all(self.opener, self._fds)
         self._staged.clear()
         self._pid = os.getpid()
+
+
+def _close_all(opener: Opener, fds: OrderedDict[str, int]) -> None:
+    """Close the descriptors in ``fds`` and empty it."""
+    for fd in fds.values():
+        with contextlib.suppress(OSError):
+            opener.close(fd)
+    fds.clear()
