@@ -166,10 +166,9 @@ def plan_span(
             )
             rest = head.steps - first
             run = rest // batch_size * batch_size if drop_last else rest
-            done, _ = fold.steps(member, 0, first)
-            prefix += done
-            _, pad = fold.steps(member, 0, first + run)
-            padding += pad
+            if first:
+                prefix += fold.steps(member, 0, first)[0]
+            padding += max(0, first + run - _first_padded(member))
             # Padding is what the plan repeats: its steps' values, over those the order has.
             extra += _padding_of(fold, member, first + run)
             if run < rest:  # the loader's drop_last: the rank's last incomplete batch

@@ -39,11 +39,12 @@ if TYPE_CHECKING:
     from shardio.order.cursor import EpochCursor
     from shardio.runtime.protocol import ReadSource
 
-__all__ = ["KEEP", "EpochAudit", "make_observers", "sample_facts", "with_audit_counts"]
+__all__ = ["FOLD_AT", "KEEP", "EpochAudit", "make_observers", "sample_facts", "with_audit_counts"]
 
 logger = logging.getLogger(__name__)
 
 KEEP = 1 << 22  # identities a rank keeps per epoch to name its misses and repeats
+FOLD_AT = 1 << 15  # identities folded at once
 
 
 def make_observers(loader: Any, audit: object) -> list[Any]:
@@ -106,6 +107,8 @@ class _Span:
         self.digest = Digest()
         self.kept: list[np.ndarray[Any, Any]] | None = []
         self.kept_n = 0
+        self.pending: list[np.ndarray[Any, Any]] = []  # delivered, not folded yet
+        self.pending_n = 0
 
 
 class EpochAudit:
@@ -143,18 +146,48 @@ class EpochAudit:
         """Fold one delivered batch (before the cursor moves past it)."""
         cursor = self.source.cursor
         span = self._span
-        if span is None or span.epoch != epoch or span.position != cursor.consumed:
+        if span is None or span.epoch != epoch or cursor.consumed < span.position:
             span = self._span = _Span(cursor)  # a new epoch, a resume, a rewind
             self._subs0 = self.substitutes()
+        elif cursor.consumed > span.position:
+            self._jumped(span, cursor)
         ids = np.asarray(indices, dtype=np.int64)
-        span.digest += Digest.of(ids, self._salt())
         span.position += len(ids) * span.layout.world_size
+        # Folded FOLD_AT at a time: numpy's cost per call would dominate a small batch.
+        span.pending.append(ids)
+        span.pending_n += len(ids)
+        if span.pending_n >= FOLD_AT:
+            self._fold(span)
+
+    def _fold(self, span: _Span) -> None:
+        """Fold the span's pending identities (kept, up to KEEP, to name samples)."""
+        if not span.pending:
+            return
+        ids = np.concatenate(span.pending)
+        span.pending, span.pending_n = [], 0
+        span.digest += Digest.of(ids, self._salt())
         if span.kept is not None:
             if span.kept_n + len(ids) > KEEP:
                 span.kept = None  # counted, no longer named
             else:
                 span.kept.append(ids)
                 span.kept_n += len(ids)
+
+    def _jumped(self, span: _Span, cursor: EpochCursor) -> None:
+        """The position moved ahead of what this rank delivered (a state loaded ahead, or a
+        miscount): the positions between were never handed to training. The span goes on:
+        its verdict will miss them."""
+        world = span.layout.world_size
+        steps = (cursor.consumed - span.position) // world
+        stream = cursor.stream(consumed=span.position)
+        skipped = self._identify(stream.take(0, min(steps, NAMED)))
+        logger.warning(
+            "epoch %d, rank %d: the position jumped from %d to %d without delivering %d of "
+            "this rank's samples (%s%s)",
+            span.epoch, span.layout.rank, span.position, cursor.consumed, steps,
+            skipped.tolist(), ", ..." if steps > NAMED else "",
+        )  # fmt: skip
+        span.position = cursor.consumed
 
     def _salt(self) -> int:
         found = self.source.dataset_id
@@ -168,14 +201,13 @@ class EpochAudit:
         cursor = self.source.cursor
         if span is None or span.epoch != epoch:
             span = _Span(cursor)  # an epoch with no batch (all consumed before)
-            span.position = cursor.consumed
+        self._fold(span)
         record = self._record(span)
         gathered = _gather(record)
-        if gathered is not None:
-            records = gathered
-        elif span.layout.world_size == 1:
-            records = [record]
-        else:
+        if gathered is None and span.layout.world_size > 1:
+            # Ranks without torch.distributed: each checks its own share and writes its
+            # record for ``shardio audit`` (which needs rank 0's plan).
+            record = self._named(record, span)
             self._write(record)
             if record.missing or record.duplicated:
                 logger.warning(
@@ -183,8 +215,19 @@ class EpochAudit:
                     epoch, record.rank, record.missing, record.duplicated,
                 )  # fmt: skip
             return
-        self._write(record)
+        records = gathered if gathered is not None else [record]
         verdict = combine(records)
+        if not verdict.exact:
+            # Only now (O(the rank's share)): which of this rank's samples are wrong.
+            record = self._named(record, span)
+            if gathered is None:
+                verdict = combine([record])
+            elif record.missing or record.duplicated:
+                logger.warning(
+                    "epoch %d, rank %d: missed %s, repeated %s",
+                    epoch, record.rank, record.missing, record.duplicated,
+                )  # fmt: skip
+        self._write(record)
         self.epochs_audited += 1
         if verdict.exact:
             if span.layout.rank == 0:
@@ -192,6 +235,22 @@ class EpochAudit:
         else:
             self.epochs_not_exact += 1
             logger.warning("%s", verdict.line())
+
+    def _named(self, record: AuditRecord, span: _Span) -> AuditRecord:
+        """``record`` with the samples of this rank's share it missed or repeated, when its
+        digest differs from the share's (and the rank kept what it delivered)."""
+        stream = self.source.cursor.stream(consumed=span.start)
+        n = len(stream)
+        if self.drop_last:
+            n = n // self.batch_size * self.batch_size
+        salt = self._salt()
+        mine = Digest()
+        for lo in range(0, n, KEEP):
+            mine += Digest.of(self._identify(stream.take(lo, min(n, lo + KEEP))), salt)
+        if mine == span.digest or span.kept is None or n > 2 * KEEP:
+            return record
+        missing, duplicated = _named(self._identify(stream.take(0, n)), span.kept)
+        return dataclasses.replace(record, missing=missing, duplicated=duplicated)
 
     def _write(self, record: AuditRecord) -> None:
         """Write the rank's record under ``audit_dir`` (a failure is logged: the audit must
@@ -207,17 +266,6 @@ class EpochAudit:
         """This rank's record of the span (rank 0's with the plan)."""
         cursor, salt = self.source.cursor, self._salt()
         layout = span.layout
-        missing: list[int] = []
-        duplicated: list[int] = []
-        stream = cursor.stream(consumed=span.start)
-        n = len(stream)
-        if self.drop_last:
-            n = n // self.batch_size * self.batch_size
-        mine = Digest()
-        for lo in range(0, n, KEEP):
-            mine += Digest.of(self._identify(stream.take(lo, min(n, lo + KEEP))), salt)
-        if mine != span.digest and span.kept is not None and n <= 2 * KEEP:
-            missing, duplicated = _named(self._identify(stream.take(0, n)), span.kept)
         plan = None
         if layout.rank == 0:
             p = plan_span(
@@ -237,8 +285,6 @@ class EpochAudit:
             start=span.start,
             digest=span.digest.to_list(),
             substituted=max(0, self.substitutes() - self._subs0),
-            missing=missing,
-            duplicated=duplicated,
             plan=plan,
         )
 
