@@ -24,7 +24,7 @@ from shardio.errors import StorageError, UsageError
 from shardio.metrics.snapshots import MetricsSnapshot
 from shardio.metrics.steps import StepTimer
 from shardio.read.timeouts import check_read_timeout
-from shardio.runtime.audit import make_observers, sample_facts, with_audit_counts
+from shardio.runtime.audit import make_observers, observe, with_audit_counts
 from shardio.runtime.plan import RunNeeds, run_positions
 from shardio.runtime.protocol import FAULTS_KEY, ReadSource
 from shardio.runtime.reaping import kill_workers, stop_workers
@@ -140,19 +140,9 @@ class ShardLoader:
         self._live: weakref.ref[_Batches] | None = None  # the last iteration
         self._needs: RunNeeds | None = None  # the current (or last) run's
         self.steps = StepTimer()
-        # Each delivered batch's samples go to each observer: ``observe(epoch, indices,
-        # labels, shards)`` (see _observe), and ``end_epoch(epoch)`` when an epoch's iteration
-        # ends. Internal: the audit is the first.
+        # Internal: each gets every delivered batch's samples and the epochs' ends
+        # (shardio.runtime.audit.observe); the exactly-once audit is the first.
         self._observers: list[Any] = make_observers(self, audit)
-
-    def _observe(self, epoch: int, positions: Any, start: int, n: int) -> None:
-        """Hand a delivered batch to the observers: ``indices``, the identities of its
-        samples (the run's planned ``positions[start:start + n]``: a dataset's global sample
-        indices, a mix's ``source << 48 | index``), with their ``labels`` and ``shards``
-        from the dataset's index (None for a mix), as int64/int32 arrays."""
-        indices, labels, shards = sample_facts(self.dataset, positions[start : start + n])
-        for observer in self._observers:
-            observer.observe(epoch, indices, labels, shards)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (a new one reshuffles and starts at its beginning)."""
@@ -405,7 +395,8 @@ class ShardLoader:
                 progressed = True
                 n = len(batch["__key__"])
                 if self._observers:
-                    self._observe(cursor.epoch, positions, delivered, n)
+                    batch_values = positions[delivered : delivered + n]
+                    observe(self._observers, self.dataset, cursor.epoch, batch_values)
                 delivered += n
                 cursor.advance(n * world)
                 batch = labels_to_tensor(batch)

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-import shardio.runtime.loader as loader_module
+import shardio.runtime.audit as audit_module
 from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo
 from shardio.read.epochaudit import read_records
@@ -104,7 +104,7 @@ def test_a_broken_delivery_is_caught_and_its_samples_named(packed_tar, caplog, m
     """The third batch hands its first sample twice and never its second (injected where the
     loader tells its observers what it delivered)."""
     caplog.set_level(logging.INFO, logger=AUDIT)
-    real = loader_module.sample_facts
+    real = audit_module.sample_facts
     calls = []
 
     def faulty(source, values):
@@ -114,7 +114,7 @@ def test_a_broken_delivery_is_caught_and_its_samples_named(packed_tar, caplog, m
             values[1] = values[0]
         return real(source, values)
 
-    monkeypatch.setattr(loader_module, "sample_facts", faulty)
+    monkeypatch.setattr(audit_module, "sample_facts", faulty)
     loader = ShardDataset(packed_tar.path, ranks=SINGLE, seed=4).loader(
         batch_size=50, num_workers=2
     )
