@@ -20,6 +20,7 @@ from typing import NoReturn, Protocol
 
 from shardio._version import __version__
 from shardio.cli import (
+    audit,
     bench,
     checkpoint,
     inspect,
@@ -73,6 +74,7 @@ COMMANDS: dict[str, Command] = {
     "stage": stage,
     "parity": parity,
     "checkpoint": checkpoint,
+    "audit": audit,
     "unpack": unpack,
     "topo": topo,
     "bench": bench,

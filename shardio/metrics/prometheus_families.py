@@ -70,6 +70,7 @@ ALERT_COUNTERS = (
     "substitutes",
     "unavailable",
     "worker_restarts",
+    "epochs_not_exact",  # the exactly-once audit (ShardLoader's counters)
 )
 
 

@@ -27,7 +27,14 @@ from shardio.order.partition import owners
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import OrderSpec
 
-__all__ = ["RankStream", "node_orders", "node_shares", "rank_stream", "samples_per_rank"]
+__all__ = [
+    "RankStream",
+    "node_orders",
+    "node_shares",
+    "rank_stream",
+    "remaining_samples",
+    "samples_per_rank",
+]
 
 _NODE_SALT = 0x1000
 
@@ -223,6 +230,14 @@ def _remaining(
             taken.append(stream.take(0, done))
         left[np.concatenate(taken)] = False
     return left
+
+
+def remaining_samples(
+    sizes: Any, spec: OrderSpec, epoch: int, history: list[tuple[int, int, int]]
+) -> np.ndarray[Any, Any] | None:
+    """A mask of the samples left after the earlier layouts of a partitioned epoch
+    (``history``); None: all are left (no history)."""
+    return _remaining(np.asarray(sizes, dtype=np.int64), spec, epoch, list(history))
 
 
 def rank_stream(

@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shardio.metrics import ReadMetrics, StepTimer, dashboard_path, snapshot
 from shardio.metrics.prometheus_families import metric_families
+from shardio.runtime.audit import EpochAudit, with_audit_counts
 
 HERE = pathlib.Path(__file__).resolve().parent
 REQUIRED = os.environ.get("SHARDIO_PROMETHEUS", "") == "required"
@@ -241,6 +242,8 @@ def exported_names() -> set[str]:
     from the exporter's own rendering of a snapshot, not from a list kept here."""
     read, steps = ReadMetrics(), StepTimer()
     snap = snapshot(read, steps, sources={"a": 1})  # a mix's series too
+    # As ShardLoader.metrics() gives it: with the exactly-once audit's counters.
+    snap = with_audit_counts(snap, [EpochAudit(None, batch_size=1, drop_last=False)])
 
     class Families:
         def collect(self) -> Any:
