@@ -36,6 +36,7 @@ from shardio.errors import ShardioError, UsageError
 from shardio.order.digest import MIX_SHIFT, Digest, dataset_salt
 from shardio.order.epochplan import plan_span
 from shardio.read.epochaudit import NAMED, AuditRecord, combine, write_record
+from shardio.runtime.quality import shuffle_observer
 
 if TYPE_CHECKING:
     from shardio.metrics.snapshots import MetricsSnapshot
@@ -75,7 +76,8 @@ def observe(observers: list[Any], source: Any, epoch: int, values: Any) -> None:
 
 def make_observers(loader: Any, audit: object) -> list[Any]:
     """A loader's batch observers: its audit (``audit``: True, False or a directory for
-    the ranks' records).
+    the ranks' records), then the shuffle-quality observer (:mod:`shardio.runtime.quality`)
+    of a dataset.
 
     Raises:
         UsageError: ``audit`` is none of these.
@@ -94,7 +96,7 @@ def make_observers(loader: Any, audit: object) -> list[Any]:
         except (AttributeError, KeyError, TypeError):
             return 0
 
-    return [
+    observers: list[Any] = [
         EpochAudit(
             source,
             batch_size=loader.batch_size,
@@ -103,6 +105,10 @@ def make_observers(loader: Any, audit: object) -> list[Any]:
             substitutes=substitutes,
         )
     ]
+    quality = shuffle_observer(source)  # the epoch's shuffle quality, logged at its end
+    if quality is not None:
+        observers.append(quality)
+    return observers
 
 
 def with_audit_counts(snap: MetricsSnapshot, observers: list[Any]) -> MetricsSnapshot:

@@ -23,10 +23,12 @@ from shardio._check import require_int
 from shardio.errors import StorageError, UsageError
 from shardio.metrics.snapshots import MetricsSnapshot
 from shardio.metrics.steps import StepTimer
+from shardio.order.quality_report import QualityReport
 from shardio.read.timeouts import check_read_timeout
 from shardio.runtime.audit import make_observers, observe, with_audit_counts
 from shardio.runtime.plan import RunNeeds, run_positions
 from shardio.runtime.protocol import FAULTS_KEY, ReadSource
+from shardio.runtime.quality import ShuffleQuality
 from shardio.runtime.reaping import kill_workers, stop_workers
 from shardio.runtime.sizing import warn_job_size
 from shardio.runtime.stallwatch import StallWatch, WorkersStuckError
@@ -89,9 +91,11 @@ class ShardLoader:
             13 ms with ``forkserver``, whose new workers re-opened all 402 shard files
             every epoch. False starts new workers every epoch.
         audit: prove each epoch delivered every planned sample exactly once
-            (:mod:`shardio.runtime.audit`; about 6 ns a sample): True (default), False, or
-            a directory where each rank also writes its record (``shardio audit DIR``
-            combines them when ``torch.distributed`` is not initialised).
+            (:mod:`shardio.runtime.audit`; about 20 ns a sample) and report the shuffle
+            quality it delivered (:mod:`shardio.runtime.quality`; one log line an epoch,
+            :attr:`shuffle_quality`): True (default), False (neither), or a directory where
+            each rank also writes its audit record (``shardio audit DIR`` combines them when
+            ``torch.distributed`` is not initialised).
         **kwargs: passed to ``torch.utils.data.DataLoader`` (pin_memory, prefetch_factor,
             multiprocessing_context, ...).
     """
@@ -184,6 +188,13 @@ class ShardLoader:
             return {"ring": 0, "fallback": 0}
         ring, fallback = self._ring_counts.sum(dim=0).tolist()
         return {"ring": int(ring), "fallback": int(fallback)}
+
+    @property
+    def shuffle_quality(self) -> QualityReport | None:
+        """The shuffle quality of the last epoch this rank finished (None before one, for a
+        mix, or with ``audit=False``)."""
+        found = [o for o in self._observers if isinstance(o, ShuffleQuality)]
+        return found[0].last if found else None
 
     def metrics(self) -> MetricsSnapshot:
         """This rank's data path so far, over every iteration of this loader.
