@@ -10,8 +10,10 @@ test can fail.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import random
+import subprocess
 import sys
 from typing import Any
 
@@ -46,48 +48,70 @@ def datasets(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return out
 
 
-def _soak(datasets: list[str], **kwargs: Any) -> soak.SoakRun:
-    return soak.soak(
-        datasets[0], datasets[1:], epochs=EPOCHS, warmup=WARMUP, batch_size=16, **kwargs
-    )
+# The soak runs in a fresh interpreter, as benchmarks/bench_soak.py runs it: in a long-lived
+# pytest worker the heap holds pages freed by earlier tests, which a leak fills before the RSS
+# moves, so a real leak could go unseen (and the test pass by luck).
+_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import soak
+from shardio import MixedDataset
+
+datasets, leak = json.loads(sys.argv[2]), sys.argv[3] == "leak"
+kept, in_worker = [], []
+if leak:  # 16 KiB a batch in the training loop; 32 KiB a batch in the mix's forked workers
+    getitems = MixedDataset.__getitems__
+
+    def leaky_getitems(self, positions):
+        in_worker.append(b"\\x01" * (32 << 10))
+        return getitems(self, positions)
+
+    MixedDataset.__getitems__ = leaky_getitems
+run = soak.soak(
+    datasets[0], datasets[1:], epochs=int(sys.argv[4]), warmup=int(sys.argv[5]), batch_size=16,
+    on_batch=(lambda batch: kept.append(b"\\x01" * (16 << 10))) if leak else None,
+)
+print(json.dumps({
+    "problems": soak.judge(run.series, soak.Limits(), restarts=run.restarts),
+    "samples": run.samples, "scrapes": run.scrapes,
+    "series": {name: len(s) for name, s in run.series.items()},
+    "before": run.before, "after_close": run.after_close,
+}))
+"""
+
+
+def _soak(datasets: list[str], leak: bool = False) -> dict[str, Any]:
+    argv = [sys.executable, "-c", _CHILD, str(BENCH), json.dumps(datasets)]
+    argv += ["leak" if leak else "clean", str(EPOCHS), str(WARMUP)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def test_a_long_run_stays_flat(datasets: list[str]) -> None:
     run = _soak(datasets)
-    assert run.samples == EPOCHS * 3 * 128
-    assert run.scrapes == EPOCHS
-    assert set(run.series) == {
-        "training process",
-        "plain worker 0",
-        "plain worker 1",
-        "mix worker 0",
-        "mix worker 1",
+    assert run["samples"] == EPOCHS * 3 * 128
+    assert run["scrapes"] == EPOCHS
+    assert run["series"] == {
+        name: EPOCHS - WARMUP
+        for name in (
+            "training process",
+            "plain worker 0",
+            "plain worker 1",
+            "mix worker 0",
+            "mix worker 1",
+        )
     }
-    assert all(len(s) == EPOCHS - WARMUP for s in run.series.values())
-    assert soak.judge(run.series, soak.Limits(), restarts=run.restarts) == []
+    assert run["problems"] == []
     # close() leaves no worker, thread, descriptor or shared-memory file behind.
-    assert run.after_close["workers_left"] == 0
-    assert run.after_close["threads"] <= run.before["threads"]
-    assert run.after_close["fds"] <= run.before["fds"]
-    assert run.after_close["dev_shm_left"] == 0
+    assert run["after_close"]["workers_left"] == 0
+    assert run["after_close"]["threads"] <= run["before"]["threads"]
+    assert run["after_close"]["fds"] <= run["before"]["fds"]
+    assert run["after_close"]["dev_shm_left"] == 0
 
 
-def test_the_detector_finds_leaks_in_the_loop_and_in_a_worker(
-    datasets: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from shardio import MixedDataset
-
-    kept: list[bytes] = []  # in the training process: 16 KiB per batch, 2 loaders
-    in_worker: list[bytes] = []  # a forked worker's copy: 32 KiB per batch it builds
-    getitems = MixedDataset.__getitems__
-
-    def leaky_getitems(self: MixedDataset, positions: Any) -> Any:
-        in_worker.append(b"\x01" * (32 << 10))
-        return getitems(self, positions)
-
-    monkeypatch.setattr(MixedDataset, "__getitems__", leaky_getitems)
-    run = _soak(datasets, on_batch=lambda batch: kept.append(b"\x01" * (16 << 10)))
-    problems = soak.judge(run.series, soak.Limits(), restarts=run.restarts)
+def test_the_detector_finds_leaks_in_the_loop_and_in_a_worker(datasets: list[str]) -> None:
+    problems = _soak(datasets, leak=True)["problems"]
     assert any(p.startswith("training process: RSS grows") for p in problems), problems
     assert any(p.startswith("mix worker 0: anonymous RSS grows") for p in problems), problems
     assert any(p.startswith("mix worker 1: anonymous RSS grows") for p in problems), problems
