@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 from shardio.dali._pipeline import ShardPipeline
+from shardio.errors import UsageError
 from shardio.metrics.snapshots import MetricsSnapshot, snapshot
 from shardio.metrics.steps import StepTimer
+from shardio.runtime.audit import make_observers, observe, with_audit_counts
+from shardio.runtime.plan import run_positions
 
 __all__ = ["OUTPUT_MAP", "DALILoader"]
 
@@ -41,18 +45,36 @@ class DALILoader:
     the batch holding it, which is up to ``prefetch_queue_depth`` batches before the loop
     would reach that batch. On DALI's reader path DALI raises its own RuntimeError.
 
+    Audit: where shardio's reader feeds DALI (the verified path, and HDF5), each epoch is
+    audited as ShardLoader's are (:mod:`shardio.runtime.audit`: every planned sample handed
+    to the loop exactly once, one log line an epoch, ``epochs_audited`` and
+    ``epochs_not_exact`` in :meth:`metrics`); DALI's own reader (``verify=False`` on tar) is
+    not seen by shardio and is not audited.
+
     Args:
         pipeline: the pipeline to iterate (the loader closes it in :meth:`close`).
+        audit: True (default) or False, as ShardLoader's (no records directory here).
 
     Attributes:
         steps: step time and the wait for each batch, where the loop takes it.
     """
 
-    def __init__(self, pipeline: ShardPipeline) -> None:
+    def __init__(self, pipeline: ShardPipeline, *, audit: bool = True) -> None:
+        if not isinstance(audit, bool):
+            raise UsageError(f"audit must be True or False, got {audit!r}")
         self.pipeline = pipeline
         self.steps = StepTimer()
         self._iterator: Any = None
         self._state = "fresh"  # "fresh", "running" (a pass in progress, or left), "ended"
+        self._observers: list[Any] = []
+        self._audited = _AuditedPipeline(pipeline)
+        if audit and pipeline.packed is not None and pipeline.cursor is not None:
+            # As a ShardLoader's: its batches are whole but for the epoch's last (DALI's
+            # partial batch), so the loader cuts nothing (drop_last False).
+            view = SimpleNamespace(
+                dataset=self._audited, batch_size=pipeline.options.batch_size, drop_last=False
+            )
+            self._observers = make_observers(view, True)
 
     @property
     def epoch(self) -> int:
@@ -117,18 +139,23 @@ class DALILoader:
         """This rank's data path: shardio's reads (verified path only; DALI's own reader
         is not seen) and the step time, wait and stall fraction of the loops."""
         ranks = self.pipeline.ranks
-        return snapshot(
+        snap = snapshot(
             self.pipeline.read_metrics(),
             self.steps,
             rank=ranks.rank,
             world_size=ranks.world_size,
         )
+        return with_audit_counts(snap, self._observers)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         iterator = self._start_pass()
         cursor = self.pipeline.cursor
         world = self.pipeline.ranks.world_size
         clock = time.perf_counter_ns
+        planned: Any = None  # what this pass hands to the loop, in order (the audit's ids)
+        if self._observers and cursor is not None:
+            planned = run_positions(cursor.stream(), 1, False)
+        delivered = 0
         self.steps.start()
         while True:
             asked = clock()
@@ -141,11 +168,17 @@ class DALILoader:
             samples = _batch_len(batch)
             self.steps.batch(wait_ns=now - asked, samples=samples, now_ns=now)
             if cursor is not None:
+                if planned is not None:
+                    values = planned[delivered : delivered + samples]
+                    observe(self._observers, self._audited, cursor.epoch, values)
+                delivered += samples
                 cursor.advance(samples * world)  # handed to the loop: a resume starts after it
             yield batch
         self._state = "ended"
         if cursor is not None:
             cursor.finish()
+            for observer in self._observers:
+                observer.end_epoch(cursor.epoch)
 
     def close(self) -> None:
         """Drop the DALI iterator and close the pipeline."""
@@ -157,6 +190,29 @@ class DALILoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _AuditedPipeline:
+    """What the audit reads of a pipeline fed by shardio's reader: its cursor, dataset id,
+    reader (for the samples' labels and shards) and read figures (for substitutions)."""
+
+    def __init__(self, pipeline: ShardPipeline) -> None:
+        self._pipeline = pipeline
+
+    @property
+    def cursor(self) -> Any:
+        return self._pipeline.cursor
+
+    @property
+    def dataset_id(self) -> str | None:
+        return self._pipeline.dataset_id
+
+    @property
+    def packed(self) -> Any:  # read afresh: a rebuilt pipeline has a new reader
+        return self._pipeline.packed
+
+    def read_metrics(self) -> Any:
+        return self._pipeline.read_metrics()
 
 
 def _batch_len(batch: dict[str, Any]) -> int:

@@ -373,6 +373,12 @@ class ShardPipeline:
         return self._source.rank_indices()
 
     @property
+    def packed(self) -> Any:
+        """The reader that feeds DALI (shardio's own: the verified path, and HDF5), or None
+        when DALI's reader reads the shards itself."""
+        return None if self._source is None else self._source.packed
+
+    @property
     def drop_last(self) -> bool:
         """Each rank cuts its remainder (True) or pads to equal counts (False)."""
         return self.options.spec.drop_last

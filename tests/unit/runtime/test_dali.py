@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -554,3 +555,32 @@ def test_dali_and_the_dataset_set_up_the_same_reader(
     finally:
         source.close()
         ds.close()
+
+
+# -- the exactly-once audit of the verified path ---------------------------------------------
+def test_the_verified_path_audits_each_epoch(
+    packed_tar: Packed, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="shardio.runtime.audit")
+    with sdali.loader(
+        packed_tar.path, batch_size=BATCH, seed=7, shard_id=0, num_shards=1
+    ) as loader:
+        for i, _ in enumerate(loader):  # left early: the next loop reads the rest
+            if i == 2:
+                break
+        for _ in loader:
+            pass
+        counters = loader.metrics().counters
+    lines = [r.getMessage() for r in caplog.records if r.name == "shardio.runtime.audit"]
+    assert lines == [f"epoch 0: {len(packed_tar.keys)} samples, each exactly once"], lines
+    assert counters["epochs_audited"] == 1 and counters["epochs_not_exact"] == 0
+
+
+def test_dali_s_own_reader_is_not_audited(packed_tar: Packed) -> None:
+    loader = _unverified(packed_tar.path, batch_size=BATCH, shard_id=0, num_shards=1)
+    try:
+        for _ in loader:
+            pass
+        assert "epochs_audited" not in loader.metrics().counters
+    finally:
+        loader.close()
