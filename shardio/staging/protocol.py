@@ -431,10 +431,12 @@ def read_held(dest: str) -> set[str] | None:
     """The shards the area may hold: its plan's and the earlier plans' kept copies
     (``held``); None when no valid plan is recorded."""
     doc = _plan_doc(dest) or {}
-    shards, held = doc.get("shards"), doc.get("held", [])
-    if not all(isinstance(x, list) and all(isinstance(r, str) for r in x) for x in (shards, held)):
-        return None
-    return set(shards) | set(held)
+    found: set[str] = set()
+    for part in (doc.get("shards"), doc.get("held", [])):
+        if not isinstance(part, list) or not all(isinstance(r, str) for r in part):
+            return None
+        found.update(part)
+    return found
 
 
 def read_plan(dest: str) -> set[str] | None:
