@@ -84,7 +84,8 @@ def test_slurm_ranks_carry_the_host_names() -> None:
     assert detect_ranks(plain).node_keys is None and detect_ranks(plain).node_key == "1"
     assert detect_ranks(env | {"SLURM_PROCID": "4"}).node_keys == layout.node_keys
     # one node in the layout (tasks per node unknown): no names needed
-    assert detect_ranks({k: v for k, v in env.items() if k != "SLURM_NTASKS_PER_NODE"}).node_keys is None  # fmt: skip
+    unknown = {k: v for k, v in env.items() if k != "SLURM_NTASKS_PER_NODE"}
+    assert detect_ranks(unknown).node_keys is None
 
 
 @pytest.mark.parametrize(
@@ -94,7 +95,7 @@ def test_slurm_ranks_carry_the_host_names() -> None:
             _slurm(3, 2, 2, "n[1-2]", SLURMD_NODENAME="n1"),
             r"SLURMD_NODENAME='n1' is not host "
             r"SLURM_NODEID=1 of SLURM_JOB_NODELIST \('n2'\)",
-        ),  # fmt: skip
+        ),
         (_slurm(3, 2, 2, "n[1-2]", SLURM_NODEID="2"), "SLURM_NODEID=2 is not a node of"),
         (_slurm(3, 2, 2, "n[1-3]"), "names 3 host"),
         (_slurm(3, 2, 2, "n[1-2"), r"SLURM_JOB_NODELIST='n\[1-2'"),

@@ -69,7 +69,7 @@ def test_losing_any_node_moves_about_its_share(name, samples, nbytes, lost) -> N
     # the survivors' numbering does not matter: the shares follow the names
     assert np.array_equal(_by_name(samples, survivors[::-1]), after)
     # a new host (7 -> 8 with a new name) takes about 1/8, from every node
-    grown = survivors + ("gpu999",)
+    grown = (*survivors, "gpu999")
     regrown = _by_name(samples, grown)
     took = regrown != after
     assert (regrown[took] == "gpu999").mean() > 0.6
