@@ -45,10 +45,9 @@ rank and the stager compute it alike, and:
   clips, the ones that move).
 - Shards without samples are never read; each goes to the node it prefers.
 
-Earlier releases dealt largest first to the lightest node (salt 0x70, node numbers only),
-then nested node k's share in the shares of the nodes before it (salt 0x71); their shares
-differ from these, so a loader state saved mid-epoch under either is refused (state
-versions before 4, :mod:`shardio.order.cursor`), and a staging area staged under them keeps
+Earlier releases dealt largest first to the lightest node (salt 0x70, by node number); their
+shares differ from these, so a loader state saved mid-epoch under that deal is refused (state
+versions before 4, :mod:`shardio.order.cursor`), and a staging area staged under it keeps
 the copies that are still this node's and stages the rest.
 
 ``rotating``: that partition laid out as a ring (node 0's shards, then node 1's, ..., each
