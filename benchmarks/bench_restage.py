@@ -1,13 +1,19 @@
-"""Bytes a node partition moves when a job goes from 8 nodes to 7 and back, against a re-deal.
+"""Bytes a node partition moves when a job loses a node, gets a replacement host, or grows,
+against a re-deal.
 
 For each of three shard-size distributions (seeded, so a rerun prints the same figures), the
-node shares of ``partition=node`` (:func:`shardio.order.partition.owners`, the nested deal)
-are computed for 8 and 7 nodes, and so are those of the greedy deal earlier releases used
-(shards largest first to the lightest node: a re-deal from scratch, written out here as the
-baseline). Bytes moved: the bytes of the shards each node must stage that it did not hold
-before (node i keeps its number; the node that leaves is the last). Also the spread of node
-shares (samples), against the largest shard's samples (the documented bound), and the time
-one deal takes. The section "Re-staging after a lost node" of RESULTS.md gets the table.
+node shares of ``partition=node`` (:func:`shardio.order.partition.owners`, the rendezvous
+deal over the nodes' host names) are computed for 8 hosts, then for: node k lost (k = 0,
+the first; 3, the middle; 7, the last) and the job restarted on the 7 others (SLURM
+renumbers them; the deal follows the names); node 3's host replaced by a host of another
+name (8 -> 8); and 7 hosts grown to 8 by a new name. Moved: the bytes of the shards whose
+host changed (each must be staged where it now belongs); from the source: the bytes that
+were only on a lost host (the rest can come from the other areas, ``shardio stage
+--peers``). Baseline: the greedy deal of earlier releases (shards largest first to the
+lightest node, by node number), which re-deals everything on a change. Also the spread of
+node shares (samples) against the largest shard's samples (the documented bound), the time
+one deal takes, and the cascade and deal time at 64 and 1,024 nodes (100,000 shards). The
+section "Re-staging after a lost node" of RESULTS.md gets the table.
 
 Usage: ``python benchmarks/bench_restage.py [--no-write]``.
 """
@@ -31,6 +37,7 @@ from shardio.order.permute import key_of, permute
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTION = "## Re-staging after a lost node"
 SEED = 1
+HOSTS = tuple(f"gpu{i:03d}" for i in range(8))
 
 
 def _imagenet() -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -80,9 +87,40 @@ def _redeal(sizes: np.ndarray[Any, Any], num_nodes: int, seed: int) -> np.ndarra
     return owner
 
 
-def _moved(before: np.ndarray[Any, Any], after: np.ndarray[Any, Any], nbytes: Any) -> int:
-    """Bytes of the shards whose node changed (each must be staged where it now belongs)."""
-    return int(nbytes[before != after].sum())
+def _hosts_of(samples: Any, hosts: tuple[str, ...]) -> np.ndarray[Any, Any]:
+    """Each shard's host under the rendezvous deal."""
+    return np.asarray(hosts)[owners(samples, num_nodes=len(hosts), seed=SEED, keys=hosts)]
+
+
+def _cases() -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
+    """(case, hosts before, hosts after)."""
+    out = []
+    for lost, where in ((0, "first"), (3, "middle"), (7, "last")):
+        out.append((f"node {lost} ({where}) lost", HOSTS, HOSTS[:lost] + HOSTS[lost + 1 :]))
+    out.append(("node 3 replaced (8 -> 8)", HOSTS, (*HOSTS[:3], "spare01", *HOSTS[4:])))
+    out.append(("7 -> 8, a new host", HOSTS[:7], (*HOSTS[:7], "spare01")))
+    return out
+
+
+def _redealt(samples: Any, before: tuple[str, ...], after: tuple[str, ...]) -> np.ndarray:
+    """Which shards change host under the greedy re-deal (hosts numbered as SLURM numbers
+    them: in the sorted host list)."""
+    old = np.asarray(sorted(before))[_redeal(samples, len(before), SEED)]
+    new = np.asarray(sorted(after))[_redeal(samples, len(after), SEED)]
+    return np.asarray(old != new)
+
+
+def _scale(nodes: int) -> tuple[float, float]:
+    """(bytes moved over the lost share, seconds of one deal) for 100,000 shards of 500 to
+    1,500 samples (bytes in proportion) on ``nodes`` hosts, the middle one lost."""
+    samples = np.random.default_rng(7).integers(500, 1500, 100_000)
+    hosts = tuple(f"n{i:05d}" for i in range(nodes))
+    start = time.perf_counter()
+    before = _hosts_of(samples, hosts)
+    took = time.perf_counter() - start
+    lost = hosts[nodes // 2]
+    after = _hosts_of(samples, tuple(h for h in hosts if h != lost))
+    return float(samples[before != after].sum() / samples[before == lost].sum()), took
 
 
 def main() -> int:
@@ -93,7 +131,6 @@ def main() -> int:
     args = parser.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     rows, worst = [], 0.0
-    middle: list[tuple[str, float, float, float]] = []
     for name, make in (
         ("ImageNet-1k, 1,000 a shard", _imagenet),
         ("long-tailed corpus, 1 GiB shards", _capped),
@@ -102,70 +139,80 @@ def main() -> int:
         samples, nbytes = make()
         total = int(nbytes.sum())
         start = time.perf_counter()
-        n8 = owners(samples, num_nodes=8, seed=SEED)
+        n8 = _hosts_of(samples, HOSTS)
         deal_s = time.perf_counter() - start
-        n7 = owners(samples, num_nodes=7, seed=SEED)
-        r8, r7 = _redeal(samples, 8, SEED), _redeal(samples, 7, SEED)
-        down, up = _moved(n8, n7, nbytes), _moved(n7, n8, nbytes)
-        worst = max(worst, down / total, up / total)
-        load = np.bincount(n8, weights=samples, minlength=8)
-        if not middle:  # node 3 lost, the survivors renumbered as SLURM does (4 -> 3, ...)
-            shifted, swapped = [0, 1, 2, 4, 5, 6, 7], [0, 1, 2, 7, 4, 5, 6]
-            fetch = [
-                sum(int(nbytes[(n7 == i) & (n8 != host[i])].sum()) for i in range(7)) / total
-                for host in (shifted, swapped)
-            ]
-            middle.append((name, *fetch, int(nbytes[n8 == 3].sum()) / total))
-        rows.append(
-            [
-                f"{name}: {len(samples):,} shards, {total / 1e12:.2f} TB",
-                f"{down / total:.1%} ({down / 1e9:,.0f} GB)",
-                f"{up / total:.1%}",
-                f"{_moved(r8, r7, nbytes) / total:.1%}",
-                f"{_moved(r7, r8, nbytes) / total:.1%}",
-                f"{load.max() - load.min():,.0f} / {samples.max():,}",
-                f"{deal_s * 1e3:,.0f} ms",
-            ]
-        )
-        print(f"{name}: 8->7 {down / total:.3f}, 7->8 {up / total:.3f}", file=sys.stderr)
+        load = np.bincount(owners(samples, num_nodes=8, seed=SEED, keys=HOSTS), weights=samples)
+        for case, before, after in _cases():
+            old = n8 if before == HOSTS else _hosts_of(samples, before)
+            new = _hosts_of(samples, after)
+            moved = int(nbytes[old != new].sum())
+            gone = set(before) - set(after)
+            source = int(nbytes[np.isin(old, list(gone))].sum()) if gone else 0
+            if "lost" in case or "new host" in case:
+                worst = max(worst, moved / total * 8)
+            rows.append(
+                [
+                    name if case.startswith("node 0") else "",
+                    case,
+                    f"{moved / total:.1%} ({moved / 1e9:,.0f} GB)",
+                    f"{moved / total * 8:.2f}",
+                    f"{source / total:.1%}",
+                    f"{nbytes[_redealt(samples, before, after)].sum() / total:.1%}",
+                    f"{load.max() - load.min():,.0f} / {samples.max():,}"
+                    if case.startswith("node 0")
+                    else "",
+                    f"{deal_s * 1e3:,.0f} ms" if case.startswith("node 0") else "",
+                ]
+            )
+            print(f"{name}: {case}: {moved / total:.3f}", file=sys.stderr)
+    scale = {nodes: _scale(nodes) for nodes in (64, 1024)}
     body = "\n".join(
         [
             f"Run {datetime.date.today().isoformat()}: `python benchmarks/bench_restage.py` "
-            "(computed, no I/O: the shares of `partition=node`, seed 1).",
+            "(computed, no I/O: the shares of `partition=node`, seed 1, 8 hosts gpu000 to "
+            "gpu007).",
             "",
-            "Share of the dataset's bytes that must be staged again when a job goes from 8 "
-            "nodes to 7 (the last node lost) and from 7 back to 8, with the nested deal "
-            "`partition=node` uses now and with a re-deal from scratch (the greedy deal of "
-            "earlier releases). Spread: the largest node share minus the smallest, in "
-            "samples, against the largest shard's samples (the documented bound). "
-            f"1/8 = {1 / 8:.1%}, 1/7 = {1 / 7:.1%}.",
+            "Share of the dataset's bytes that must be staged on another host when a job "
+            "loses node k of 8 and restarts on the 7 others (SLURM renumbers them; the deal "
+            "follows the host names), when a host of another name replaces node 3, and when 7 "
+            "hosts grow to 8, with the rendezvous deal `partition=node` uses now and with a "
+            "re-deal from scratch (the greedy deal of earlier releases, by node number). "
+            "x 1/N: the moved bytes over 1/8 of the dataset. From the source: the bytes that "
+            "were only on a lost host (the rest can be copied from the other hosts' areas, "
+            "`shardio stage --peers`). Spread: the largest node share minus the smallest, in "
+            "samples, against the largest shard's samples (the documented bound).",
             "",
             common.markdown_table(
                 [
                     "dataset",
-                    "8 -> 7 nested",
-                    "7 -> 8 nested",
-                    "8 -> 7 re-deal",
-                    "7 -> 8 re-deal",
+                    "change",
+                    "moved",
+                    "x 1/N",
+                    "from source",
+                    "re-deal moves",
                     "spread / largest shard",
                     "one deal (8 nodes)",
                 ],
                 rows,
             ),
             "",
-            f"The nested deal moves at most {worst:.1%} of the bytes (about 1/N: the last "
-            "node's share going, or the new node's coming); a re-deal moves most of them. "
-            "`shardio stage --peers` reads what moved from the other nodes' staging areas "
-            "where they are reachable (tests/slurm/test_slurm_restage.py, on the SLURM test "
-            "cluster).",
+            f"Losing any node, or adding one, moves at most {worst:.2f} N-ths of the bytes here "
+            "(the lost share and a small cascade), whichever node it is; a re-deal moves most "
+            "of them. "
+            "A replacement host under another name takes its own share, not the lost one's: "
+            "about 2/N change host, of which 1/N (the lost share) must come from the source "
+            "and the rest from the other areas. The previous deal (nested, by node number) "
+            "moved 60.7% of ImageNet's bytes when node 3 of 8 was lost and SLURM renumbered "
+            "the survivors.",
             "",
-            f"The node that leaves must be the last one. {middle[0][0]}: when node 3 of 8 is "
-            "lost and the survivors are renumbered in order (SLURM's node ids: 4 becomes 3, "
-            f"...), {middle[0][1]:.1%} of the bytes are no longer where they are needed; "
-            f"{middle[0][3]:.1%} (node 3's share) was only on the lost node. When the last "
-            f"node takes number 3 and the others keep theirs, {middle[0][2]:.1%} move (see "
-            'docs/guides/staging-slurm.md, "When a node is lost"); `--peers` fetches what '
-            "moved from the survivors' areas instead of the source.",
+            "More nodes, smaller shares, a larger cascade (100,000 shards of 500 to 1,500 "
+            "samples, the middle host lost): "
+            + "; ".join(
+                f"{nodes:,} hosts: {ratio:.1f} x the lost share moved, one deal "
+                f"{took * 1e3:,.0f} ms"
+                for nodes, (ratio, took) in scale.items()
+            )
+            + ".",
         ]
     )
     common.publish(body, SECTION, args)

@@ -38,7 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``shardio stage``."""
     parser.add_argument("paths", nargs="+", metavar="SRC [DEST]")
     parser.add_argument(
-        "--node", default="auto", help="I/N (0-based) or auto (SLURM_NODEID/NNODES)"
+        "--node",
+        default="auto",
+        help="I/N (0-based) or auto (SLURM_NODEID/NNODES); under SLURM the shares are dealt "
+        "by host name (SLURM_STEP_NODELIST or SLURM_JOB_NODELIST), as training deals them",
     )
     add_whole_number(
         parser,
@@ -209,6 +212,35 @@ def _peers_of(text: str | None) -> tuple[str, ...]:
     return items
 
 
+def _node_keys_of(env: Mapping[str, str], nodes: int, *, auto: bool) -> tuple[str, ...] | None:
+    """The nodes' names the deal is keyed by: SLURM's hosts (what training's rank layout
+    holds, :func:`shardio.order.ranks.slurm_hosts`) when the job's node list names ``nodes``
+    hosts; None (node numbers) outside SLURM.
+
+    Raises:
+        UsageError: a malformed node list, one that disagrees with ``SLURM_NODEID`` and
+            ``SLURMD_NODENAME``, or (``--node auto``) one of another length than
+            ``SLURM_NNODES``.
+    """
+    from shardio.order.ranks import slurm_hosts
+
+    if auto and "SLURM_NNODES" not in env:
+        return None  # not under SLURM: one node
+    hosts = slurm_hosts(env)
+    if hosts is None or len(hosts) == nodes:
+        return hosts
+    if auto:
+        raise UsageError(
+            f"SLURM_NNODES={nodes} but the job's node list names {len(hosts)} host(s): "
+            "--node auto cannot tell which share is this node's"
+        )
+    return None  # --node I/N of another count than the job's hosts: numbered nodes
+
+
+def _shown_keys(keys: tuple[str, ...]) -> str:
+    return ", ".join(keys[:4]) + (f", ... ({len(keys):,} hosts)" if len(keys) > 4 else "")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``shardio stage`` (and ``stage --clean``)."""
     from shardio.cli.progressbar import ProgressBar
@@ -226,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
         node, nodes = env_node_part(env)
     else:
         node, nodes = parse_part(args.node, option="--node")
+    keys = _node_keys_of(env, nodes, auto=args.node == "auto")
     ranks = args.ranks_per_node
     if ranks is None:
         ranks = env_ranks_per_node(env)
@@ -242,6 +275,7 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         read_timeout_s=_stage_timeout(src, args.read_timeout),
         peers=_peers_of(args.peers),
+        node_keys=keys,
     )
     dest = args.paths[1] if len(args.paths) == 2 else default_stage_dir(src, env)
     bar = None if args.no_progress else ProgressBar("staging", unit="shards")
@@ -256,6 +290,9 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"node {node}/{nodes}: {result.moved_line()}")
     print(f"for order {options.spec}, epoch {options.epoch} (training must use the same)")
+    if keys is not None and options.spec.partitioned:
+        print(f"node {node}/{nodes} is host {keys[node]}; shares dealt by host name over "
+              f"{_shown_keys(keys)}")  # fmt: skip
     if result.from_source:
         shown = ", ".join(result.from_source[:3]) + (", ..." if len(result.from_source) > 3 else "")
         print(

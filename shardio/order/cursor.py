@@ -10,8 +10,11 @@ this rank's epoch (lazily, chunk by chunk).
 The state (a dict of plain values) is versioned: version 1 (an older shardio, whose orders
 were computed otherwise) loads at an epoch boundary or in sequential order, where both
 agree; versions 2 and 3 load except mid-epoch of a node partition (``node`` or ``rotating``),
-whose node shares the nested deal of version 4 changed (:mod:`shardio.order.partition`);
-version 4 is written now.
+whose node shares the rendezvous deal of version 4 changed (:mod:`shardio.order.partition`);
+version 4 is written now. It records the layout's node names (``node_keys``: SLURM's hosts,
+or null for numbered nodes) and each earlier layout's, since the deal, hence what each rank
+of a layout read, depends on them: a job resumed on other hosts, or on the same hosts
+renumbered, takes out what every rank of each earlier layout consumed and shares the rest.
 """
 
 from __future__ import annotations
@@ -25,13 +28,13 @@ from shardio._check import require_int
 from shardio.errors import UsageError
 from shardio.order.ranks import RankInfo, detect_ranks
 from shardio.order.spec import OrderSpec
-from shardio.order.streams import RankStream, rank_stream
+from shardio.order.streams import EarlierLayout, RankStream, rank_stream
 
 __all__ = ["STATE_VERSION", "EpochCursor", "parse_state"]
 
 STATE_VERSION = 4  # 2: the order spec, ranks per node and the layouts of the epoch so far;
 # 3: rotating partitions computed directly from the epoch (their owners of epoch >= 1 differ);
-# 4: node partitions dealt by the nested deal (every node share differs)
+# 4: node partitions dealt by rendezvous over the nodes' names, recorded (every share differs)
 # The integers a state holds, with the least value each may take.
 _STATE_INTS = {
     "version": 0,
@@ -41,6 +44,7 @@ _STATE_INTS = {
     "world_size": 1,
     "ranks_per_node": 1,
 }
+_MAX_KEYS = 1 << 20  # node names a state may record (MAX_NODES of the stager)
 _STREAMS_KEPT = 8  # rank streams of recent positions kept (each is cheap to rebuild)
 
 
@@ -65,7 +69,7 @@ class EpochCursor:
         self._ranks = ranks
         self.epoch = 0
         self.consumed = 0  # global positions of this epoch delivered
-        self.history: list[tuple[int, int, int]] = []  # earlier layouts of this epoch
+        self.history: list[EarlierLayout] = []  # earlier layouts of this epoch
         # This process read the epoch to its end (not saved: a state loaded at the end of an
         # epoch stays there); the next iteration reads the epoch again.
         self.ended = False
@@ -192,7 +196,8 @@ class EpochCursor:
             "consumed": min(self.consumed, self.num_samples),
             "world_size": layout.world_size,
             "ranks_per_node": layout.node_size,
-            "history": [list(h) for h in self.history],
+            "node_keys": _keys_list(layout.node_keys),
+            "history": [[w, r, c, _keys_list(k)] for w, r, c, k in self.history],
         }
 
     def load(self, state: Mapping[str, Any]) -> None:
@@ -200,8 +205,9 @@ class EpochCursor:
 
         Without a partition, the consumed prefix of the epoch's global order is done, so the
         rest is shared out among the ranks now. With a node partition, what each rank of the
-        saved layout consumed is taken out and the rest shared out under the layout now
-        (recorded in the state, so a later resume honours every layout of the epoch).
+        saved layout (ranks, ranks per node and node names) consumed is taken out and the rest
+        shared out under the layout now (recorded in the state, so a later resume honours
+        every layout of the epoch).
 
         Raises:
             UsageError: the state is malformed (a key missing, of the wrong type or out of
@@ -222,12 +228,10 @@ class EpochCursor:
         layout = self.ranks()
         history = [tuple(h) for h in values["history"]]
         consumed = values["consumed"]
-        same = (values["world_size"], values["ranks_per_node"]) == (
-            layout.world_size,
-            layout.node_size,
-        )
+        saved = (values["world_size"], values["ranks_per_node"], values["node_keys"])
+        same = saved == (layout.world_size, layout.node_size, layout.node_keys)
         if self.spec.partitioned and not same and consumed > 0:
-            history.append((values["world_size"], values["ranks_per_node"], consumed))
+            history.append((saved[0], saved[1], consumed, saved[2]))
             consumed = 0
         self.epoch = values["epoch"]
         self.consumed = consumed
@@ -265,19 +269,32 @@ def parse_state(state: object) -> dict[str, Any]:
             "samples"
         )
     values["spec"] = OrderSpec.from_dict(state["spec"])
+    values["node_keys"] = _parse_keys(state.get("node_keys"), "state 'node_keys'")
     history = state["history"]
     if not isinstance(history, list) or not all(
-        isinstance(h, list | tuple) and len(h) == 3 for h in history
+        isinstance(h, list | tuple) and len(h) in (3, 4) for h in history
     ):
-        raise UsageError("state 'history' must be a list of [world_size, ranks_per_node, consumed]")
+        raise UsageError(
+            "state 'history' must be a list of [world_size, ranks_per_node, consumed, node_keys]"
+        )
     values["history"] = [
         (
-            require_int(w, "state history world_size", minimum=1),
-            require_int(r, "state history ranks_per_node", minimum=1),
-            require_int(c, "state history consumed", minimum=0),
+            require_int(h[0], "state history world_size", minimum=1),
+            require_int(h[1], "state history ranks_per_node", minimum=1),
+            require_int(h[2], "state history consumed", minimum=0),
+            _parse_keys(h[3] if len(h) == 4 else None, "state history node_keys"),
         )
-        for w, r, c in history
+        for h in history
     ]
+    for what, world, per_node, keys in [
+        ("state", values["world_size"], values["ranks_per_node"], values["node_keys"]),
+        *(("state history", w, r, k) for w, r, _, k in values["history"]),
+    ]:
+        if keys is not None and len(keys) * per_node != world:
+            raise UsageError(
+                f"{what} records {len(keys)} node name(s) for {world} ranks of {per_node} a "
+                "node: cannot resume"
+            )
     spec = values["spec"]
     mid_epoch = values["consumed"] > 0 or bool(values["history"])
     if version < STATE_VERSION and spec.partitioned and mid_epoch:
@@ -288,6 +305,28 @@ def parse_state(state: object) -> dict[str, Any]:
             "to 0 and 'history' to []) or finish the epoch with the older release"
         )
     return values
+
+
+def _keys_list(keys: tuple[str, ...] | None) -> list[str] | None:
+    return None if keys is None else list(keys)
+
+
+def _parse_keys(value: object, what: str) -> tuple[str, ...] | None:
+    """A state's node names: null (numbered nodes) or a list of distinct non-empty names.
+
+    Raises:
+        UsageError: anything else, naming ``what``.
+    """
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or len(value) > _MAX_KEYS
+        or not all(isinstance(k, str) and 0 < len(k) <= 255 for k in value)
+        or len(set(value)) != len(value)
+    ):
+        raise UsageError(f"{what} must be null or a list of distinct node names")
+    return tuple(value)
 
 
 def _upgrade_v1(state: Mapping[str, Any]) -> dict[str, Any]:

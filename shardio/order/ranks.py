@@ -10,6 +10,15 @@ Taken from ``torch.distributed`` when it is initialised, else from SLURM's envir
 (what a node-partitioned order needs) come from ``LOCAL_WORLD_SIZE`` or
 ``SLURM_NTASKS_PER_NODE``; unknown, the job counts as one node.
 
+Nodes have names when SLURM launched the ranks: the hosts of ``SLURM_STEP_NODELIST`` (else
+``SLURM_JOB_NODELIST``), expanded by :func:`shardio.order.hostlist.expand_hostlist` (no
+``scontrol``), in SLURM's node order, which ``SLURM_NODEID`` indexes (checked against
+``SLURMD_NODENAME``). They are :attr:`RankInfo.node_keys`, the keys of the node partition's
+deal (:mod:`shardio.order.partition`): a requeued job whose nodes are renumbered, or that
+lost node k of N, keeps each surviving host's share. Node k of the layout is the k-th host
+(SLURM's default block distribution; under another, the shares stay exact but a node's ranks
+read another host's share). Elsewhere (torchrun, a layout given in code) nodes are numbers.
+
 Every one of these variables is parsed strictly (ASCII digits, bounded, consistent with the
 world size); a malformed one is refused with a :class:`~shardio.errors.UsageError` naming it,
 never read as "rank 0 of 1" (which would make that rank read the whole dataset).
@@ -24,8 +33,9 @@ from dataclasses import dataclass
 
 from shardio._env import env_int, parse_tasks_per_node
 from shardio.errors import UsageError
+from shardio.order.hostlist import expand_hostlist
 
-__all__ = ["RankInfo", "detect_ranks", "given_ranks"]
+__all__ = ["RankInfo", "detect_ranks", "given_ranks", "slurm_hosts"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,12 +47,24 @@ class RankInfo:
     local_rank: int = 0
     source: str = "single"
     ranks_per_node: int = 0  # 0: unknown (the whole job counts as one node)
+    node_keys: tuple[str, ...] | None = None  # each node's name (SLURM's hosts); None: numbers
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise UsageError(f"invalid rank {self.rank} of world size {self.world_size}")
         if self.ranks_per_node < 0:
             raise UsageError(f"invalid ranks per node {self.ranks_per_node}")
+        if self.node_keys is not None:
+            keys = self.node_keys
+            if not isinstance(keys, tuple) or not all(isinstance(k, str) and k for k in keys):
+                raise UsageError("node_keys must be a tuple of node names (or None)")
+            if len(keys) != self.num_nodes:
+                raise UsageError(
+                    f"{len(keys)} node names for {self.num_nodes} node(s) of "
+                    f"{self.node_size} rank(s): one name per node needed"
+                )
+            if len(set(keys)) != len(keys):
+                raise UsageError("node_keys names a node twice")
 
     @property
     def node_size(self) -> int:
@@ -73,9 +95,65 @@ class RankInfo:
         """This rank's place among its node's ranks (block layout)."""
         return self.rank % self.node_size
 
+    @property
+    def node_key(self) -> str:
+        """This rank's node's name in the deal: its host name, else its number."""
+        return self.node_keys[self.node] if self.node_keys is not None else str(self.node)
+
     def with_rank(self, rank: int) -> RankInfo:
         """The same layout seen from ``rank``."""
-        return RankInfo(rank=rank, world_size=self.world_size, ranks_per_node=self.node_size)
+        return RankInfo(
+            rank=rank,
+            world_size=self.world_size,
+            ranks_per_node=self.node_size,
+            node_keys=self.node_keys,
+        )
+
+
+def slurm_hosts(env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The hosts of this SLURM job step in SLURM's node order (``SLURM_NODEID`` indexes
+    them): ``SLURM_STEP_NODELIST``, else ``SLURM_JOB_NODELIST``, expanded; None when
+    neither is set.
+
+    Raises:
+        UsageError: a malformed list, a malformed ``SLURM_NODEID``, or one that is not the
+            index of ``SLURMD_NODENAME`` in the list (each named).
+    """
+    name = "SLURM_STEP_NODELIST" if "SLURM_STEP_NODELIST" in env else "SLURM_JOB_NODELIST"
+    text = env.get(name)
+    if text is None:
+        return None
+    hosts = expand_hostlist(text, name=name)
+    node = env_int(env, "SLURM_NODEID")
+    if node is not None and node >= len(hosts):
+        raise UsageError(f"SLURM_NODEID={node} is not a node of {name} ({len(hosts)} hosts)")
+    here = env.get("SLURMD_NODENAME")
+    if node is not None and here is not None and hosts[node] != here:
+        raise UsageError(
+            f"SLURMD_NODENAME={here!r} is not host SLURM_NODEID={node} of {name} "
+            f"({hosts[node]!r}): the node list and the node id disagree"
+        )
+    return hosts
+
+
+def _node_keys(
+    env: Mapping[str, str], rank: int, world: int, per_node: int
+) -> tuple[str, ...] | None:
+    """The hosts of the job as node names, when SLURM launched these ranks (its
+    ``SLURM_PROCID``/``SLURM_NTASKS`` are this rank and world) and they make its nodes."""
+    if _pair(env, "SLURM_PROCID", "SLURM_NTASKS") != (rank, world):
+        return None
+    hosts = slurm_hosts(env)
+    nodes = world // (per_node or world)
+    if hosts is None or (nodes == 1 and len(hosts) != 1):
+        return None  # one node in the layout (unknown ranks per node): no names needed
+    if len(hosts) != nodes:
+        raise UsageError(
+            f"the node list names {len(hosts)} host(s) but the {world} ranks make {nodes} "
+            f"node(s) of {per_node}: set SLURM_NTASKS_PER_NODE (or srun --ntasks-per-node) to "
+            "the tasks of each node"
+        )
+    return hosts
 
 
 def _ranks_per_node(env: Mapping[str, str], world: int) -> int:
@@ -142,14 +220,15 @@ def detect_ranks(environ: Mapping[str, str] | None = None) -> RankInfo:
     env = os.environ if environ is None else environ
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
-        world = dist.get_world_size()
+        world, rank = dist.get_world_size(), dist.get_rank()
         per_node = _ranks_per_node(env, world)
         return RankInfo(
-            rank=dist.get_rank(),
+            rank=rank,
             world_size=world,
             local_rank=_local_rank(env, ("LOCAL_RANK", "SLURM_LOCALID"), per_node, world),
             source="torch.distributed",
             ranks_per_node=per_node,
+            node_keys=_node_keys(env, rank, world, per_node),
         )
     slurm = _pair(env, "SLURM_PROCID", "SLURM_NTASKS")
     plain = _pair(env, "RANK", "WORLD_SIZE")
@@ -172,6 +251,7 @@ def detect_ranks(environ: Mapping[str, str] | None = None) -> RankInfo:
                 local_rank=_local_rank(env, local_keys, per_node, world),
                 source=source,
                 ranks_per_node=per_node,
+                node_keys=_node_keys(env, rank, world, per_node),
             )
     return RankInfo()
 
@@ -195,4 +275,5 @@ def given_ranks(rank: int, world_size: int, environ: Mapping[str, str] | None = 
         local_rank=_local_rank(env, ("LOCAL_RANK", "SLURM_LOCALID"), per_node, world_size),
         source="given",
         ranks_per_node=per_node,
+        node_keys=_node_keys(env, rank, world_size, per_node),
     )

@@ -17,6 +17,7 @@ dataset's positions at resume).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from shardio.order.ranks import RankInfo
 from shardio.order.spec import OrderSpec
 
 __all__ = [
+    "EarlierLayout",
     "RankStream",
     "node_orders",
     "node_shares",
@@ -37,6 +39,18 @@ __all__ = [
 ]
 
 _NODE_SALT = 0x1000
+
+# An earlier layout of the epoch: (world size, ranks per node, global positions consumed
+# under it, its node names or None for numbers); a 3-tuple is one of numbered nodes.
+EarlierLayout = tuple[int, int, int, tuple[str, ...] | None]
+
+
+def _layouts(history: Sequence[Sequence[Any]] | None) -> list[EarlierLayout]:
+    out: list[EarlierLayout] = []
+    for entry in history or []:
+        keys = entry[3] if len(entry) > 3 else None
+        out.append((entry[0], entry[1], entry[2], None if keys is None else tuple(keys)))
+    return out
 
 
 class _ArrayOrder:
@@ -135,11 +149,17 @@ def _steps(consumed: int, world: int, rank: int) -> int:
 
 
 def node_shares(
-    sizes: Any, spec: OrderSpec, epoch: int, num_nodes: int
+    sizes: Any,
+    spec: OrderSpec,
+    epoch: int,
+    num_nodes: int,
+    keys: Sequence[str] | None = None,
 ) -> np.ndarray[Any, np.dtype[np.int64]]:
-    """The node owning each shard in ``epoch`` under ``spec``'s partition."""
+    """The node (a number, an index into ``keys``) owning each shard in ``epoch`` under
+    ``spec``'s partition; ``keys``: the nodes' names (:attr:`RankInfo.node_keys`), None for
+    numbered nodes."""
     rotate = spec.rotate if spec.partition == "rotating" else None
-    return owners(sizes, num_nodes=num_nodes, seed=spec.seed, epoch=epoch, rotate=rotate)
+    return owners(sizes, num_nodes=num_nodes, seed=spec.seed, epoch=epoch, rotate=rotate, keys=keys)
 
 
 def node_orders(
@@ -185,7 +205,7 @@ def _partitioned(
 ) -> tuple[dict[int, Any], int]:
     """Nodes' orders (filtered to ``remaining`` samples; with ``only``, that node's alone)
     and the per-rank count."""
-    owner = node_shares(sizes, spec, epoch, layout.num_nodes)
+    owner = node_shares(sizes, spec, epoch, layout.num_nodes, layout.node_keys)
     nodes = range(layout.num_nodes) if only is None or remaining is not None else [only]
     orders: dict[int, Any] = {}
     for node in nodes:
@@ -209,15 +229,15 @@ def _remaining(
     sizes: np.ndarray[Any, Any],
     spec: OrderSpec,
     epoch: int,
-    history: list[tuple[int, int, int]],
+    history: list[EarlierLayout],
 ) -> np.ndarray[Any, Any] | None:
     """Samples not consumed under the earlier layouts of this epoch (None: all)."""
     if not history:
         return None
     n = int(sizes.sum())
     left = np.ones(n, dtype=bool)
-    for world, ranks_per_node, consumed in history:
-        layout = RankInfo(rank=0, world_size=world, ranks_per_node=ranks_per_node)
+    for world, ranks_per_node, consumed, keys in history:
+        layout = RankInfo(rank=0, world_size=world, ranks_per_node=ranks_per_node, node_keys=keys)
         orders, per_rank = _partitioned(sizes, spec, epoch, layout, left)
         taken = []
         for rank in range(world):
@@ -247,7 +267,7 @@ def rank_stream(
     layout: RankInfo,
     *,
     consumed: int = 0,
-    history: list[tuple[int, int, int]] | None = None,
+    history: Sequence[Sequence[Any]] | None = None,
 ) -> RankStream:
     """The rest of ``layout.rank``'s epoch after ``consumed`` global positions.
 
@@ -257,9 +277,10 @@ def rank_stream(
         epoch: the epoch.
         layout: this rank's place (``ranks_per_node`` matters only with a partition).
         consumed: global positions delivered under this layout (see the module docstring).
-        history: (world size, ranks per node, consumed) of each earlier layout of this epoch
-            (an elastic resume of a partitioned order); ignored without a partition, whose
-            ``consumed`` counts every layout's positions.
+        history: (world size, ranks per node, consumed, node names or None) of each
+            earlier layout of this epoch (an elastic resume of a partitioned order; a 3-tuple
+            has numbered nodes); ignored without a partition, whose ``consumed`` counts every
+            layout's positions.
     """
     sizes_arr = np.asarray(sizes, dtype=np.int64)
     world = layout.world_size
@@ -275,7 +296,7 @@ def rank_stream(
         steps = rest // world if spec.drop_last else -(-rest // world)
         base = min(consumed, order.size)
         return RankStream(order, index=layout.rank, group=world, first=0, steps=steps, base=base)
-    remaining = _remaining(sizes_arr, spec, epoch, list(history or []))
+    remaining = _remaining(sizes_arr, spec, epoch, _layouts(history))
     orders, per_rank = _partitioned(sizes_arr, spec, epoch, layout, remaining, only=layout.node)
     return RankStream(
         orders[layout.node],
@@ -291,7 +312,7 @@ def samples_per_rank(
     spec: OrderSpec,
     epoch: int,
     layout: RankInfo,
-    history: list[tuple[int, int, int]] | None = None,
+    history: Sequence[Sequence[Any]] | None = None,
 ) -> int:
     """Samples every rank reads in the whole epoch (under the current layout)."""
     stream = rank_stream(sizes, spec, epoch, layout, consumed=0, history=history)

@@ -186,7 +186,9 @@ class ShardRuns:
             from shardio.order import node_shares
 
             layout = self.ranks()
-            owner = node_shares(self._shard_sizes, self.spec, self.epoch, layout.num_nodes)
+            owner = node_shares(
+                self._shard_sizes, self.spec, self.epoch, layout.num_nodes, layout.node_keys
+            )
             shards = shards[owner[shards] == layout.node]
         return first[shards]
 

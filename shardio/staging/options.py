@@ -9,6 +9,7 @@ from typing import Any
 from shardio._check import require_seconds
 from shardio.errors import UsageError
 from shardio.order.cursor import EpochCursor
+from shardio.order.ranks import RankInfo
 from shardio.order.spec import OrderSpec
 
 __all__ = ["MAX_AHEAD", "MAX_NODES", "MAX_RANKS_PER_NODE", "MAX_STREAMS", "StageOptions"]
@@ -49,6 +50,9 @@ class StageOptions:
         peers: other nodes' staging areas of the same dataset (paths or glob patterns): a
             shard this node lacks is copied from the first that holds a copy that verifies,
             before the source is read (:mod:`shardio.staging.peers`).
+        node_keys: each node's name, the keys of the node partition's deal (SLURM's hosts:
+            what training's :attr:`~shardio.order.RankInfo.node_keys` holds, so that both
+            compute the same share); None: the node numbers.
     """
 
     node: int = 0
@@ -63,6 +67,7 @@ class StageOptions:
     force: bool = False
     read_timeout_s: float = 0.0
     peers: tuple[str, ...] = ()
+    node_keys: tuple[str, ...] | None = None
 
     @classmethod
     def from_cursor(cls, cursor: EpochCursor, **options: Any) -> StageOptions:
@@ -76,7 +81,9 @@ class StageOptions:
         """
         if not isinstance(cursor, EpochCursor):
             raise UsageError(f"from_cursor takes an EpochCursor, got {type(cursor).__name__}")
-        taken = sorted({"spec", "epoch", "node", "num_nodes", "ranks_per_node"} & set(options))
+        taken = sorted(
+            {"spec", "epoch", "node", "num_nodes", "ranks_per_node", "node_keys"} & set(options)
+        )
         if taken:
             raise UsageError(f"the cursor sets {', '.join(taken)}: do not give them too")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -90,6 +97,7 @@ class StageOptions:
             node=ranks.node,
             num_nodes=ranks.num_nodes,
             ranks_per_node=ranks.node_size,
+            node_keys=ranks.node_keys,
             **options,
         )
 
@@ -120,6 +128,17 @@ class StageOptions:
             raise UsageError(f"at most {MAX_PEER_PATTERNS:,} peer paths or patterns")
         if self.capacity_bytes is not None and self.capacity_bytes < 0:
             raise UsageError("capacity must be positive")
+        if isinstance(self.node_keys, str):
+            raise UsageError("node_keys must be a sequence of node names, not one string")
+        if self.node_keys is not None:
+            # The same checks as the training side's layout (one name per node, distinct).
+            RankInfo(world_size=self.num_nodes, ranks_per_node=1, node_keys=tuple(self.node_keys))
+            object.__setattr__(self, "node_keys", tuple(self.node_keys))
+
+    @property
+    def node_key(self) -> str:
+        """This node's name in the deal (its host name, else its number)."""
+        return self.node_keys[self.node] if self.node_keys is not None else str(self.node)
 
     def plan_record(self) -> dict[str, Any]:
         """What the plan records about the order and the layout it was staged for."""
@@ -130,4 +149,6 @@ class StageOptions:
             "node": self.node,
             "num_nodes": self.num_nodes,
             "ranks_per_node": self.ranks_per_node,
+            "node_key": self.node_key,
+            "node_keys": None if self.node_keys is None else list(self.node_keys),
         }

@@ -27,7 +27,7 @@ from shardio.errors import StorageError, UsageError
 from shardio.format.manifest import ShardEntry
 from shardio.metrics.progress import Counters
 from shardio.staging.identity import DatasetIdentity, describe_area, same_dataset
-from shardio.staging.protocol import read_area_marker, read_plan
+from shardio.staging.protocol import read_area_marker, read_held
 from shardio.staging.verified import copy_verified
 from shardio.storage.opener import PosixOpener
 
@@ -42,7 +42,7 @@ _GLOB_CHARS = frozenset("*?[")
 @dataclass(frozen=True)
 class Peer:
     """A peer's staging area, checked: its path, its real path and the shards its plan
-    lists (None: no plan recorded, every shard is looked for)."""
+    lists or holds from earlier plans (None: no plan recorded, every shard is looked for)."""
 
     path: str
     real: str
@@ -95,7 +95,7 @@ def find_peers(patterns: Sequence[str], dest: str, ident: DatasetIdentity) -> li
             if real in seen:
                 continue
             seen.add(real)
-            plan = read_plan(path)
+            plan = read_held(path)
             found.append(Peer(path, real, frozenset(plan) if plan is not None else None))
             if len(found) > MAX_PEERS:
                 raise UsageError(f"--peers names more than {MAX_PEERS:,} staging areas")

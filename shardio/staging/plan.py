@@ -12,7 +12,8 @@ def node_shard_order(manifest: Manifest, options: StageOptions) -> list[int]:
     """The shards this node's ranks read in the epoch, in the order they first need them.
 
     Uses the order spec and rank layout ShardDataset uses (:func:`shardio.order.rank_stream`),
-    for this node's ranks only (global rank = node * ranks_per_node + local rank). Without a
+    for this node's ranks only (global rank = node * ranks_per_node + local rank), with the
+    nodes' names (``options.node_keys``) the deal is keyed by. Without a
     partition every node reads from nearly every shard; with ``partition=node`` (or
     ``rotating``) only its own share, about 1/N of the shards. With ``options.ahead``, the
     shards the next epochs add follow (a rotating order moves some shards every epoch).
@@ -35,7 +36,12 @@ def node_shard_order(manifest: Manifest, options: StageOptions) -> list[int]:
                 sizes,
                 options.spec,
                 epoch,
-                RankInfo(rank=first + i, world_size=world, ranks_per_node=options.ranks_per_node),
+                RankInfo(
+                    rank=first + i,
+                    world_size=world,
+                    ranks_per_node=options.ranks_per_node,
+                    node_keys=options.node_keys,
+                ),
             )
             for i in range(options.ranks_per_node)
         ]

@@ -14,7 +14,9 @@ This module is the protocol's one home; stage, evict and the read side's resolve
   special file never matches a stamp.
 - **Plan.** ``plan.json`` lists the shards the last ``shardio stage`` run chose for this node
   (its ``--node`` share within ``--capacity``): verify and repair tell a planned copy that
-  is missing from a shard this node never stages.
+  is missing from a shard this node never stages. ``held`` lists the copies earlier runs
+  staged that this plan no longer needs (a share re-dealt after a node was lost): they stay
+  until evicted, and another node re-staging reads them as a peer (``--peers``).
 - **Per-shard lock file** (``locks/``, :func:`shard_lock`, exclusive, blocking). Held by
   whoever copies, re-stages or drops a shard: the first rank of a node copies, the others
   wait and then find the stamp. A killed holder's lock goes with its process.
@@ -69,6 +71,7 @@ __all__ = [
     "lock_path",
     "lock_rel",
     "read_area_marker",
+    "read_held",
     "read_plan",
     "read_staged_for",
     "shard_lock",
@@ -388,14 +391,22 @@ _MAX_PLAN_BYTES = 256 * 1024 * 1024
 
 
 def write_plan(
-    dest: str, rels: list[str], *, durable: bool, staged_for: dict[str, Any] | None = None
+    dest: str,
+    rels: list[str],
+    *,
+    durable: bool,
+    staged_for: dict[str, Any] | None = None,
+    held: list[str] | None = None,
 ) -> None:
-    """Record the shards this node's stage run chose (see the module docstring), and the
-    order spec and layout they were chosen for (``staged_for``)."""
+    """Record the shards this node's stage run chose (see the module docstring), the order
+    spec and layout they were chosen for (``staged_for``), and the copies of earlier plans
+    still in the area (``held``)."""
     folder = make_dirs_inside(dest, STAGE_DIR)
     doc: dict[str, Any] = {"format": "shardio-stage-plan", "version": 1, "shards": rels}
     if staged_for is not None:
         doc["staged_for"] = staged_for
+    if held:
+        doc["held"] = held
     with atomic_write(os.path.join(folder, PLAN_FILE), durable=durable) as fh:
         fh.write(json.dumps(doc).encode("utf-8", "surrogateescape"))
 
@@ -414,6 +425,18 @@ def read_staged_for(dest: str) -> dict[str, Any] | None:
     recorded: an older release, or no plan)."""
     found = (_plan_doc(dest) or {}).get("staged_for")
     return found if isinstance(found, dict) else None
+
+
+def read_held(dest: str) -> set[str] | None:
+    """The shards the area may hold: its plan's and the earlier plans' kept copies
+    (``held``); None when no valid plan is recorded."""
+    doc = _plan_doc(dest) or {}
+    found: set[str] = set()
+    for part in (doc.get("shards"), doc.get("held", [])):
+        if not isinstance(part, list) or not all(isinstance(r, str) for r in part):
+            return None
+        found.update(part)
+    return found
 
 
 def read_plan(dest: str) -> set[str] | None:

@@ -38,7 +38,7 @@ from shardio.staging.options import (
 )
 from shardio.staging.peers import PeerFetch, find_peers
 from shardio.staging.plan import choose_shards, node_shard_order
-from shardio.staging.protocol import STAGE_DIR, write_plan
+from shardio.staging.protocol import STAGE_DIR, read_held, write_plan
 from shardio.storage.files import make_dirs_inside
 from shardio.units import format_size
 
@@ -146,11 +146,20 @@ def stage_dataset(
         write_local_metadata(src_root, dest_root, manifest, options.durable)
         needed = order.result()
         chosen, from_source = choose_shards(manifest, needed, options.capacity_bytes)
+        # Copies of earlier plans stay (until evicted): recorded, so that a node re-staging
+        # after a lost node finds them as a peer's (a re-dealt share).
+        known = {e.path for e in manifest.shards}
+        held = {
+            rel
+            for rel in ((read_held(dest_root) or set()) & known) - {e.path for e in chosen}
+            if os.path.lexists(os.path.join(dest_root, rel))
+        }
         write_plan(
             dest_root,
             [e.path for e in chosen],
             durable=options.durable,
             staged_for=options.plan_record(),
+            held=sorted(held),
         )
         folders = {os.path.dirname(e.path) for e in chosen} | {
             os.path.dirname(e.dali_index) for e in chosen if e.dali_index is not None

@@ -35,7 +35,7 @@ def test_a_huge_epoch_returns_at_once() -> None:
             owner = node_shares(sizes, spec, epoch, 8)
             stream = rank_stream(sizes, spec, epoch, RankInfo(rank=5, world_size=16,
                                                               ranks_per_node=2))
-            print(epoch, np.bincount(owner, minlength=8).tolist(), len(stream))
+            print(epoch, sorted(np.bincount(owner, minlength=8).tolist()), len(stream))
         """
     )
     out = subprocess.run(
