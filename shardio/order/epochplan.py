@@ -13,7 +13,7 @@ audited as prefix + what is delivered after.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +89,7 @@ def _groups(
     layout: RankInfo,
     *,
     consumed: int,
-    history: list[tuple[int, int, int]],
+    history: Sequence[Sequence[Any]],
 ) -> list[tuple[RankStream, list[int]]]:
     """The group streams (the global order's, or each node's; its member 0's) with the
     first step of each member rank of the group."""
@@ -122,7 +122,7 @@ def plan_span(
     layout: RankInfo,
     *,
     consumed: int,
-    history: list[tuple[int, int, int]],
+    history: Sequence[Sequence[Any]],
     batch_size: int,
     drop_last: bool,
     identify: Identify,
@@ -137,7 +137,8 @@ def plan_span(
         epoch: the epoch.
         layout: the rank layout of the span.
         consumed: the span's first global position (a resume's).
-        history: the earlier layouts of the epoch (world size, ranks per node, consumed).
+        history: the earlier layouts of the epoch (world size, ranks per node, consumed and
+            the node names, as the cursor keeps them).
         batch_size: the loader's batch size (with ``drop_last``, its last incomplete batch
             of each rank is cut).
         drop_last: the loader's ``drop_last``.

@@ -253,11 +253,11 @@ def _remaining(
 
 
 def remaining_samples(
-    sizes: Any, spec: OrderSpec, epoch: int, history: list[tuple[int, int, int]]
+    sizes: Any, spec: OrderSpec, epoch: int, history: Sequence[Sequence[Any]]
 ) -> np.ndarray[Any, Any] | None:
     """A mask of the samples left after the earlier layouts of a partitioned epoch
-    (``history``); None: all are left (no history)."""
-    return _remaining(np.asarray(sizes, dtype=np.int64), spec, epoch, list(history))
+    (``history``: the cursor's entries, 3 or 4 fields); None: all are left (no history)."""
+    return _remaining(np.asarray(sizes, dtype=np.int64), spec, epoch, _layouts(history))
 
 
 def rank_stream(
