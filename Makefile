@@ -34,8 +34,8 @@ install-dev: $(DEV_STAMP)
 
 # The whole suite (GPU tests and benchmarks deselected), after the system packages it uses
 # (as root: MooseFS, SLURM, Prometheus, strace, shellcheck, the en_US locale). Two pytest runs
-# side by side: the tests on the real MooseFS bed, SLURM cluster and Prometheus server and the
-# docs' pages (they mostly wait on daemons, deadlines and subprocesses) beside all the others, each line prefixed by its run as
+# side by side: the tests on the real MooseFS bed, SLURM cluster and Prometheus server (they
+# mostly wait on daemons and deadlines) beside all the others, each line prefixed by its run as
 # it happens, a progress line every 20 s. The summary: each group (pfs, slurm, prometheus,
 # dali, gpu), what ran and what was skipped and why, the wall time, the slowest 20 tests and
 # the 12-minute budget (scripts/suite.py).

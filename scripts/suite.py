@@ -30,9 +30,9 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 REPORTS = REPO / ".test-reports"
 DURATIONS = REPO / "tests" / "durations.json"
-REAL = "pfs or slurm or prometheus or pages"
+REAL = "pfs or slurm or prometheus"
 NOT_HERE = "not gpu and not bench"
-REAL_DIRS = ("tests/pfs", "tests/slurm", "tests/prometheus", "tests/docs")
+REAL_DIRS = ("tests/pfs", "tests/slurm", "tests/prometheus")
 # Wall-time budgets on a quiet 2-core machine of the CI kind (issue 33).
 BUDGET_S = {"test": 720.0, "fast": 60.0}
 SLOWEST = 20
@@ -237,8 +237,7 @@ def _workers(default: int, variable: str) -> list[str]:
 def cmd_test(args: list[str]) -> int:
     cpus = len(os.sched_getaffinity(0))
     runs = {
-        # Mostly waiting on daemons, deadlines and the subprocesses of the docs' pages (each
-        # page's blocks run one after the other): more workers than CPUs, beside main.
+        # Mostly waiting on daemons and deadlines: more workers than CPUs.
         "real": [*_workers(REAL_WORKERS, "SHARDIO_TEST_REAL_WORKERS"), "-m",
                  f"({REAL}) and {NOT_HERE}", *args, *REAL_DIRS],
         "main": [*_workers(max(2, cpus), "SHARDIO_TEST_WORKERS"), "-m",

@@ -32,7 +32,6 @@ def test_every_page_parses_and_has_a_home() -> None:
         mdblocks.parse(name)
 
 
-@pytest.mark.pages  # run by make test beside the real-component tests (scripts/suite.py)
 @pytest.mark.parametrize("page", LOCAL)
 def test_page_runs(page: str, data: pathlib.Path, tmp_path: pathlib.Path) -> None:
     mdblocks.run_page(mdblocks.parse(page), tmp_path, data)
