@@ -217,12 +217,15 @@ def test_progress_lines_replace_the_dots_and_the_report_holds_each_test(
     assert tests["test_progress.py::test_skipped"][1] == "skipped"
     assert tests["pfs/test_on_bed.py::test_expected_failure"][1] == "xfailed"
     assert tests["test_plain.py::test_plain"][1] == "passed"
-    # The module fixture's 0.3 s is the module's, counted on whichever test set it up.
+    # The module fixture's 0.3 s is the module's, counted on whichever test set it up: one
+    # of the two, or (xdist's worksteal may give them to two workers) each, once per worker.
     shared = [tests[f"test_progress.py::{n}"][2] for n in ("test_ok", "test_also")]
-    assert sorted(shared)[0] == 0.0 and sorted(shared)[1] >= 0.25
+    setups = [t for t in shared if t >= 0.25]
+    assert setups and all(t == 0.0 or t >= 0.25 for t in shared), shared
+    assert len(setups) == 1 or workers, shared  # one process: set up once
     # Every fixture broader than a test: times set up and seconds (under xdist from each worker).
     count, seconds = data["fixtures"]["module shared"]
-    assert count == 1 and seconds >= 0.25
+    assert count == len(setups) and seconds >= 0.25 * count
     assert data["groups"]["pfs"]["ran"] == 3
     assert data["exitstatus"] == 1
     assert data["deselected"] == 0
