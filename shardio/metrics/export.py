@@ -10,7 +10,7 @@ it, then reports once more, so the last figures of a run are never lost.
 The first report is taken in :meth:`PeriodicReporter.start`, before training has delivered
 anything. So that the first real figures follow the first batches instead of a full interval
 of zeros, the thread then looks at the source every :data:`FIRST_POLL_S` until a snapshot
-holds figures (``MetricsSnapshot.has_data``) and the sink took it
+holds a delivered batch and the sink took it
 (:meth:`PeriodicReporter.delivered`), for one interval at most. A look that finds only zeros
 reports nothing (no log line of zeros); from the first real report on, one report follows
 every ``interval_s``.
@@ -193,7 +193,10 @@ class PeriodicReporter:
             except Exception as exc:
                 self.log_failure(f"reporting metrics ({self.kind})", exc)
                 return False
-            if snap.has_data and self.delivered():
+            # The first real report holds a delivered batch: one taken while the first batch
+            # was being read (samples counted, no batch yet) would leave the batches at zero
+            # for a whole interval.
+            if snap.has_data and (snap.batches > 0 or not figures_only) and self.delivered():
                 self._first_done = True
         return True
 
