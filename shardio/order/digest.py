@@ -19,13 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from shardio.order.permute import mix64
+
 __all__ = ["MIX_SHIFT", "Digest", "dataset_salt", "mix_ids"]
 
 MIX_SHIFT = 48  # a mix's identity: source << MIX_SHIFT | index (a source holds < 2^48)
 _MASK = (1 << 64) - 1
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 
 
 def dataset_salt(dataset_id: str | None) -> int:
@@ -35,16 +34,10 @@ def dataset_salt(dataset_id: str | None) -> int:
 
 
 def mix_ids(ids: Any, salt: int) -> np.ndarray[Any, np.dtype[np.uint64]]:
-    """The mixed 64-bit words of ``ids`` (int64 identities) under ``salt``."""
-    z = np.array(ids, dtype=np.int64, copy=True).view(np.uint64)
-    z ^= np.uint64(salt)
-    z += _GOLDEN
-    z ^= z >> np.uint64(30)
-    z *= _M1
-    z ^= z >> np.uint64(27)
-    z *= _M2
-    z ^= z >> np.uint64(31)
-    return z
+    """The mixed 64-bit words of ``ids`` (int64 identities) under ``salt``: the orders'
+    splitmix64 finaliser (:func:`shardio.order.permute.mix64`) of each id xor the salt."""
+    words = np.asarray(ids, dtype=np.int64).view(np.uint64) ^ np.uint64(salt)
+    return mix64(words)
 
 
 @dataclass(frozen=True)
