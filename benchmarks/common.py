@@ -93,19 +93,18 @@ class ChildRun:
     timed_out: bool = False  # killed (with its process group) after ``timeout_s``
 
 
-def _children(pid: int) -> list[int]:
+def child_pids(pid: int) -> list[int]:
+    """The live children of ``pid`` (forked DataLoader workers are), from every thread's
+    ``/proc/PID/task/TID/children``."""
     kids: list[int] = []
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return kids
     for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as fh:
-                kids.extend(int(p) for p in fh.read().split())
-        except OSError:
-            continue
-    return kids
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as fh:
+            kids.extend(int(p) for p in fh.read().split())
+    return sorted(set(kids))
 
 
 def _rss_bytes(pid: int) -> int:
@@ -124,7 +123,7 @@ def _tree_rss_bytes(root: int) -> int:
             continue
         seen.add(pid)
         total += _rss_bytes(pid)
-        stack.extend(_children(pid))
+        stack.extend(child_pids(pid))
     return total
 
 

@@ -19,7 +19,6 @@ tenth is compared with the largest of the first tenth.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import os
@@ -30,12 +29,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from common import child_pids  # benchmarks/ is on sys.path (the bench, the test)
+
 __all__ = [
     "METRICS",
     "Limits",
     "ProcSample",
     "SoakRun",
-    "child_pids",
     "growth",
     "judge",
     "sample_process",
@@ -111,20 +111,6 @@ def sample_process(pid: int) -> ProcSample | None:
         threads=status.get("Threads", 0),
         shm_maps=shm,
     )
-
-
-def child_pids(pid: int) -> list[int]:
-    """The live children of ``pid`` (forked DataLoader workers are), from every thread's
-    ``/proc/PID/task/TID/children``."""
-    kids: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return kids
-    for tid in tids:
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as fh:
-            kids.extend(int(p) for p in fh.read().split())
-    return sorted(set(kids))
 
 
 def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
