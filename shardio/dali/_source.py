@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -29,10 +28,6 @@ __all__ = ["Batch", "VerifiedSource"]
 
 logger = logging.getLogger(__name__)
 
-# A batch read in less than this per member came from the page cache: no advice for the
-# next (measured on this kind of machine: a member from the page cache took about 20 us on
-# a local disk and 54 us through the MooseFS client, a cold one 49 us and 190 us).
-_CACHED_READ_NS = {False: 30_000, True: 100_000}  # by "network filesystem"
 
 # (payload per sample as uint8 arrays, label per sample as 0-d int64 arrays)
 Batch = tuple[list[np.ndarray[Any, Any]], list[np.ndarray[Any, Any]]]
@@ -107,8 +102,6 @@ class VerifiedSource:
         self.cursor = EpochCursor(spec, self._sizes, ranks=ranks)
         self._positions: np.ndarray[Any, Any] | None = None
         self._ahead: dict[int, Future[Batch]] = {}  # iteration -> its batch, being read
-        self._advising = True  # the last batch did not come from the page cache
-        self._cached_ns = _CACHED_READ_NS[reader.choice.fs.network]
         self._pool: ThreadPoolExecutor | None = None
 
     @property
@@ -186,21 +179,21 @@ class VerifiedSource:
         packed = self.packed
         index = packed.index
         # Advice for this batch and the next: the kernel (or the filesystem's client) reads
-        # them while this thread waits on the first members. Left out while reads come from
-        # the page cache (advice costs a call per shard, through the read deadline's hop).
-        if self._advising:
-            with contextlib.suppress(ShardioError, OSError):
-                packed.advise(samples + following)
-        began = time.perf_counter_ns()
+        # them while this thread waits on the first members (none while reads come from the
+        # page cache: ShardReader.reads_cached).
+        with contextlib.suppress(ShardioError, OSError):
+            packed.advise(samples + following)
         records = index.records(samples)  # checks the shards' index records first
         rows = [self._payload_member(sample) for sample in samples]
         sizes = index.members["size"][rows].astype(np.int64).tolist()
         buffers = [bytearray(size) for size in sizes]
-        targets = [memoryview(buf) for buf in buffers]
-        shards = records["shard"].astype(np.int64).tolist()
-        for member, shard, sample, target in zip(rows, shards, samples, targets, strict=True):
-            packed.read_member_into(member, target, shard=shard, sample=sample, verify=self.verify)
-        self._advising = time.perf_counter_ns() - began > self._cached_ns * max(1, len(rows))
+        packed.read_members_into(
+            rows,
+            records["shard"].astype(np.int64).tolist(),
+            samples,
+            [memoryview(buf) for buf in buffers],
+            verify=self.verify,
+        )
         data = [np.frombuffer(buf, dtype=np.uint8) for buf in buffers]
         # The label lives in the checked index (the synthesised cls member holds the same).
         labels = [np.array(int(label), dtype=np.int64) for label in records["label"]]

@@ -346,6 +346,14 @@ class Index:
         off = int(rec["key_offset"])
         return bytes(self.keys_blob[off : off + int(rec["key_length"])]).decode("ascii")
 
+    def keys(self, samples: np.ndarray[Any, Any]) -> list[str]:
+        """Return the keys of ``samples`` (their records come checked, :meth:`records`)."""
+        recs = self.samples[np.asarray(samples, dtype=np.int64)]
+        blob = self.keys_blob
+        starts = recs["key_offset"].astype(np.int64).tolist()
+        ends = (recs["key_offset"].astype(np.int64) + recs["key_length"]).tolist()
+        return [bytes(blob[lo:hi]).decode("ascii") for lo, hi in zip(starts, ends, strict=True)]
+
     def member_path(self, member: int) -> bytes:
         """Return the original relative path of a member (b"" if synthesised).
 

@@ -150,6 +150,17 @@ class ReadMetrics:
             if len(raw) >= _FOLD_EVERY:
                 self._fold()
 
+    def record_reads(self, staged: bool, count: int, nbytes: int, ns: list[int]) -> None:
+        """``count`` member reads of ``nbytes`` in all from one source, ``ns`` how long each
+        took (empty: not timed): :meth:`record_read` for a batch at once."""
+        counts = self.counts
+        counts["members"] += count
+        counts["bytes_staged" if staged else "bytes_source"] += nbytes
+        raw = self._raw_staged if staged else self._raw_source
+        raw.extend(ns)
+        if len(raw) >= _FOLD_EVERY:
+            self._fold()
+
     def __getitem__(self, name: str) -> int:
         return self.counts[name]
 

@@ -392,17 +392,15 @@ def read_batch(
             verify=verify,
         )  # fmt: skip
     else:
-        for m, shard, sample, lo, hi in zip(
-            rows.tolist(),
+        ds.read_members_into(
+            rows,
             shards.tolist(),
             sample_ids.tolist(),
-            starts.tolist(),
-            ends.tolist(),
-            strict=True,
-        ):
-            ds.read_member_into(m, view[lo:hi], shard=shard, sample=sample, verify=verify)
+            [view[lo:hi] for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True)],
+            verify=verify,
+        )
     ds.metrics.add("samples", n)
-    batch: dict[str, Any] = {"__key__": [index.key(int(i)) for i in indices]}
+    batch: dict[str, Any] = {"__key__": index.keys(np.asarray(indices, dtype=np.int64))}
     if ds.manifest.classes is not None:
         batch[LABEL_EXT] = torch.from_numpy(samples["label"].astype(np.int64))
     for e in sorted(set(ext_ids.tolist()), key=exts.__getitem__):

@@ -34,7 +34,13 @@ from shardio.runtime.sizing import warn_job_size
 from shardio.runtime.stallwatch import StallWatch, WorkersStuckError
 from shardio.runtime.transport import BatchRing, RingBatch
 from shardio.runtime.wire import METRICS_KEY, WorkerFailure, labels_to_tensor
-from shardio.runtime.workers import PREFETCH, KeptWorkers, WorkerKeeper, make_dataloader
+from shardio.runtime.workers import (
+    PREFETCH,
+    KeptWorkers,
+    WorkerKeeper,
+    make_dataloader,
+    start_batches,
+)
 
 __all__ = ["ShardLoader"]
 
@@ -360,7 +366,7 @@ class ShardLoader:
         try:
             self.steps.start()
             if kept is not None:
-                batches = iter(kept.loader)
+                batches = start_batches(kept.loader)
             else:
                 board = torch.zeros(3, dtype=torch.int64) if self.persistent_workers else None
                 if board is not None:
@@ -380,7 +386,7 @@ class ShardLoader:
                     board=board,
                     on_start=None if self._sized else self._check_size,
                 )
-                batches = iter(loader)
+                batches = start_batches(loader)
                 if board is not None:
                     kept = KeptWorkers(loader, batches, sampler, ring, watch, board)
             if watch is not None:
