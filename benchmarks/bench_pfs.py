@@ -15,15 +15,20 @@ child's imports) and warm, median of ``--repeat`` rounds, round-robin:
   counters in ``MOUNT/.stats``, read before and after);
 - ``shardio stage`` from the bed to local disk against ``cp -r`` (cold);
 - an epoch of ``ShardDataset(recovery="skip")`` with one chunkserver stopped, against the
-  same epoch healthy.
+  same epoch healthy;
+- ``--parts pinned`` (alone, with ``--bed-cpus`` and ``--reader-cpus``): the bed pinned to
+  some CPUs and every child to the others, cold and warm, with the raw ceiling of map mode's
+  reads and the CPU-seconds of the readers and of the bed (benchmarks/pfs_pinned.py).
 
 The bed is always taken down (also on Ctrl-C or SIGTERM). The section "## On a parallel
-filesystem (the MooseFS bed)" of benchmarks/RESULTS.md is rewritten; other sections are kept.
+filesystem (the MooseFS bed)" of benchmarks/RESULTS.md is rewritten (the pinned part: its own
+section, "## On a parallel filesystem, pinned: ..."); other sections are kept.
 
 Usage::
 
     sudo .venv/bin/python benchmarks/bench_pfs.py [--files 3000] [--repeat 3]
         [--only NAME,...] [--parts read,meta,stage,dead] [--no-write]
+    sudo .venv/bin/python benchmarks/bench_pfs.py --parts pinned --bed-cpus 1 --reader-cpus 0
 
 Not a test: it measures and reports, and asserts nothing about speed.
 """
@@ -53,6 +58,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_pack
 import bench_read
 import common
+import pfs_ceiling
+import pfs_pinned
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ME = os.path.abspath(__file__)
@@ -63,7 +70,8 @@ PEER_UNAVAILABLE = bench_read.PEER_UNAVAILABLE
 SPDL_THREADS_ENV = "SHARDIO_BENCH_SPDL_THREADS"
 STRATEGY_ENV = "SHARDIO_READ_STRATEGY"
 COUNTERS = ("master.packets_sent", "fuse_ops.lookup.master", "fuse_ops.open")
-PARTS = ("read", "meta", "stage", "dead")
+PARTS = ("read", "meta", "stage", "dead", "pinned")
+PINNED_DEFAULT = ("cat-shards", "ceiling", "shardio-map-auto", "shardio-stream-auto", "wds")
 
 TARGET_STREAM_COLD_VS_CAT = 0.90
 TARGET_MAP_COLD_VS_CAT = 0.70
@@ -141,9 +149,12 @@ def _prep_spdl(args: argparse.Namespace) -> Callable[[], bench_read.Batches]:
 
 
 def _epoch_child(argv: Sequence[str]) -> int:
+    if argv[:1] == ["ceiling"]:
+        return pfs_ceiling.ceiling_child(argv[1:])
     bench_read._PREPS.setdefault("litdata", _prep_litdata)
     bench_read._PREPS.setdefault("spdl", _prep_spdl)
-    return bench_read._child(argv)
+    result = argv[2] if len(argv) > 2 else ""  # NAME DATA RESULT ...
+    return pfs_pinned.with_epoch_cpu(lambda: bench_read._child(argv), result)
 
 
 def _litdata_sample(item: tuple[str, int]) -> dict[str, Any]:
@@ -263,7 +274,7 @@ def _dead_child(argv: Sequence[str]) -> int:
 class Bed:
     """A MooseFS bed of this run, started and stopped with scripts/pfs/moosefs.sh."""
 
-    def __init__(self, root: str, *, chunkservers: int, ioretries: int) -> None:
+    def __init__(self, root: str, *, chunkservers: int, ioretries: int, cpus: str = "") -> None:
         self.root = root
         self.mount = os.path.join(root, "mnt")
         self.chunkservers = chunkservers
@@ -279,6 +290,7 @@ class Bed:
             "1",
             "--ioretries",
             str(ioretries),
+            *(["--cpus", cpus] if cpus else []),
         ]
 
     def _script(self, *argv: str, timeout: float = 180.0) -> str:
@@ -311,6 +323,12 @@ class Bed:
 
     def admin(self, *argv: str) -> str:
         return self._script("exec", self.root, *argv)
+
+    def netns(self) -> str:
+        """The bed's network namespace (``MFS_NETNS`` of DIR/bed.env)."""
+        with open(os.path.join(self.root, "bed.env")) as fh:
+            env = dict(line.rstrip("\n").split("=", 1) for line in fh if "=" in line)
+        return env["MFS_NETNS"]
 
     def stats(self) -> dict[str, int]:
         """The client's counters (``MOUNT/.stats``), as tests/mfsbed.py's Bed.stats()."""
@@ -388,6 +406,14 @@ CONFIGS = [
         "local",
     ),
 ]
+# The raw ceiling of map mode's reads (benchmarks/pfs_ceiling.py): for the pinned part.
+CEILING = Config(
+    "ceiling",
+    "raw ceiling: `preadv` of every member in map mode's order, no checksum",
+    "tar",
+    "random (map's)",
+    "ceiling",
+)
 
 
 @dataclass
@@ -1154,6 +1180,93 @@ def _report(
 
 
 # --------------------------------------------------------------------------------------------
+# The pinned part (benchmarks/pfs_pinned.py measures and reports).
+# --------------------------------------------------------------------------------------------
+
+
+def _pinned_configs(parser: argparse.ArgumentParser, only: str) -> list[Config]:
+    """The pinned part's readers: ``--only`` (of CONFIGS and the ceiling) or the default
+    set, always with `cat` of the shards and the ceiling, the two references."""
+    pool = [*CONFIGS, CEILING]
+    if only:
+        chosen = {c.name for c in common.select_named(parser, only, pool)}
+    else:
+        chosen = set(PINNED_DEFAULT)
+    chosen |= {"cat-shards", "ceiling"}
+    return [c for c in pool if c.name in chosen]
+
+
+def _check_cpus(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--bed-cpus and --reader-cpus: both with --parts pinned (alone), online, disjoint."""
+    pinned = "pinned" in args.parts_set
+    if pinned and len(args.parts_set) > 1:
+        parser.error("--parts pinned runs alone (its bed is pinned): give it without the others")
+    given = [n for n in ("bed_cpus", "reader_cpus") if getattr(args, n) is not None]
+    if not pinned:
+        if given:
+            parser.error(f"--{given[0].replace('_', '-')} is for --parts pinned only")
+        return
+    online = pfs_pinned.online_cpus()
+    sets: dict[str, set[int]] = {}
+    for name in ("bed_cpus", "reader_cpus"):
+        option = "--" + name.replace("_", "-")
+        text = getattr(args, name)
+        if text is None:
+            parser.error(f"--parts pinned needs {option} (a CPU list such as 0 or 0-1)")
+        try:
+            sets[name] = pfs_pinned.parse_cpu_list(text, online)
+        except ValueError as exc:
+            parser.error(f"{option} takes a list of online CPUs ({sorted(online)}): {exc}")
+    both = sets["bed_cpus"] & sets["reader_cpus"]
+    if both:
+        parser.error(
+            f"--bed-cpus {args.bed_cpus} and --reader-cpus {args.reader_cpus} overlap on CPU "
+            f"{min(both)}: the bed and the readers must run on separate CPUs"
+        )
+
+
+def _pinned(
+    bed: Bed,
+    paths: dict[str, str],
+    args: argparse.Namespace,
+    outcomes: list[Outcome],
+    num_samples: int,
+    payload: int,
+) -> dict[str, Any]:
+    readers = []
+    for o in outcomes:
+        cfg = o.config
+        result = os.path.join(args.workdir, f"pfs-pinned-{cfg.name}.json") if cfg.child else ""
+        argv = (
+            [*_child_argv(cfg, paths[cfg.data], result, args), "--handshake"]
+            if cfg.child
+            else _cat_argv(cfg, paths)
+        )
+        env = {**_env(cfg.strategy, args.spdl_threads), "SHARDIO_PIN_WORKERS": "0"}
+        readers.append(
+            pfs_pinned.Reader(cfg.name, cfg.label, cfg.order, argv, paths[cfg.data], result, env)
+        )
+    daemons = pfs_pinned.bed_pids(bed.netns())
+    allowed = {pid: pfs_pinned.allowed_lists(pid) for pid in daemons}
+    print("bed pinning:", {f"{c} {p}": allowed[p] for p, c in daemons.items()}, file=sys.stderr)
+    tallies, loads = pfs_pinned.measure(
+        readers,
+        rounds=args.repeat,
+        reader_cpus=args.reader_cpus,
+        bed=daemons,
+        timeout_s=args.child_timeout,
+        num_samples=num_samples,
+        payload=payload,
+        peer_unavailable=PEER_UNAVAILABLE,
+    )
+    for pid in daemons:  # as they were at the end, too (a thread started later included)
+        allowed[pid] |= pfs_pinned.allowed_lists(pid)
+    for line in pfs_pinned.verdicts(tallies):
+        print(line.replace("**", ""), file=sys.stderr)
+    return {"tallies": tallies, "loads": loads, "bed_pids": daemons, "bed_allowed": allowed}
+
+
+# --------------------------------------------------------------------------------------------
 # Main.
 # --------------------------------------------------------------------------------------------
 
@@ -1207,7 +1320,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--child-timeout", type=float, default=600.0, help="kill any other child after this"
     )
-    parser.add_argument("--parts", default=",".join(PARTS), help="read,meta,stage,dead")
+    parser.add_argument(
+        "--parts",
+        default=",".join(p for p in PARTS if p != "pinned"),
+        help="read,meta,stage,dead; or pinned, alone",
+    )
+    parser.add_argument(
+        "--bed-cpus", default=None, help="pinned: the bed's CPUs (moosefs.sh up --cpus)"
+    )
+    parser.add_argument(
+        "--reader-cpus", default=None, help="pinned: the readers' and cat's CPUs (taskset)"
+    )
     parser.add_argument("--only", default="", help="comma-separated reader names")
     parser.add_argument("--bed-dir", default="", help="new or empty (default: /tmp/...)")
     parser.add_argument("--workdir", default=os.path.join(REPO, ".bench"))
@@ -1218,12 +1341,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parts = set(args.parts.split(",")) if args.parts else set()
     if parts - set(PARTS):
         parser.error(f"unknown --parts {sorted(parts - set(PARTS))}; known: {', '.join(PARTS)}")
+    args.parts_set = parts
+    _check_cpus(parser, args)
     if args.repeat < 1 or args.files < 1 or args.chunkservers < 2:
         parser.error("--repeat and --files must be at least 1, --chunkservers at least 2")
     args.shard_size_bytes = bench_read._parse_size(args.shard_size)
     if os.geteuid() != 0:
         parser.error("needs root: the MooseFS bed (network namespace, FUSE) and drop_caches")
-    configs = common.select_named(parser, args.only, CONFIGS)
+    pinned_part = "pinned" in parts
+    configs = (
+        _pinned_configs(parser, args.only)
+        if pinned_part
+        else common.select_named(parser, args.only, CONFIGS)
+    )
     args.workdir = os.path.abspath(args.workdir)
     common.hold_bench_lock(args.workdir)
     signal.signal(signal.SIGTERM, _sigterm)
@@ -1238,7 +1368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     num_samples, payload = common.tree_payload(tree)
     bed_dir = args.bed_dir or f"/tmp/shardio-bench-pfs-{os.getpid()}"
-    bed = Bed(bed_dir, chunkservers=args.chunkservers, ioretries=args.ioretries)
+    bed = Bed(
+        bed_dir,
+        chunkservers=args.chunkservers,
+        ioretries=args.ioretries,
+        cpus=args.bed_cpus if pinned_part else "",
+    )
 
     wanted = {c.data for c in configs} | {"tar"}
     if "stage" in parts:
@@ -1248,6 +1383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stage = dead = None
     probe: dict[str, Any] = {}
     facts: dict[str, Any] = {}
+    pinned: dict[str, Any] = {}
     try:
         print("bed:", _shell(bed.up_argv), file=sys.stderr)
         bed.up()
@@ -1281,6 +1417,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             stage = _stage(paths, args)
         if "dead" in parts:
             dead = _dead(bed, paths, args)  # last: it breaks the bed
+        if pinned_part:
+            pinned = _pinned(bed, paths, args, outcomes, num_samples, payload)
         shards = _shards(paths["tar"])
         facts.update(
             shards=len(shards),
@@ -1312,12 +1450,38 @@ def main(argv: Sequence[str] | None = None) -> int:
             for p in ("torch", "webdataset", "mosaicml-streaming", "litdata", "spdl", "h5py")
         ),
     )
-    body = _report(args, outcomes, prep, probe, stage, dead, facts)
+    if pinned_part:
+        section, body = pfs_pinned.SECTION, _pinned_report(args, pinned, facts)
+    else:
+        section, body = SECTION, _report(args, outcomes, prep, probe, stage, dead, facts)
     print(body)
     if not args.no_write:
-        common.update_section(args.out, SECTION, body, common.results_header(args.workdir))
-        print(f"wrote {SECTION!r} into {args.out}", file=sys.stderr)
+        common.update_section(args.out, section, body, common.results_header(args.workdir))
+        print(f"wrote {section!r} into {args.out}", file=sys.stderr)
     return 0
+
+
+def _pinned_report(args: argparse.Namespace, pinned: dict[str, Any], facts: dict[str, Any]) -> str:
+    return pfs_pinned.report(
+        pinned["tallies"],
+        pinned["loads"],
+        {
+            **facts,
+            **pinned,
+            "mean_kb": args.mean_kb,
+            "bed_argv": _shell(facts["bed_argv"]),
+            "argv": _shell(facts["argv"]),
+            "bed_cpus": args.bed_cpus,
+            "reader_cpus": args.reader_cpus,
+            "batch_size": args.batch_size,
+            "workers": args.workers,
+            "rounds": args.repeat,
+            "child_cmd": _shell([sys.executable, ME])
+            + f" _child NAME DATA RESULT --batch-size {args.batch_size} --workers "
+            f"{args.workers} --seed {args.seed} --handshake",
+            "code_line": common.code_line(facts["code_before"], facts["code_after"], "read"),
+        },
+    )
 
 
 if __name__ == "__main__":

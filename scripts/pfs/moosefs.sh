@@ -2,14 +2,16 @@
 # A MooseFS test bed on one machine: a master (metadata server), N chunkservers (data servers)
 # and a FUSE client mount, for shardio's parallel-filesystem tests and benchmarks.
 #
-#   scripts/pfs/moosefs.sh up DIR [--chunkservers N] [--ioretries N] [--goal N]
-#   scripts/pfs/moosefs.sh status DIR
+#   scripts/pfs/moosefs.sh up DIR [--chunkservers N] [--ioretries N] [--goal N] [--cpus LIST]
+#   scripts/pfs/moosefs.sh status DIR           # also each daemon's CPUs, from /proc
 #   scripts/pfs/moosefs.sh stop-cs DIR I      # stop chunkserver I (1-based): a dead data server
 #   scripts/pfs/moosefs.sh start-cs DIR I
 #   scripts/pfs/moosefs.sh stop-master DIR | start-master DIR
 #   scripts/pfs/moosefs.sh exec DIR CMD...    # run an mfs* admin tool inside the bed's namespace
 #   scripts/pfs/moosefs.sh down DIR           # stop everything, leave nothing behind
 #   Chunkserver I carries the label of its letter (1: A, 2: B, ...) for storage classes.
+#   --cpus LIST (taskset syntax of online CPUs: 1, 0-1, 0,2): the master, every chunkserver
+#   and the FUSE client run on those CPUs only (a bad LIST: one line, exit 2, nothing started).
 #
 # The servers run in a private network namespace with a 10.x address on its loopback
 # (chunkservers refuse a 127.x master); the client is mounted with nsenter into that network
@@ -17,16 +19,77 @@
 # the namespace. DIR holds the configuration, data, logs and the mount point DIR/mnt; `up`
 # prints `MFS_MOUNT=...`, `MFS_NETNS=...` and `MFS_ADDR=...` lines and writes them to DIR/bed.env.
 # Needs root (network namespaces, FUSE); installs the Debian packages where missing.
+#
+# Pinning (--cpus) is CPU affinity, not a cgroup: each daemon is started under `taskset -c
+# LIST`, so the affinity holds from its first instruction and every process it forks and every
+# thread it starts later inherits it (re-pinning running processes would miss threads started
+# afterwards). start-cs and start-master pin again to the LIST kept in DIR/bed.env (MFS_CPUS;
+# empty: unpinned). Affinity bounds where the bed runs, not who else runs there: a benchmark
+# pins its readers to the other CPUs (benchmarks/bench_pfs.py --bed-cpus/--reader-cpus).
 set -euo pipefail
 
 usage() {
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
 die() {
   echo "moosefs.sh: $*" >&2
   exit 1
+}
+
+online_cpus() {
+  # The online CPUs, one a line, from the kernel's list (e.g. 0-3,6).
+  local item lo hi items
+  IFS=, read -ra items </sys/devices/system/cpu/online
+  for item in "${items[@]}"; do
+    lo=${item%-*} hi=${item#*-}
+    seq "$lo" "$hi"
+  done
+}
+
+check_cpus() {
+  # A taskset CPU list of online CPUs only (N, N-M with N <= M, joined by commas), or exit 2
+  # with one line: a CPU that is not there would make taskset fail half-way through `up`.
+  local list=$1 item lo hi c online items
+  online=$(online_cpus | tr '\n' ' ')
+  bad_cpus() {
+    echo "moosefs.sh: --cpus takes a list of online CPUs such as 1 or 0-1 (online here:" \
+      "$(tr -d '\n' </sys/devices/system/cpu/online)), not '$list': $1" >&2
+    exit 2
+  }
+  [ -n "$list" ] || bad_cpus "empty"
+  [ "${#list}" -le 200 ] || bad_cpus "too long"
+  case "$list" in *[!0-9,-]* | ,* | *, | *,,*) bad_cpus "malformed" ;; esac
+  IFS=, read -ra items <<<"$list"
+  for item in "${items[@]}"; do
+    case "$item" in
+      [0-9] | [0-9][0-9] | [0-9][0-9][0-9] | [0-9][0-9][0-9][0-9]) lo=$item hi=$item ;;
+      *-*-*) bad_cpus "malformed range '$item'" ;;
+      [0-9]*-[0-9]*) lo=${item%-*} hi=${item#*-} ;;
+      *) bad_cpus "malformed item '$item'" ;;
+    esac
+    if [ "${#lo}" -gt 4 ] || [ "${#hi}" -gt 4 ]; then bad_cpus "no such CPU in '$item'"; fi
+    lo=$((10#$lo)) hi=$((10#$hi))
+    [ "$lo" -le "$hi" ] || bad_cpus "range '$item' runs backwards"
+    for c in $(seq "$lo" "$hi"); do
+      case " $online " in *" $c "*) ;; *) bad_cpus "CPU $c is not online" ;; esac
+    done
+  done
+}
+
+bed_cpus() {
+  # The CPU list the bed was started with (DIR/bed.env), empty if unpinned.
+  sed -n 's/^MFS_CPUS=//p' "$dir/bed.env" 2>/dev/null | head -n 1
+}
+
+pinned() {
+  # Run "$@" under the bed's CPU affinity (taskset: inherited by its forks and threads).
+  if [ -n "$cpus" ]; then
+    taskset -c "$cpus" "$@"
+  else
+    "$@"
+  fi
 }
 
 [ $# -ge 2 ] || usage
@@ -142,7 +205,7 @@ mounted() {
 }
 
 start_master() {
-  in_ns mfsmaster -c "$dir/etc/mfsmaster.cfg" start >>"$dir/log/master.log" 2>&1 ||
+  pinned ip netns exec "$ns" mfsmaster -c "$dir/etc/mfsmaster.cfg" start >>"$dir/log/master.log" 2>&1 ||
     die "mfsmaster did not start (see $dir/log/master.log)"
 }
 
@@ -151,7 +214,7 @@ stop_master() {
 }
 
 start_cs() {
-  in_ns mfschunkserver -c "$dir/etc/mfschunkserver$1.cfg" start >>"$dir/log/cs$1.log" 2>&1 ||
+  pinned ip netns exec "$ns" mfschunkserver -c "$dir/etc/mfschunkserver$1.cfg" start >>"$dir/log/cs$1.log" 2>&1 ||
     die "chunkserver $1 did not start (see $dir/log/cs$1.log)"
 }
 
@@ -174,15 +237,21 @@ wait_for() {
 }
 
 up() {
-  local n=2 retries=30 goal=1
+  local n=2 retries=30 goal=1 pin=0
   while [ $# -gt 0 ]; do
     case "$1" in
       --chunkservers) n=${2:?}; shift 2 ;;
       --ioretries) retries=${2:?}; shift 2 ;;
       --goal) goal=${2:?}; shift 2 ;;
+      --cpus)
+        [ $# -ge 2 ] || { cpus=""; check_cpus ""; }
+        cpus=$2 pin=1
+        shift 2
+        ;;
       *) usage ;;
     esac
   done
+  [ "$pin" = 0 ] || check_cpus "$cpus" # before anything is started or written
   case "$n$retries$goal" in *[!0-9]*) die "counts must be whole numbers" ;; esac
   small_in "$n" 1 8 || die "--chunkservers takes 1 to 8, not '$n'"
   small_in "$retries" 1 1000 || die "--ioretries takes 1 to 1000, not '$retries'"
@@ -208,7 +277,7 @@ up() {
   for i in $(seq 1 "$n"); do start_cs "$i"; done
   wait_for connected_chunkservers "$n" || die "only $(connected_chunkservers) of $n chunkservers registered"
   [ -e /dev/fuse ] || mknod -m 666 /dev/fuse c 10 229
-  nsenter --net="/var/run/netns/$ns" mfsmount "$mnt" -H "$addr" -P 9421 \
+  pinned nsenter --net="/var/run/netns/$ns" mfsmount "$mnt" -H "$addr" -P 9421 \
     -o "mfsioretries=$retries" -o mfsmkdircopysgid=0 >>"$dir/log/mount.log" 2>&1 ||
     die "mfsmount failed (see $dir/log/mount.log)"
   mounted || die "the client mount did not appear at $mnt"
@@ -226,6 +295,7 @@ up() {
     echo "MFS_NETNS=$ns"
     echo "MFS_ADDR=$addr"
     echo "MFS_CHUNKSERVERS=$n"
+    echo "MFS_CPUS=$cpus"
   } | tee "$dir/bed.env"
 }
 
@@ -234,6 +304,24 @@ status() {
   echo "netns $ns, master $addr"
   if mounted; then echo "mounted at $mnt"; else echo "not mounted"; fi
   echo "chunkservers connected: $(connected_chunkservers) of $(chunkservers)"
+  echo "pinned to CPUs: ${cpus:-no (any CPU)}"
+  local pid comm tids allowed
+  for pid in $(bed_pids); do
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
+    # Every thread's own list: one thread started elsewhere would show here.
+    allowed=$(cat /proc/"$pid"/task/*/status 2>/dev/null | sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' | sort -u | paste -sd' ')
+    tids=$(find "/proc/$pid/task" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+    echo "  $comm pid $pid: $tids threads, Cpus_allowed_list $allowed"
+  done
+}
+
+bed_pids() {
+  # The bed's daemons: everything in its network namespace (master, chunkservers, and the
+  # client, which nsenter started there) that is an mfs* program.
+  local pid
+  for pid in $(ip netns pids "$ns" 2>/dev/null | sort -n); do
+    case "$(cat "/proc/$pid/comm" 2>/dev/null)" in mfs*) echo "$pid" ;; esac
+  done
 }
 
 abort_client() {
@@ -295,6 +383,11 @@ cs_number() {
   fi
   echo "$((10#$i))"
 }
+
+cpus=""
+[ "$cmd" = up ] || cpus=$(bed_cpus)
+# A LIST read back from bed.env is checked again: a CPU may have gone offline since `up`.
+[ -z "$cpus" ] || case "$cmd" in start-cs | start-master) check_cpus "$cpus" ;; esac
 
 case "$cmd" in
   up) up "$@" ;;
