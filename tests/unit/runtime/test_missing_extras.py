@@ -124,4 +124,4 @@ def test_every_extra_hint_names_what_pyproject_installs() -> None:
         names = [re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0].lower() for req in extras[extra]]
         assert names == [package], (extra, names)
         assert "shardio[" not in str(MissingExtraError("x", extra))
-    assert set(extras) - {"dev", "bench"} == set(EXTRA_PACKAGES)
+    assert set(extras) - {"dev", "bench", "dlio"} == set(EXTRA_PACKAGES)
