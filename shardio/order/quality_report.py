@@ -231,6 +231,10 @@ def _column(values: Any, n: int, what: str) -> np.ndarray[Any, Any]:
     return out.astype(np.int64, copy=False)
 
 
+_PENDING_ROWS = 64  # batches observed before they are taken in together
+_Ints = np.ndarray[Any, Any]
+
+
 class QualityAccumulator:
     """Shuffle quality from the batches a loader delivers, one epoch at a time.
 
@@ -259,6 +263,12 @@ class QualityAccumulator:
 
     def _reset(self, epoch: int | None) -> None:
         self._epoch = epoch
+        # Observed batches not yet taken in: add_rows takes many at once for about the cost
+        # of one (its numpy calls are per call, not per row).
+        self._pending: list[
+            tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any], int]
+        ] = []
+        self._pending_next: int | None = None
         self._batches = self._samples = self._biggest = 0
         self._entropy_parts: list[np.ndarray[Any, Any]] = []
         self._distinct_sum = 0
@@ -304,8 +314,18 @@ class QualityAccumulator:
             self._reset(epoch)
         if n == 0:
             return
-        first = self._next_position if position is None else int(position)
-        self.add_rows(epoch, [idx], [lab], [shd], [first if first is not None else 0])
+        expected = self._pending_next if self._pending else self._next_position
+        first = (expected or 0) if position is None else int(position)
+        self._pending.append((idx.copy(), lab.copy(), shd.copy(), first))  # the caller's may change
+        self._pending_next = first + n
+        if len(self._pending) >= _PENDING_ROWS:
+            self._take_pending()
+
+    def _take_pending(self) -> None:
+        if self._pending and self._epoch is not None:
+            idx, lab, shd, first = zip(*self._pending, strict=True)
+            self._pending = []
+            self.add_rows(self._epoch, list(idx), list(lab), list(shd), list(first))
 
     def add_rows(
         self,
@@ -319,6 +339,7 @@ class QualityAccumulator:
         are their first samples' epoch positions; each row non-empty, as :meth:`observe`."""
         if epoch != self._epoch:
             self._reset(epoch)
+        self._take_pending()  # batches observed before these come first
         rows = len(indices)
         widths = [len(r) for r in indices]
         width = max(widths)
@@ -383,6 +404,7 @@ class QualityAccumulator:
         """
         if epoch != self._epoch:
             self._reset(epoch)
+        self._take_pending()
         self._close_window()  # the last window, however short
         h = self.dataset_entropy
         mean = p5 = ceiling = None

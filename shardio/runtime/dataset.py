@@ -238,6 +238,7 @@ class ShardDataset(ShardRuns, SampleReads, CursorFace, Dataset[dict[str, Any]]):
         # stamps again each epoch; it still maps and checks the index itself.
         state["_handoff"] = self._ds.handoff() if self._ds is not None else self._handoff
         state["_ds"] = None
+        state.pop("_buffers", None)  # the reused batch buffers stay with this process
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 _Batches = Generator[dict[str, Any], None, None]
 _SPARE_SLOTS = 2  # ring slots per worker beyond those: the batch in use, the one arriving
+_SLOT_HEADROOM_DIVISOR = 8  # persistent workers' slots: the first run's largest batch + 1/8
 # The default watchdog: this many read deadlines without a batch (a batch may meet a few
 # stalls of distinct shards, each one deadline), and never under a minute.
 _WATCHDOG_DEADLINES = 6
@@ -175,10 +176,15 @@ class ShardLoader:
             return None
         prefetch = self.kwargs.get("prefetch_factor", PREFETCH)
         prefetch = 2 if prefetch is None else require_int(prefetch, "prefetch_factor", minimum=0)
+        slot_bytes = needs.slot_bytes
+        if self.persistent_workers:
+            # Kept for the later epochs too, whose largest batch differs from this one's: a
+            # batch over the slot takes a fresh segment, faulted in page by page.
+            slot_bytes += slot_bytes // _SLOT_HEADROOM_DIVISOR
         return BatchRing.allocate(
             workers=self.num_workers,
             slots=prefetch + _SPARE_SLOTS,
-            slot_bytes=needs.slot_bytes,
+            slot_bytes=slot_bytes,
             quiet=self._sized,  # warned at the first iteration's: once per loader
         )
 

@@ -26,6 +26,7 @@ from shardio.runtime.batch import read_batch, read_batch_mapped
 from shardio.runtime.decode import Decoder, decode_sample
 from shardio.runtime.plan import RunState
 from shardio.runtime.recovering import Recoverable, SampleRecovery
+from shardio.runtime.reuse import ReusedBuffers
 from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, labels_to_tensor
 
 __all__ = ["MIN_WORKER_INFLIGHT", "SampleReads", "collate_samples"]
@@ -220,7 +221,14 @@ class SampleReads:
 
     def _read_local(self, checked: list[int]) -> dict[str, Any]:
         self._share_strategy()
-        return read_batch(self.packed, checked, verify=self.verify, shared=False)
+        return read_batch(self.packed, checked, verify=self.verify, allocate=self._reused())
+
+    def _reused(self) -> Callable[[int], Any]:
+        """The training process's reused batch buffers (:mod:`shardio.runtime.reuse`)."""
+        buffers = self.__dict__.get("_buffers")
+        if buffers is None:
+            buffers = self.__dict__["_buffers"] = ReusedBuffers()
+        return buffers.allocate
 
     def _share_strategy(self) -> None:
         """In a DataLoader worker: take its share of the requests in flight."""
@@ -238,8 +246,10 @@ class SampleReads:
         ring = self._run.plan.ring if self._run is not None else None
         if worker is not None and ring is not None:
             return ring.read(self.packed, checked, worker=worker.id, verify=self.verify)
-        # "shm", a plain DataLoader's worker (no ring) or in-process: a buffer of its own.
-        return read_batch(self.packed, checked, verify=self.verify, shared=worker is not None)
+        if worker is None:  # in-process: a buffer reused once nothing views its last batch
+            return read_batch(self.packed, checked, verify=self.verify, allocate=self._reused())
+        # "shm" or a plain DataLoader's worker (no ring): a shared segment of its own.
+        return read_batch(self.packed, checked, verify=self.verify, shared=True)
 
     def _to_send(self, batch: Any) -> Any:
         """``batch`` as a worker sends it: a ring slot's batch as a small description."""

@@ -1,0 +1,50 @@
+"""ReusedBuffers: an in-process batch buffer is read into again only once nothing views it."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import torch
+
+from shardio.runtime.batch import ByteColumn
+from shardio.runtime.reuse import ReusedBuffers
+
+
+def _column(buffers: ReusedBuffers, fill: int, n: int = 4096) -> ByteColumn:
+    buffer = buffers.allocate(n)
+    buffer.fill_(fill)
+    return ByteColumn(buffer, np.array([0, n // 2, n], dtype=np.int64), np.ones(2, bool))
+
+
+def test_a_released_buffer_is_read_into_again() -> None:
+    buffers = ReusedBuffers(keep=1)
+    first = buffers.allocate(100)
+    where = first.data_ptr()
+    del first
+    gc.collect()
+    assert buffers.allocate(80).data_ptr() == where
+
+
+def test_nothing_taken_from_a_batch_sees_its_bytes_change() -> None:
+    buffers = ReusedBuffers(keep=1)
+    column = _column(buffers, 1)
+    kept = [column[0], column.tensor(1), np.asarray(column[1])]
+    del column
+    gc.collect()
+    for later in range(2, 6):  # each of these must take a fresh buffer, not the one viewed
+        _column(buffers, later)
+        gc.collect()
+    assert bytes(kept[0]) == b"\x01" * 2048
+    assert torch.equal(kept[1], torch.ones(2048, dtype=torch.uint8))
+    assert kept[2].tolist() == [1] * 2048
+
+
+def test_beyond_keep_a_fresh_buffer_and_a_larger_batch_grows_one() -> None:
+    buffers = ReusedBuffers(keep=2)
+    held = [buffers.allocate(10), buffers.allocate(10), buffers.allocate(10)]
+    assert len({t.data_ptr() for t in held}) == 3
+    del held
+    gc.collect()
+    big = buffers.allocate(1 << 20)
+    assert big.numel() == 1 << 20 and big.is_contiguous()
