@@ -346,7 +346,7 @@ class Index:
         off = int(rec["key_offset"])
         return bytes(self.keys_blob[off : off + int(rec["key_length"])]).decode("ascii")
 
-    def keys(self, samples: np.ndarray[Any, Any]) -> list[str]:
+    def keys(self, samples: Sequence[int] | np.ndarray[Any, Any]) -> list[str]:
         """Return the keys of ``samples`` (their records come checked, :meth:`records`)."""
         recs = self.samples[np.asarray(samples, dtype=np.int64)]
         blob = self.keys_blob

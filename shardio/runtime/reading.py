@@ -27,6 +27,7 @@ from shardio.runtime.decode import Decoder, decode_sample
 from shardio.runtime.plan import RunState
 from shardio.runtime.recovering import Recoverable, SampleRecovery
 from shardio.runtime.reuse import ReusedBuffers
+from shardio.runtime.single import read_one
 from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, labels_to_tensor
 
 __all__ = ["MIN_WORKER_INFLIGHT", "SampleReads", "collate_samples"]
@@ -163,17 +164,7 @@ class SampleReads:
         Raises:
             SampleDecodeError: the decoder failed on it.
         """
-        batch = read_batch(self.packed, indices, verify=self.verify, shared=False)
-        sample = {
-            k: (
-                v[0]
-                if k == "__key__"
-                else int(v[0])
-                if k == LABEL_EXT
-                else (bytes(v[0]) if v[0] is not None else None)
-            )
-            for k, v in batch.items()
-        }
+        sample = read_one(self.packed, indices[0], verify=self.verify)
         if self._decoder is None:
             return sample
         packed, index = self.packed, indices[0]
