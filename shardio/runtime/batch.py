@@ -73,20 +73,39 @@ class ByteColumn(Sequence[memoryview]):
         Raises:
             IndexError: ``i`` is outside the column.
         """
-        if not -len(self) <= i < len(self):
+        n = len(self)
+        if not -n <= i < n:
             raise IndexError(i)
-        i %= len(self)
+        i %= n
         return i if self.present[i] else None
 
     def __getitem__(self, i: int) -> memoryview:  # type: ignore[override]
         at = self._present(i)
         if at is None:
             return None  # type: ignore[return-value]
-        view = memoryview(self.buffer.numpy())  # type: ignore[arg-type]
-        return view[int(self.offsets[at]) : int(self.offsets[at + 1])]
+        view, bounds = self._views()
+        return view[bounds[at] : bounds[at + 1]]
+
+    def _views(self) -> tuple[memoryview, list[int]]:
+        """The buffer as a memoryview and the offsets as ints, made on first use (a training
+        loop takes every sample of a batch: not once per sample)."""
+        views = self.__dict__.get("_cached")
+        if views is None:
+            views = self._cached = (
+                memoryview(self.buffer.numpy()),  # type: ignore[arg-type]
+                self.offsets.tolist(),
+            )
+        return views
 
     def __iter__(self) -> Iterator[memoryview]:
-        return (self[i] for i in range(len(self)))
+        view, bounds = self._views()
+        for at, has in enumerate(self.present.tolist()):
+            yield view[bounds[at] : bounds[at + 1]] if has else None  # type: ignore[misc]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_cached", None)  # a memoryview does not pickle (a worker's fallback batch)
+        return state
 
     def tensor(self, i: int) -> torch.Tensor:
         """Sample i's bytes as a uint8 tensor view (no copy)."""
@@ -164,6 +183,9 @@ class MappedColumn(ByteColumn):
         view = _RECEIVER_MAPS.view(self.paths[j], self.identities[j])
         start = int(self.starts[at])
         return view[start : start + int(self.sizes[at])]
+
+    def __iter__(self) -> Iterator[memoryview]:
+        return (self[i] for i in range(len(self)))
 
     def tensor(self, i: int) -> torch.Tensor:
         """Sample i's bytes as a uint8 tensor view of the mapping (no copy)."""
