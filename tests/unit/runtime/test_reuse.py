@@ -48,3 +48,18 @@ def test_beyond_keep_a_fresh_buffer_and_a_larger_batch_grows_one() -> None:
     gc.collect()
     big = buffers.allocate(1 << 20)
     assert big.numel() == 1 << 20 and big.is_contiguous()
+
+
+def test_a_column_read_from_still_pickles_and_iterates_as_it_indexes() -> None:
+    import pickle
+
+    buffer = torch.arange(10, dtype=torch.uint8)
+    column = ByteColumn(
+        buffer, np.array([0, 3, 3, 10], dtype=np.int64), np.array([True, False, True])
+    )
+    assert bytes(column[0]) == bytes([0, 1, 2]) and column[1] is None
+    again = pickle.loads(pickle.dumps(column))  # a worker's fallback batch crosses pickled
+    assert [None if v is None else bytes(v) for v in again] == [
+        None if v is None else bytes(v) for v in (column[i] for i in range(3))
+    ]
+    assert bytes(column[-1]) == bytes(range(3, 10))
