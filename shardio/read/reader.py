@@ -372,8 +372,9 @@ class ShardReader:
         opener, pool, timed = self.opener, self.pool, self.timed
         pread, clock = opener.pread_into, time.perf_counter_ns
         # A shard's descriptor is kept for the batch while the batch's shards fit in the pool
-        # (the pool closes only descriptors no member of this batch used more recently).
-        keep_fds = len(set(shards)) <= pool.max_open
+        # with one to spare (it closes only descriptors no member of this batch used more
+        # recently); after a failure, whose recovery may open files too, none is kept.
+        keep_fds = len(set(shards)) < pool.max_open
         where: dict[int, tuple[Location, int]] = {}
         # By staged (a copy) or not (the source): reads, their bytes, how long each took.
         reads = {False: 0, True: 0}
@@ -413,7 +414,7 @@ class ShardReader:
                 continue
             # Anything else goes the careful way, judged as one read would be (a shard that
             # could not be opened is located again: that tells an evicted copy).
-            where.pop(shard, None)
+            where.clear()
             first = None if fd < 0 else (loc, fd, got, began)
             self._settle(member, offset, expected, target, shard, sample, verify, first)
         for staged, count in reads.items():

@@ -59,7 +59,7 @@ def test_batch_equals_members_read_one_by_one_and_counts_the_same(
 
 
 def test_more_shards_than_open_files_still_reads_each_from_its_own(dataset: pathlib.Path) -> None:
-    with ShardReader(dataset, max_open=1) as a, ShardReader(dataset) as b:
+    with ShardReader(dataset, max_open=2) as a, ShardReader(dataset) as b:
         samples = list(range(0, len(a), 7))
         assert _read_batch(a, samples) == _one_by_one(b, samples)
 
