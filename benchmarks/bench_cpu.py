@@ -377,8 +377,10 @@ def _under(module: str | None, root: str) -> bool:
 @contextlib.contextmanager
 def baseline_tree(rev: str, workdir: str) -> Iterator[str]:
     """A ``git worktree add --detach`` of ``rev`` under ``workdir``, removed on exit."""
-    path = os.path.join(workdir, f"cpu-baseline-{os.getpid()}")
+    for stale in glob.glob(os.path.join(workdir, "cpu-baseline-*")):  # a killed run's
+        _remove_worktree(stale)  # (the bench lock is held: no other run uses one now)
     subprocess.run(["git", "-C", REPO, "worktree", "prune"], check=False, capture_output=True)
+    path = os.path.join(workdir, f"cpu-baseline-{os.getpid()}")
     subprocess.run(
         ["git", "-C", REPO, "worktree", "add", "--detach", path, rev],
         check=True, capture_output=True,
@@ -386,11 +388,15 @@ def baseline_tree(rev: str, workdir: str) -> Iterator[str]:
     try:
         yield path
     finally:
-        subprocess.run(
-            ["git", "-C", REPO, "worktree", "remove", "--force", path],
-            check=False, capture_output=True,
-        )  # fmt: skip
-        common.remove_path(path)
+        _remove_worktree(path)
+
+
+def _remove_worktree(path: str) -> None:
+    subprocess.run(
+        ["git", "-C", REPO, "worktree", "remove", "--force", path],
+        check=False, capture_output=True,
+    )  # fmt: skip
+    common.remove_path(path)
 
 
 def _ensure_litdata(args: argparse.Namespace, src: str, paths: dict[str, str]) -> None:
@@ -484,15 +490,17 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--regen", action="store_true", help="regenerate the tree and packs")
     parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
     args = parser.parse_args(argv)
-    for name in ("files", "repeat", "epochs", "batch_size", "workers"):
+    for name, top in (("files", 10**7), ("repeat", 100), ("epochs", 100), ("batch_size", 10**5)):
         value = getattr(args, name)
-        if not 1 <= value <= 10_000_000:
-            parser.error(f"--{name.replace('_', '-')} must be 1 to 10000000, got {value}")
+        if not 1 <= value <= top:
+            parser.error(f"--{name.replace('_', '-')} must be 1 to {top}, got {value}")
+    if not 1 <= args.workers <= 64:
+        parser.error(f"--workers must be 1 to 64, got {args.workers}")
     args.peer_repeat = args.repeat if args.peer_repeat is None else args.peer_repeat
     if not 0 <= args.peer_repeat <= args.repeat:
         parser.error(f"--peer-repeat must be 0 to --repeat ({args.repeat})")
-    if not (args.mean_kb > 0 and args.timeout > 0 and args.mean_kb < 1e6):  # NaN fails too
-        parser.error("--mean-kb and --timeout must be positive numbers")
+    if not (0 < args.mean_kb < 1e6 and 0 < args.timeout <= 86400):  # NaN fails too
+        parser.error("--mean-kb and --timeout must be positive numbers (--timeout ≤ 86400)")
     args.fss = _choices(parser, "--fs", args.fs, FILESYSTEMS)
     args.caches = _choices(parser, "--cache", args.cache, CACHES)
     try:

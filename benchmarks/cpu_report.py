@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import shlex
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -185,7 +186,7 @@ def report(outcomes: Sequence[Any], args: Any, facts: dict[str, Any]) -> str:
             "litdata", "spdl", "nvidia-dali-cuda120",
         )
     )  # fmt: skip
-    cmd = ["PYTHONPATH=$PWD", "python", "benchmarks/bench_cpu.py", *args.argv]
+    cmd = ["PYTHONPATH=$PWD", sys.executable, "benchmarks/bench_cpu.py", *args.argv]
     cold = (
         "cold: `sync; echo 3 > /proc/sys/vm/drop_caches` after the child's imports (its "
         "libraries stay mapped), and before `cat`"
@@ -284,7 +285,7 @@ def report(outcomes: Sequence[Any], args: Any, facts: dict[str, Any]) -> str:
         "Reproduce (root, for the cold runs and the bed):",
         "",
         "```text",
-        " ".join(cmd),
+        " ".join(shlex.quote(c) if i else c for i, c in enumerate(cmd)),
         "```",
         "",
         "Each child (DATA = the configuration's directory; RESULT = a JSON file):",
