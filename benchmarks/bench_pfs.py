@@ -94,7 +94,11 @@ def _prep_litdata(args: argparse.Namespace) -> Callable[[], bench_read.Batches]:
     def start() -> bench_read.Batches:
         ds = StreamingDataset(input_dir=args.data, shuffle=False, seed=args.seed)
         loader = StreamingDataLoader(
-            ds, batch_size=args.batch_size, num_workers=args.workers, collate_fn=_litdata_collate
+            ds,
+            batch_size=args.batch_size,
+            num_workers=args.workers,
+            collate_fn=_litdata_collate,
+            **bench_read.keep_workers(args),
         )
         return loader, lambda b: b
 

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import glob
 import json
 import math
 import os
 import re
+import resource
 import shlex
 import sys
 import time
@@ -111,6 +113,13 @@ CONFIGS = [
 Batches = tuple[Iterable[Any], Callable[[Any], tuple[int, int]]]
 
 
+def keep_workers(args: argparse.Namespace) -> dict[str, Any]:
+    """A peer's DataLoader keyword arguments for a run of several epochs: its workers are
+    kept between them (``persistent_workers``), as shardio's loader keeps its own; mosaic
+    streaming's second epoch through the same DataLoader hangs without it."""
+    return {"persistent_workers": True} if args.workers > 0 and args.epochs > 1 else {}
+
+
 def _prep_shardio(mode: str, shuffle: bool) -> Callable[[argparse.Namespace], Batches]:
     def prep(args: argparse.Namespace) -> Callable[[], Batches]:
         from shardio import ShardDataset
@@ -162,6 +171,7 @@ def _prep_loose(args: argparse.Namespace) -> Callable[[], Batches]:
             shuffle=True,
             num_workers=args.workers,
             generator=torch.Generator().manual_seed(args.seed),
+            **keep_workers(args),
         )
         return loader, lambda b: b["jpeg"]
 
@@ -183,7 +193,7 @@ def _prep_wds(args: argparse.Namespace) -> Callable[[], Batches]:
             .to_tuple("jpeg", "cls")
             .batched(args.batch_size)
         )
-        loader = DataLoader(ds, batch_size=None, num_workers=args.workers)
+        loader = DataLoader(ds, batch_size=None, num_workers=args.workers, **keep_workers(args))
         return loader, lambda b: b[0]
 
     return start
@@ -205,7 +215,9 @@ def _prep_mds(args: argparse.Namespace) -> Callable[[], Batches]:
         ds = StreamingDataset(
             local=args.data, remote=None, shuffle=False, batch_size=args.batch_size
         )
-        loader = DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers)
+        loader = DataLoader(
+            ds, batch_size=args.batch_size, num_workers=args.workers, **keep_workers(args)
+        )
         return loader, lambda b: b["jpeg"]
 
     return start
@@ -263,6 +275,7 @@ def _prep_h5py(args: argparse.Namespace) -> Callable[[], Batches]:
             shuffle=True,
             num_workers=args.workers,
             generator=torch.Generator().manual_seed(args.seed),
+            **keep_workers(args),
         )
         return loader, lambda b: b["jpeg"]
 
@@ -347,6 +360,7 @@ def _child(argv: Sequence[str]) -> int:
 
     if args.handshake:
         common.child_handshake()  # the parent drops the caches here for a cold run
+    cpu0 = _cpu_now()
     t0 = time.perf_counter()
     batches, samples_of = start()
     t_setup = time.perf_counter()
@@ -370,6 +384,16 @@ def _child(argv: Sequence[str]) -> int:
             if args.limit and samples >= args.limit:
                 break
     t_end = time.perf_counter()
+    # Tear the loader down and reap its workers (persistent ones too: a ShardLoader stops
+    # them when collected), so that their CPU time reaches RUSAGE_CHILDREN.
+    del batches, samples_of, start
+    gc.collect()
+    live = common.child_pids(os.getpid())  # e.g. multiprocessing's resource tracker
+    cpu1 = _cpu_now()
+    import pfs_pinned
+
+    live_cpu_s = sum(pfs_pinned.tree_cpu_s(pid) for pid in live)  # their whole life
+    shardio_module = getattr(sys.modules.get("shardio"), "__file__", None)
     with open(args.result, "w") as fh:
         json.dump(
             {
@@ -378,10 +402,24 @@ def _child(argv: Sequence[str]) -> int:
                 "setup_s": t_setup - t0,
                 "first_batch_s": (t_first or t_end) - t0,
                 "time_s": t_end - t0,
+                "teardown_s": time.perf_counter() - t_end,
+                "cpu_user_s": cpu1[0] - cpu0[0],
+                "cpu_sys_s": cpu1[1] - cpu0[1],
+                "live_children": len(live),  # not reaped: their CPU is not in the above
+                "live_children_cpu_s": live_cpu_s,
+                "shardio_module": shardio_module,
             },
             fh,
         )
     return 0
+
+
+def _cpu_now() -> tuple[float, float]:
+    """(user, system) CPU-seconds of this process (all its threads) and of the children it
+    has reaped (DataLoader workers once joined), from ``getrusage``."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + kids.ru_utime, own.ru_stime + kids.ru_stime
 
 
 # --------------------------------------------------------------------------------------------
