@@ -80,7 +80,9 @@ check_cpus() {
 
 bed_cpus() {
   # The CPU list the bed was started with (DIR/bed.env), empty if unpinned.
-  sed -n 's/^MFS_CPUS=//p' "$dir/bed.env" 2>/dev/null | head -n 1
+  # (No bed.env, no bed: under pipefail a failed sed would end the script silently.)
+  [ -r "$dir/bed.env" ] || return 0
+  sed -n 's/^MFS_CPUS=//p' "$dir/bed.env" | head -n 1
 }
 
 pinned() {

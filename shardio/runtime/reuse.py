@@ -19,7 +19,9 @@ import weakref
 import numpy as np
 import torch
 
-__all__ = ["ReusedBuffers"]
+__all__ = ["MAX_KEPT_BYTES", "ReusedBuffers"]
+
+MAX_KEPT_BYTES = 256 << 20  # a larger batch's buffer is not kept (a few huge samples)
 
 
 def _release(free: list[bool], order: list[int], index: int) -> None:
@@ -44,6 +46,8 @@ class ReusedBuffers:
     def allocate(self, nbytes: int) -> torch.Tensor:
         """A contiguous uint8 tensor of exactly ``nbytes`` (the ``allocate`` of
         :func:`~shardio.runtime.batch.read_batch`)."""
+        if nbytes > MAX_KEPT_BYTES:  # not kept for the loader's life: a fresh one
+            return torch.empty(nbytes, dtype=torch.uint8)
         with self._lock:
             index = self._claim(nbytes)
         if index is None:

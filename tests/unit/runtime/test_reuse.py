@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from shardio.runtime.batch import ByteColumn
-from shardio.runtime.reuse import ReusedBuffers
+from shardio.runtime.reuse import MAX_KEPT_BYTES, ReusedBuffers
 
 
 def _column(buffers: ReusedBuffers, fill: int, n: int = 4096) -> ByteColumn:
@@ -63,3 +63,18 @@ def test_a_column_read_from_still_pickles_and_iterates_as_it_indexes() -> None:
         None if v is None else bytes(v) for v in (column[i] for i in range(3))
     ]
     assert bytes(column[-1]) == bytes(range(3, 10))
+
+
+def test_a_huge_batch_buffer_is_not_kept(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import shardio.runtime.reuse as reuse
+
+    monkeypatch.setattr(reuse, "MAX_KEPT_BYTES", 1000)
+    buffers = ReusedBuffers(keep=1)
+    huge = buffers.allocate(2000)
+    assert huge.numel() == 2000
+    del huge
+    gc.collect()
+    assert buffers._bytes == []  # nothing of its size stays with the process
+    small = buffers.allocate(500)
+    assert [len(b) for b in buffers._bytes] == [500] and small.numel() == 500
+    assert MAX_KEPT_BYTES >= 64 << 20  # a real batch is kept
