@@ -127,6 +127,8 @@ class ShardReader:
         self.timed = timed
         self.reads_cached = False
         self._cached_pace = _CACHED_PACE[fs is not None and fs.network]
+        self._nowait_probe = hasattr(os, "RWF_NOWAIT")
+        self._probe_byte = memoryview(bytearray(1))
         self.resolver = ShardResolver(
             self.manifest,
             self.root,
@@ -211,19 +213,44 @@ class ShardReader:
         """The shard holding ``sample``."""
         return int(self.index.samples["shard"][sample])
 
-    def advise(self, samples: Sequence[int]) -> None:
+    def advise(self, samples: Sequence[int], *, ahead: bool = False) -> None:
         """Tell the kernel these samples will be read soon (``POSIX_FADV_WILLNEED``).
 
         Reads of a batch then go to the device (or the parallel filesystem) together instead
         of one synchronous pread at a time; nearby ranges are merged first. Nothing while
         :attr:`advising` is off (a stream read-ahead is filling the page cache: advice would
         only ask the filesystem for the same pages again, one call per member range), nor
-        while :attr:`reads_cached` (the last batch came from the page cache).
+        while :attr:`reads_cached` (the last batch came from the page cache). Advice for
+        batches read later (``ahead``: a stream's next ones) makes those come as fast as the
+        page cache, so their speed cannot stop it: it is left out only while the first
+        member of ``samples`` is in the page cache already.
         """
-        if len(samples) == 0 or not self.advising or self.reads_cached:
+        if len(samples) == 0 or not self.advising:
+            return
+        if self.reads_cached and (not ahead or self._first_is_cached(samples)):
             return
         for shard, lo, hi in merged_member_ranges(self.index, samples):
             self._advise_range(shard, lo, hi)
+
+    def _first_is_cached(self, samples: Sequence[int]) -> bool:
+        """Whether the first member of ``samples`` is in the page cache now: a one-byte
+        read that may not wait (``RWF_NOWAIT``; its byte is not used). False where the
+        filesystem cannot say (it refuses the flag: never asked again in this process)."""
+        if not self._nowait_probe:
+            return False
+        try:
+            rec = self.index.records([int(samples[0])])[0]  # its shard's records checked
+            shard, member = int(rec["shard"]), int(rec["first_member"])
+            loc = self.resolver.locate(shard)
+            fd = self.pool.fd(loc.path, staged=loc.staged)
+            offset = int(self.index.members[member]["offset"])
+            return os.preadv(fd, [self._probe_byte], offset, os.RWF_NOWAIT) > 0
+        except BlockingIOError:
+            return False  # not in the page cache
+        except (OSError, ShardioError) as exc:
+            if isinstance(exc, OSError) and exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                self._nowait_probe = False
+            return False
 
     def _advise_range(self, shard: int, lo: int, hi: int) -> None:
         # Advice only: a shard that cannot be opened fails its read, with a proper error.

@@ -223,7 +223,7 @@ class ShardRuns:
         # Advice only: a fault found here (a shard that cannot be opened, altered records) is
         # raised, with its own type, by the read of that batch.
         with contextlib.suppress(ShardioError, OSError):
-            self.packed.advise(np.concatenate(wanted).tolist())
+            self.packed.advise(np.concatenate(wanted).tolist(), ahead=True)
 
     def _readahead_bound(self, least: int) -> int:
         """Bytes a stream read-ahead may read into shards not begun: ``least``, and at least

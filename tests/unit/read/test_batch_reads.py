@@ -127,3 +127,32 @@ def test_keys_of_many_samples_match_each_key(dataset: pathlib.Path) -> None:
         samples = np.arange(len(ds))[::-3]
         ds.index.records(samples)
         assert ds.index.keys(samples) == [ds.key(int(s)) for s in samples]
+
+
+def test_advice_ahead_goes_out_while_the_page_cache_lacks_those_batches(
+    dataset: pathlib.Path,
+) -> None:
+    import os
+
+    opener = _CountingOpener()
+    with ShardReader(dataset, opener=opener) as ds:
+        batches = [list(range(i, i + 8)) for i in range(0, 64, 8)]
+        for batch in batches:  # warm the page cache
+            read_batch(ds, batch, shared=False)
+        for _ in range(100):
+            if ds.reads_cached:
+                break
+            read_batch(ds, batches[0], shared=False)
+        assert ds.reads_cached
+        before = opener.advised
+        ds.advise(batches[3], ahead=True)  # cached: a stream's next batch needs no advice
+        assert opener.advised == before
+        shard = ds.shard_of(batches[3][0])
+        fd = os.open(ds.shard_path(shard), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache
+        finally:
+            os.close(fd)
+        ds.advise(batches[3], ahead=True)
+        if hasattr(os, "RWF_NOWAIT"):
+            assert opener.advised > before  # not cached: advised, fast reads or not
