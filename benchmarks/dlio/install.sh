@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The venv that benchmarks/dlio/run.py runs DLIO (dlio-benchmark 2.0.0) from, with shardio.
 #
-#   benchmarks/dlio/install.sh [VENV]        (default /work/venv-dlio; idempotent)
+#   benchmarks/dlio/install.sh [VENV]        (default .venv-dlio in the checkout; idempotent)
 #
 # dlio-benchmark's declared requirements pull TensorFlow, DALI, torchvision and torchaudio
 # (several GB, unused by the PyTorch workloads run here), so it is installed --no-deps beside
@@ -11,8 +11,8 @@
 # any use) first on DLIO's PYTHONPATH. shardio is installed editable from this checkout.
 set -euo pipefail
 
-VENV=${1:-/work/venv-dlio}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+VENV=${1:-$REPO/.venv-dlio}
 TORCH=torch==2.13.0
 PY=${PYTHON:-python3.11}
 

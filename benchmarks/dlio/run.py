@@ -19,7 +19,7 @@ workloads, scaled)" of benchmarks/RESULTS.md is rewritten; other sections are ke
 
 Usage (root: the bed and drop_caches; the venv from benchmarks/dlio/install.sh)::
 
-    sudo .venv/bin/python benchmarks/dlio/run.py [--venv /work/venv-dlio] [--fs local,bed]
+    sudo .venv/bin/python benchmarks/dlio/run.py [--venv .venv-dlio] [--fs local,bed]
         [--workloads resnet50,unet3d] [--repeat 1] [--no-write]
 
 Not a test: it measures and reports, and asserts nothing about speed.
@@ -288,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the DLIO workloads and update RESULTS.md."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--venv", default="/work/venv-dlio", help="from install.sh")
+    parser.add_argument("--venv", default=os.path.join(REPO, ".venv-dlio"), help="from install.sh")
     parser.add_argument("--fs", default="local,bed", help="local,bed")
     parser.add_argument("--workloads", default=",".join(dlio_parts.WORKLOADS))
     parser.add_argument("--files", type=int, default=0, help="samples (0: the workload's)")
