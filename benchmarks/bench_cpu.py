@@ -454,12 +454,9 @@ def _on_bed(
         facts["prepared"] = {k: v[0] for k, v in done.items()}
         _rounds(outcomes, "bed", paths, args, sizes)
     finally:
-        print("bed: down", file=sys.stderr)
-        try:
-            bed.down()
-        except Exception as exc:  # reported; the bed's script names what it left
-            print(f"taking the bed down failed: {exc}", file=sys.stderr)
-            facts["down_failed"] = str(exc)
+        failed = bed.down_reported()
+        if failed is not None:
+            facts["down_failed"] = failed
     return facts
 
 

@@ -322,6 +322,17 @@ class Bed:
     def down(self) -> None:
         self._script("down", self.root, timeout=300.0)
 
+    def down_reported(self) -> str | None:
+        """Take the bed down; a failure is printed and returned, not raised (the bed's script
+        names what it left; the caller's figures stand)."""
+        print("bed: down", file=sys.stderr)
+        try:
+            self.down()
+        except Exception as exc:
+            print(f"taking the bed down failed: {exc}", file=sys.stderr)
+            return str(exc)
+        return None
+
     def stop_chunkserver(self, i: int) -> None:
         self._script("stop-cs", self.root, str(i))
 
@@ -1430,11 +1441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bed_fs=common.first_line(["stat", "-f", "-c", "%T", bed_dir]),
         )
     finally:
-        print("bed: down", file=sys.stderr)
-        try:
-            bed.down()
-        except Exception as exc:  # reported; the bed's script names what it left
-            print(f"taking the bed down failed: {exc}", file=sys.stderr)
+        bed.down_reported()
 
     facts.update(
         files=num_samples,

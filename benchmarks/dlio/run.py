@@ -208,11 +208,7 @@ def _on_bed(
         )
         return _measure(workloads, on_bed, "bed", bed, args)
     finally:
-        print("bed: down", file=sys.stderr)
-        try:
-            bed.down()
-        except Exception as exc:  # reported; the bed's script names what it left
-            print(f"taking the bed down failed: {exc}", file=sys.stderr)
+        bed.down_reported()
 
 
 def _versions(venv: str) -> str:

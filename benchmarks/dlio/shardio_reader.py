@@ -32,7 +32,26 @@ from shardio.order import RankInfo
 dlp = Profile(MODULE_DATA_READER)
 
 
-class ShardioReader(FormatReader):
+class _IndexBased(FormatReader):
+    """DLIO's index-based reader protocol, the parts both readers here share."""
+
+    def next(self) -> Any:
+        yield from super().next()
+
+    def read_index(self, image_idx: int, step: int) -> Any:
+        return super().read_index(image_idx, step)
+
+    def finalize(self) -> Any:
+        return super().finalize()
+
+    def is_index_based(self) -> bool:
+        return True
+
+    def is_iterator_based(self) -> bool:
+        return True
+
+
+class ShardioReader(_IndexBased):
     """DLIO's files, read from a shardio dataset through ``ShardDataset`` (verified)."""
 
     @dlp.log_init
@@ -73,9 +92,6 @@ class ShardioReader(FormatReader):
         image = take_sample(self._fmt, self.open_file_map[filename], sample_index)
         dlp.update(image_size=image.nbytes)
 
-    def next(self) -> Any:
-        yield from super().next()
-
     @dlp.log
     def read_index(self, image_idx: int, step: int) -> Any:
         dlp.update(step=step)
@@ -85,14 +101,8 @@ class ShardioReader(FormatReader):
     def finalize(self) -> Any:
         return super().finalize()
 
-    def is_index_based(self) -> bool:
-        return True
 
-    def is_iterator_based(self) -> bool:
-        return True
-
-
-class NullReader(FormatReader):
+class NullReader(_IndexBased):
     """No I/O: each sample is DLIO's preallocated one (DLIO's own cost per sample)."""
 
     @dlp.log_init
@@ -107,18 +117,3 @@ class NullReader(FormatReader):
 
     def get_sample(self, filename: str, sample_index: int) -> None:
         pass
-
-    def next(self) -> Any:
-        yield from super().next()
-
-    def read_index(self, image_idx: int, step: int) -> Any:
-        return super().read_index(image_idx, step)
-
-    def finalize(self) -> Any:
-        return super().finalize()
-
-    def is_index_based(self) -> bool:
-        return True
-
-    def is_iterator_based(self) -> bool:
-        return True
