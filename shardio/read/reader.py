@@ -18,6 +18,8 @@ import numpy as np
 
 from shardio._deprecated import renamed_option
 from shardio.errors import ReadStalledError, ShardioError, StorageError
+from shardio.format.index import Index
+from shardio.format.manifest import Manifest
 from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
 from shardio.metrics.read import ReadMetrics
 from shardio.read.advice import merged_member_ranges
@@ -31,7 +33,7 @@ from shardio.read.resolver import NOT_OPENED, Location, ShardResolver
 from shardio.read.strategy import ReadStrategy
 from shardio.read.tables import open_tables
 from shardio.staging.protocol import read_staged_for
-from shardio.storage.fsdetect import FsInfo
+from shardio.storage.fsdetect import FsInfo, describe_fs
 from shardio.storage.opener import Opener, PosixOpener, read_fully
 
 __all__ = ["ShardReader"]
@@ -114,20 +116,29 @@ class ShardReader:
         stage = renamed_option("ShardReader", "cache", cache, "stage", stage)
         self.read_strategy = read_strategy
         self.opener: Opener = opener if opener is not None else PosixOpener()
+
         # The manifest and the index are read outside the opener, under its deadline: with
         # their server gone the open fails in bounded time, not after the client's retries.
-        self.manifest, dataset_id, self.index = bounded(
+        def open_all() -> tuple[Manifest, str | None, Index, FsInfo]:
+            info = fs if fs is not None else describe_fs(self.root)
+            manifest, dataset_id, index = open_tables(self.root, handoff, info)
+            return manifest, dataset_id, index, info
+
+        self.manifest, dataset_id, self.index, fs_info = bounded(
             self.opener,
             os.path.join(self.root, MANIFEST_FILENAME),
             f"opening the dataset {self.root} (its manifest and index)",
-            lambda: open_tables(self.root, handoff, fs),
+            open_all,
             cleanup=lambda opened: opened[2].close(),
         )
         self.metrics = ReadMetrics()
         self.timed = timed
         self.reads_cached = False
-        self._cached_pace = _CACHED_PACE[fs is not None and fs.network]
-        self._nowait_probe = hasattr(os, "RWF_NOWAIT")
+        network = fs_info.network
+        self._cached_pace = _CACHED_PACE[network]
+        # Asked of local filesystems only: a network client may take locks or wait on a
+        # server before it answers even a read that may not wait.
+        self._nowait_probe = hasattr(os, "RWF_NOWAIT") and not network
         self._probe_byte = memoryview(bytearray(1))
         self.resolver = ShardResolver(
             self.manifest,
@@ -234,8 +245,10 @@ class ShardReader:
 
     def _first_is_cached(self, samples: Sequence[int]) -> bool:
         """Whether the first member of ``samples`` is in the page cache now: a one-byte
-        read that may not wait (``RWF_NOWAIT``; its byte is not used). False where the
-        filesystem cannot say (it refuses the flag: never asked again in this process)."""
+        read that may not wait (``RWF_NOWAIT``), on a local filesystem only. Not through the
+        opener: it never waits (no deadline to keep) and its byte is never handed on (no
+        check to pass). False where the filesystem cannot say (it refuses the flag: never
+        asked again in this process)."""
         if not self._nowait_probe:
             return False
         try:
