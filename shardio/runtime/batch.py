@@ -389,10 +389,12 @@ def read_batch(
     index = ds.index
     strategy = ds.read_strategy
     planned = strategy is not None and strategy.inflight > 1 and len(indices) > 1
-    if not planned:
+    if not planned or ds.cache_root is not None:
         # Planned reads are already many requests in flight: advice first would only ask
         # for the same bytes again, a call per member range (on the MooseFS bed it cost a
-        # third of a warm epoch's CPU and made a cold one 10% slower).
+        # third of a warm epoch's CPU and made a cold one 10% slower). Staged copies are
+        # read one member at a time (read_members_planned leaves them to the reader): they
+        # keep it.
         ds.advise(indices)
     samples = index.records(indices)  # their shards' records checked first
     exts = index.exts
