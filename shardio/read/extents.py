@@ -23,6 +23,7 @@ it makes on a descriptor the pool closed meanwhile costs wasted I/O, never a wro
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import itertools
 import logging
@@ -38,7 +39,7 @@ from shardio.errors import ReadStalledError
 from shardio.read.digest import member_digest_problem
 from shardio.read.reader import ShardReader
 from shardio.read.strategy import ReadStrategy
-from shardio.storage.opener import Opener, read_fully
+from shardio.storage.opener import Opener, read_many
 
 __all__ = [
     "Request",
@@ -175,23 +176,28 @@ def io_pool(width: int) -> _IoPool:
 
 # -- map mode: a batch's members read with several requests in flight -------------------------
 _Job = tuple[Request, int, "memoryview | None"]  # a request, its descriptor, its member's slice
+# A request read_many did not attempt (one before it stalled): its members are read again.
+_NOT_ATTEMPTED = OSError(errno.EAGAIN, "not attempted")
 
 
 def _read_requests(opener: Opener, jobs: Sequence[_Job]) -> list[Any]:
     """Read each request in turn (into its member's own slice when it holds one member, else
-    into a scratch buffer); return per request (bytes read or the OSError, scratch or None,
-    nanoseconds)."""
-    out: list[Any] = []
-    for req, fd, into in jobs:
-        began = time.perf_counter_ns()
-        scratch = None if into is not None else bytearray(req.end - req.start)
-        try:
-            target = into if into is not None else memoryview(scratch)  # type: ignore[arg-type]
-            got: int | OSError = read_fully(opener, fd, target, req.start)
-        except OSError as exc:
-            got = exc
-        out.append((got, scratch, time.perf_counter_ns() - began))
-    return out
+    into a scratch buffer), with one :func:`read_many` (one hand-off to a deadline opener's
+    thread for the run, not one per request); return per request (bytes read or the
+    OSError, scratch or None, nanoseconds)."""
+    scratches = [
+        None if into is not None else bytearray(req.end - req.start) for req, _fd, into in jobs
+    ]
+    reads = [
+        (fd, req.start, into if into is not None else memoryview(scratch))  # type: ignore[arg-type]
+        for (req, fd, into), scratch in zip(jobs, scratches, strict=True)
+    ]
+    took: list[int] = []
+    outcomes = read_many(opener, reads, took)
+    return [
+        (got if got is not None else _NOT_ATTEMPTED, scratch, ns)
+        for got, scratch, ns in zip(outcomes, scratches, took, strict=True)
+    ]
 
 
 def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
@@ -215,6 +221,7 @@ def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
         ChecksumMismatchError: a member's bytes differ from the index (read again first).
         StorageError: a shard is missing, unreadable or short.
     """
+    spent = 0  # ns the requests took, each on its own
     members = ds.index.members
     by_shard: dict[int, list[int]] = {}
     for k, shard in enumerate(shards):
@@ -250,7 +257,9 @@ def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
                 jobs.append((mapped, fd, into))
         # ``inflight`` runs of requests in file order, one per I/O thread: one hand-off per
         # thread and batch, not per member (each costs a wake-up on a busy node).
-        width = min(strategy.inflight, len(jobs))
+        # From the page cache (the last batch came as fast as it), requests in flight gain
+        # nothing and each costs a hand-off: one run.
+        width = min(1 if ds.reads_cached else strategy.inflight, len(jobs))
         if width:
             pool = io_pool(width)
             bounds = [len(jobs) * w // width for w in range(width + 1)]
@@ -263,6 +272,7 @@ def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
             for job, result in zip(run, task.wait(), strict=True)
         )
         for (req, _fd, into), (got, scratch, took) in results:
+            spent += took
             direct = into is not None
             if isinstance(got, OSError):
                 if isinstance(got, ReadStalledError) and got.waited_s > 0:
@@ -294,7 +304,13 @@ def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
         for _run, task in tasks:
             with contextlib.suppress(BaseException):
                 task.wait()
+    fallback_began = time.perf_counter_ns()
     for k in sorted(fallback):
         ds.read_member_into(
             int(rows[k]), targets[k], shard=int(shards[k]), sample=int(samples[k]), verify=verify
         )
+    # Paced by the requests' own times (in flight together, the batch's wall time says
+    # little of where the bytes came from), and the member reads made after them.
+    ds.note_pace(
+        spent + time.perf_counter_ns() - fallback_began, len(targets), sum(len(t) for t in targets)
+    )

@@ -7,7 +7,9 @@ which verifies every member) find their pages in memory. The order of the epoch 
 touched, only how its bytes arrive.
 
 The read-ahead's bytes are never handed to anyone: they only warm the page cache. A request
-it makes on a descriptor the pool closed meanwhile costs wasted I/O, never a wrong byte.
+it makes on a descriptor the pool closed meanwhile costs wasted I/O, never a wrong byte. A
+range the page cache holds already (:meth:`ShardReader.resident`: a warm epoch, or a
+sibling worker read it) is passed over, not read again.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class StreamReadahead:
         self._ahead = ahead_bytes
         self._cond = threading.Condition()
         self._fds: dict[int, int | None] = {}  # index in order -> fd (None: not read ahead)
+        self._paths: dict[int, str] = {}  # index in order -> the file of that fd
         self._done = [0] * len(self._order)  # bytes of each shard read ahead so far
         self._finished = [False] * len(self._order)  # read whole, failed, or given up
         self._begun = -1  # the furthest index in order the reader has begun
@@ -86,6 +89,7 @@ class StreamReadahead:
         self._thread: threading.Thread | None = None
         self.requests = 0
         self.bytes_read = 0
+        self.bytes_resident = 0  # found in the page cache, not read
 
     def start(self) -> StreamReadahead:
         """Start the read-ahead thread (``shardio-readahead``)."""
@@ -133,6 +137,7 @@ class StreamReadahead:
                 loc = self._ds.resolver.locate(shard)
                 if not loc.staged:  # a local copy needs no read-ahead
                     fd = self._ds.pool.fd(loc.path, staged=False)
+                    self._paths[i] = loc.path
             handed[i] = fd
             i += 1
         if handed:
@@ -233,13 +238,19 @@ class StreamReadahead:
                 if self._stopped():
                     return
             n = min(self._request, size - pos)
-            try:
-                got = read_fully(opener, fd, scratch[:n], pos)
-            except OSError as exc:  # the reader reads this shard itself, with its errors
-                logger.debug("read-ahead of shard %d stopped: %s", self._order[i], exc)
-                return
-            self.requests += 1
-            self.bytes_read += got
+            if self._ds.resident(fd, self._paths.get(i, ""), pos, n):
+                # In the page cache already (a warm epoch, or a sibling worker read it):
+                # reading it again would only cost the CPU.
+                got = n
+                self.bytes_resident += n
+            else:
+                try:
+                    got = read_fully(opener, fd, scratch[:n], pos)
+                except OSError as exc:  # the reader reads this shard itself, with its errors
+                    logger.debug("read-ahead of shard %d stopped: %s", self._order[i], exc)
+                    return
+                self.requests += 1
+                self.bytes_read += got
             with self._cond:
                 pos += got
                 self._done[i] = pos

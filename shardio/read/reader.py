@@ -34,7 +34,8 @@ from shardio.read.strategy import ReadStrategy
 from shardio.read.tables import open_tables
 from shardio.staging.protocol import read_staged_for
 from shardio.storage.fsdetect import FsInfo, describe_fs
-from shardio.storage.opener import Opener, PosixOpener, read_fully
+from shardio.storage.opener import Opener, PosixOpener, ReadOutcome, read_fully, read_many
+from shardio.storage.residency import resident
 
 __all__ = ["ShardReader"]
 
@@ -139,6 +140,7 @@ class ShardReader:
         # Asked of local filesystems only: a network client may take locks or wait on a
         # server before it answers even a read that may not wait.
         self._nowait_probe = hasattr(os, "RWF_NOWAIT") and not network
+        self._network = network
         self._probe_byte = memoryview(bytearray(1))
         self.resolver = ShardResolver(
             self.manifest,
@@ -234,29 +236,39 @@ class ShardReader:
         while :attr:`reads_cached` (the last batch came from the page cache). Advice for
         batches read later (``ahead``: a stream's next ones) makes those come as fast as the
         page cache, so their speed cannot stop it: it is left out only while the first
-        member of ``samples`` is in the page cache already.
+        member of ``samples`` is in the page cache already, or, where that cannot be asked
+        (a network filesystem), while the reads are fast (there each piece of advice is a
+        hand-off to the read deadline's thread: on the MooseFS bed, warm, about a third of
+        a map epoch's CPU).
         """
         if len(samples) == 0 or not self.advising:
             return
-        if self.reads_cached and (not ahead or self._first_is_cached(samples)):
+        if self.reads_cached and (
+            not ahead or not self._nowait_probe or self._first_is_cached(samples)
+        ):
             return
         for shard, lo, hi in merged_member_ranges(self.index, samples):
             self._advise_range(shard, lo, hi)
 
     def _first_is_cached(self, samples: Sequence[int]) -> bool:
-        """Whether the first member of ``samples`` is in the page cache now: a one-byte
-        read that may not wait (``RWF_NOWAIT``), on a local filesystem only. Not through the
-        opener: it never waits (no deadline to keep) and its byte is never handed on (no
-        check to pass). False where the filesystem cannot say (it refuses the flag: never
-        asked again in this process)."""
-        if not self._nowait_probe:
-            return False
+        """Whether the first member of ``samples`` is in the page cache now, asked without
+        reading it through the opener. On a local filesystem: a one-byte read that may not
+        wait (``RWF_NOWAIT``): it never waits (no deadline to keep) and its byte is never
+        handed on (no check to pass). On a network filesystem, whose client may take locks
+        or wait on a server before it answers even such a read (a FUSE client refuses it):
+        ``mincore`` of a mapping of the member (:func:`~shardio.storage.residency.resident`,
+        no byte read, no request sent). False where the filesystem cannot say (a local one
+        that refuses the flag is never asked again in this process)."""
         try:
             rec = self.index.records([int(samples[0])])[0]  # its shard's records checked
             shard, member = int(rec["shard"]), int(rec["first_member"])
             loc = self.resolver.locate(shard)
             fd = self.pool.fd(loc.path, staged=loc.staged)
             offset = int(self.index.members[member]["offset"])
+            if self._network:
+                return self.resident(fd, loc.path, offset, int(self.index.members[member]["size"]))
+            if not self._nowait_probe:
+                return False
             return os.preadv(fd, [self._probe_byte], offset, os.RWF_NOWAIT) > 0
         except BlockingIOError:
             return False  # not in the page cache
@@ -264,6 +276,35 @@ class ShardReader:
             if isinstance(exc, OSError) and exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
                 self._nowait_probe = False
             return False
+
+    def resident(self, fd: int, path: str, offset: int, length: int) -> bool:
+        """Whether ``[offset, offset + length)`` of ``fd`` (the file ``path``) is in the page
+        cache (:func:`~shardio.storage.residency.resident`), asked under the opener's
+        deadline: mapping a file of a network filesystem may ask its server (NFS
+        revalidates). False where it cannot be told, or the call failed or stalled."""
+        try:
+            return bool(
+                bounded(
+                    self.opener,
+                    path,
+                    f"page-cache residency of {path}",
+                    lambda: resident(fd, offset, length),
+                )
+            )
+        except OSError:
+            return False
+
+    def first_cached(self, samples: Sequence[int]) -> bool:
+        """Whether the reads of ``samples`` will come from the page cache: the last batch
+        did, or (on a network filesystem) the first member of these is there now. What
+        ``read_batch`` asks before it sends advice or chooses planned reads (many requests
+        in flight: their hand-offs cost more than they gain on cached pages, and their own
+        times cannot tell cached from not). On a local filesystem the last batch's pace
+        alone decides: advice there is cheap, and a worker's first batches are advised
+        before any of its reads."""
+        if len(samples) == 0:
+            return False
+        return self.reads_cached or (self._network and self._first_is_cached(samples))
 
     def _advise_range(self, shard: int, lo: int, hi: int) -> None:
         # Advice only: a shard that cannot be opened fails its read, with a proper error.
@@ -409,60 +450,112 @@ class ShardReader:
         records = self.index.members
         offsets = records["offset"][rows].astype(np.int64).tolist()
         digests = records["xxh3_64"][rows].tolist()
-        opener, pool, timed = self.opener, self.pool, self.timed
-        pread, clock = opener.pread_into, time.perf_counter_ns
-        # A shard's descriptor is kept for the batch while the batch's shards fit in the pool
-        # with one to spare (it closes only descriptors no member of this batch used more
-        # recently); after a failure, whose recovery may open files too, none is kept.
-        keep_fds = len(set(shards)) < pool.max_open
-        where: dict[int, tuple[Location, int]] = {}
+        rows_list = rows.tolist()
+        # The reads go out in groups, each with one descriptor held per shard: the whole
+        # batch while its shards fit in the pool with one to spare (it closes only
+        # descriptors no read of the group used more recently), else a member at a time.
+        group = len(targets) if len(set(shards)) < self.pool.max_open else 1
+        clock = time.perf_counter_ns
+        started = clock()
         # By staged (a copy) or not (the source): reads, their bytes, how long each took.
         reads = {False: 0, True: 0}
         read_bytes = {False: 0, True: 0}
         took: dict[bool, list[int]] = {False: [], True: []}
-        started = clock()
-        for member, shard, sample, target, offset, expected in zip(
-            rows.tolist(), shards, samples, targets, offsets, digests, strict=True
-        ):
-            size = len(target)
-            began = clock() if timed else 0
-            fd = -1
-            got: int | OSError
-            try:
-                at = where.get(shard)
-                if at is None:
-                    self.index.check_shard(shard)
-                    loc = self._where(shard)
-                    fd = pool.fd(loc.path, staged=loc.staged)
-                    if keep_fds:
-                        where[shard] = (loc, fd)
-                else:
-                    loc, fd = at
-                    if not keep_fds:
-                        fd = -1
-                        fd = pool.fd(loc.path, staged=loc.staged)
-                got = pread(fd, target, offset)
-                if 0 < got < size:  # a short read: the rest, as read_fully does
-                    got += read_fully(opener, fd, target[got:], offset + got)
-            except OSError as exc:
-                got = exc
-            if got == size and (not verify or member_digest_problem(target, expected) is None):
-                reads[loc.staged] += 1
-                read_bytes[loc.staged] += size
-                if timed:
-                    took[loc.staged].append(clock() - began)
-                continue
-            # Anything else goes the careful way, judged as one read would be (a shard that
-            # could not be opened is located again: that tells an evicted copy).
-            where.clear()
-            first = None if fd < 0 else (loc, fd, got, began)
-            self._settle(member, offset, expected, target, shard, sample, verify, first)
+        for lo in range(0, len(targets), group):
+            self._read_group(
+                range(lo, min(lo + group, len(targets))),
+                (rows_list, shards, samples, targets, offsets, digests),
+                verify,
+                (reads, read_bytes, took),
+            )
         for staged, count in reads.items():
             if count:
                 self.metrics.record_reads(staged, count, read_bytes[staged], took[staged])
+        # The reads' own times where they were taken: the batch's wall time also holds the
+        # hand-offs and whatever else the node ran meanwhile.
+        spent = sum(took[False]) + sum(took[True]) if self.timed else clock() - started
+        self.note_pace(spent, len(targets), read_bytes[False] + read_bytes[True])
+
+    def note_pace(self, took_ns: int, members: int, nbytes: int) -> None:
+        """Set :attr:`reads_cached` from how long a batch's reads took (``took_ns``, the
+        sum of its reads' times)."""
         per_member_ns, bytes_per_ns = self._cached_pace
-        nbytes = read_bytes[False] + read_bytes[True]
-        self.reads_cached = clock() - started < len(targets) * per_member_ns + nbytes / bytes_per_ns
+        self.reads_cached = took_ns < members * per_member_ns + nbytes / bytes_per_ns
+
+    def _read_group(
+        self,
+        ks: range,
+        batch: tuple[
+            list[int], Sequence[int], Sequence[int], Sequence[memoryview], list[int], list[int]
+        ],
+        verify: bool,
+        counts: tuple[dict[bool, int], dict[bool, int], dict[bool, list[int]]],
+    ) -> None:
+        """Read members ``ks`` of a batch (its rows, shards, samples, targets, offsets and
+        checksums) with one :func:`read_many`, then judge each; a failure goes the careful
+        way (:meth:`_settle`). ``counts``: reads, bytes and times by staged, added to."""
+        rows, shards, samples, targets, offsets, digests = batch
+        reads, read_bytes, took = counts
+        where: dict[int, tuple[Location, int] | OSError] = {}
+        ats: list[tuple[Location, int] | OSError] = []
+        for k in ks:
+            shard = shards[k]
+            at = where.get(shard)
+            if at is None:
+                try:
+                    self.index.check_shard(shard)
+                    loc = self._where(shard)
+                    at = (loc, self.pool.fd(loc.path, staged=loc.staged))
+                except OSError as exc:
+                    at = exc
+                where[shard] = at
+            ats.append(at)
+        times: list[int] | None = [] if self.timed else None
+        began = time.perf_counter_ns()
+        opened = [i for i, at in enumerate(ats) if not isinstance(at, OSError)]
+        outcomes: list[ReadOutcome]
+        if len(opened) == len(ats):  # the usual case: every shard opened
+            outcomes = read_many(
+                self.opener,
+                [(at[1], offsets[k], targets[k]) for k, at in zip(ks, ats, strict=True)],  # type: ignore[index]
+                times,
+            )
+        else:
+            some = read_many(
+                self.opener,
+                [(ats[i][1], offsets[ks[i]], targets[ks[i]]) for i in opened],  # type: ignore[index]
+                times,
+            )
+            outcomes = [None] * len(ats)
+            spent = [0] * len(ats)
+            for j, i in enumerate(opened):
+                outcomes[i] = some[j]
+                spent[i] = times[j] if times is not None else 0
+            times = spent if times is not None else None
+        failed = False
+        for i, (k, at, got) in enumerate(zip(ks, ats, outcomes, strict=True)):
+            target = targets[k]
+            if got == len(target) and (
+                not verify or member_digest_problem(target, digests[k]) is None
+            ):
+                staged = at[0].staged  # type: ignore[index]
+                reads[staged] += 1
+                read_bytes[staged] += got
+                if times is not None:
+                    took[staged].append(times[i])
+                continue
+            # Anything else goes the careful way, judged as one read would be (a shard that
+            # could not be opened is located again: that tells an evicted copy; a read not
+            # attempted after a stall is made again, and refused at once if its file is held).
+            # Only the first failure is judged from its read: the recovery may close and
+            # reopen descriptors, so the later ones are read again.
+            first = None
+            if not failed and not isinstance(at, OSError) and got is not None:
+                first = (at[0], at[1], got, began)
+            failed = True
+            self._settle(
+                rows[k], offsets[k], digests[k], target, shards[k], samples[k], verify, first
+            )
 
     def _settle(  # noqa: PLR0917 - one call shape, private
         self,

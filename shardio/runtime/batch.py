@@ -388,8 +388,14 @@ def read_batch(
     """
     index = ds.index
     strategy = ds.read_strategy
-    planned = strategy is not None and strategy.inflight > 1 and len(indices) > 1
-    if not planned or ds.cache_root is not None:
+    # From the page cache (the last batch came as fast, or this one's first member is
+    # there), a batch gets neither advice (a call per member range that finds nothing to do;
+    # on a network filesystem each a hand-off to the read deadline's thread) nor planned
+    # reads (many requests in flight gain nothing there and cost their hand-offs: on the
+    # MooseFS bed, warm, 0.88 against 0.54 CPU-s/GB read in turn).
+    cached = len(indices) > 0 and ds.first_cached(indices)
+    planned = strategy is not None and strategy.inflight > 1 and len(indices) > 1 and not cached
+    if not cached and (not planned or ds.cache_root is not None):
         # Planned reads are already many requests in flight: advice first would only ask
         # for the same bytes again, a call per member range (on the MooseFS bed it cost a
         # third of a warm epoch's CPU and made a cold one 10% slower). Staged copies are

@@ -15,12 +15,23 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-from typing import Protocol
+import time
+from collections.abc import Sequence
+from typing import Protocol, Union
 
 from shardio.errors import StorageError, StorageUnavailableError, wrap_os_error
 from shardio.storage.files import open_for_pread, open_regular
 
-__all__ = ["Opener", "PosixOpener", "copy_through_buffer", "open_named", "read_fully"]
+__all__ = [
+    "Opener",
+    "PosixOpener",
+    "ReadOutcome",
+    "copy_through_buffer",
+    "open_named",
+    "read_each",
+    "read_fully",
+    "read_many",
+]
 
 
 class Opener(Protocol):
@@ -162,3 +173,51 @@ def read_fully(opener: Opener, fd: int, target: memoryview, offset: int) -> int:
             break
         done += got
     return done
+
+
+# What read_many says of one read: the bytes read (fewer than the target's size: the file
+# ended first), the error, or None (not attempted: an earlier read of the call stalled).
+ReadOutcome = Union[int, OSError, None]  # noqa: UP007 - a runtime alias
+
+
+def read_many(
+    opener: Opener,
+    reads: Sequence[tuple[int, int, memoryview]],
+    took: list[int] | None = None,
+) -> list[ReadOutcome]:
+    """Fill each ``(descriptor, offset, target)`` of ``reads`` as :func:`read_fully` would,
+    in order; return what became of each (:data:`ReadOutcome`), never raising for a read.
+
+    An opener with a ``read_many`` method of its own does them in one call (the deadline
+    opener: one hand-off to its I/O thread for a whole batch, not one per member);
+    otherwise each is read here in turn. ``took``: where each read's time (ns) is
+    appended, in order (0 for one not attempted).
+    """
+    many = getattr(opener, "read_many", None)
+    if many is not None:
+        got: list[ReadOutcome] = many(reads, took)
+        return got
+    return read_each(opener, reads, took)
+
+
+def read_each(
+    opener: Opener,
+    reads: Sequence[tuple[int, int, memoryview]],
+    took: list[int] | None = None,
+) -> list[ReadOutcome]:
+    """:func:`read_many` one ``opener.pread_into`` at a time, here."""
+    pread, clock = opener.pread_into, time.perf_counter_ns
+    out: list[ReadOutcome] = []
+    for fd, offset, target in reads:
+        began = clock()
+        got: ReadOutcome
+        try:
+            got = pread(fd, target, offset)
+            if 0 < got < len(target):  # a short read: the rest, as read_fully does
+                got += read_fully(opener, fd, target[got:], offset + got)
+        except OSError as exc:
+            got = exc
+        out.append(got)
+        if took is not None:
+            took.append(clock() - began)
+    return out

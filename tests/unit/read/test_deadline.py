@@ -472,3 +472,132 @@ def test_opening_a_dataset_whose_tables_stall_is_abandoned_and_held(
     assert len(os.listdir("/proc/self/fd")) <= before  # the late index was closed
     with ShardReader(root, opener=DeadlineOpener(timeout_s=5)) as ds:  # answers: opens
         assert ds.read_sample(0)
+
+
+def test_read_many_is_one_hand_off_and_exact(shard: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    other = tmp_path / "shard-000002.tar"
+    other.write_bytes(bytes(range(255, -1, -1)) * 16)
+    threads: set[int] = set()
+
+    class Recording(PosixOpener):
+        def pread_into(self, fd: int, target: memoryview, offset: int) -> int:
+            threads.add(threading.get_ident())
+            return super().pread_into(fd, target, offset)
+
+    opener = DeadlineOpener(Recording(), timeout_s=5, registry=_registry(tmp_path))
+    fds = [opener.open(str(shard)), opener.open(str(other))]
+    spans = [(0, 0, 300), (1, 10, 100), (0, 15000, 1000), (1, 4090, 100)]  # the last: cut short
+    targets = [bytearray(n) for _f, _o, n in spans]
+    took: list[int] = []
+    got = opener.read_many(
+        [(fds[f], off, memoryview(t)) for (f, off, _n), t in zip(spans, targets, strict=True)],
+        took,
+    )
+    assert got == [300, 100, 1000, 6]  # a read past the end says how much there was
+    for (f, off, n), t, g in zip(spans, targets, got, strict=True):
+        data = (shard, other)[f].read_bytes()
+        assert bytes(t[:g]) == data[off : off + n]
+    assert len(took) == 4 and all(ns > 0 for ns in took)
+    assert len(threads) == 1 and threading.get_ident() not in threads  # one hop, not four
+    for fd in fds:
+        opener.close(fd)
+
+
+def test_a_stall_in_read_many_is_abandoned_and_the_reads_after_it_are_not_made(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    other = tmp_path / "shard-000002.tar"
+    other.write_bytes(b"y" * 4096)
+    release = tmp_path / "release"
+    opener = DeadlineOpener(_hang(shard, release), timeout_s=0.3, registry=_registry(tmp_path))
+    fine, stuck = opener.open(str(other)), opener.open(str(shard))
+    targets = [bytearray(b"\xaa" * 100) for _ in range(3)]
+    began = time.monotonic()
+    got = opener.read_many(
+        [
+            (fine, 0, memoryview(targets[0])),
+            (stuck, 0, memoryview(targets[1])),
+            (fine, 100, memoryview(targets[2])),
+        ]
+    )
+    assert time.monotonic() - began < 5  # one deadline, not one per read
+    assert got[0] == 100 and targets[0] == b"y" * 100
+    stalled = got[1]
+    assert isinstance(stalled, ReadStalledError)
+    assert str(shard) in str(stalled) and "stalled for 0.3 s" in str(stalled)
+    assert got[2] is None  # not attempted: its caller reads it again on its own
+    assert opener.stalls == 1 and opener.abandoned == 1
+    release.touch()  # the stalled read completes after its caller gave up
+    deadline = time.monotonic() + 10
+    while opener.abandoned and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert opener.abandoned == 0
+    assert targets[1] == b"\xaa" * 100 and targets[2] == b"\xaa" * 100  # never written
+    # Held now: its reads fail at once, the other file's are made.
+    again = opener.read_many(
+        [(stuck, 0, memoryview(targets[1])), (fine, 0, memoryview(targets[2]))]
+    )
+    assert isinstance(again[0], ReadStalledError) and "held unavailable" in str(again[0])
+    assert again[1] == 100
+    opener.close(fine)
+    opener.close(stuck)
+
+
+def test_a_batch_read_through_the_deadline_names_the_stalled_sample(
+    packed_small: Any, tmp_path: pathlib.Path
+) -> None:
+    root = packed_small("tar")[0]
+    release = tmp_path / "release"
+    with ShardReader(root) as probe:
+        rel = probe.manifest.shards[1].path
+        bad = probe.manifest.shards[1].first_sample
+        samples = [0, bad, 1]
+        key = probe.key(bad)
+    opener = DeadlineOpener(
+        FaultyOpener([Fault(kind="hang", path=rel, release=str(release))]),
+        timeout_s=0.3,
+        registry=_registry(tmp_path),
+    )
+    from shardio.runtime.batch import read_batch
+
+    try:
+        with ShardReader(root, opener=opener) as ds, pytest.raises(StorageUnavailableError) as info:
+            read_batch(ds, samples, shared=False)
+        assert key in str(info.value) or rel in str(info.value)
+        assert opener.stalls == 1
+    finally:
+        release.touch()
+
+
+def test_a_slow_read_of_read_many_is_told_to_the_node_while_it_runs(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    release = tmp_path / "release"
+    registry = _registry(tmp_path)
+    opener = DeadlineOpener(_hang(shard, release), timeout_s=5, registry=registry)
+    fd = opener.open(str(shard))
+    seen: list[bool] = []
+
+    def watch() -> None:
+        time.sleep(0.8)  # past slow_s (0.5 s): the node holds its calls on that file back
+        seen.append(registry.suspected(str(shard)))
+        release.touch()
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    got = opener.read_many([(fd, 0, memoryview(bytearray(100)))])
+    thread.join(timeout=10)
+    assert got == [100] and seen == [True]
+    assert not registry.suspected(str(shard))  # it returned: no longer
+    assert opener.stalls == 0
+    opener.close(fd)
+
+
+def test_read_many_into_a_read_only_target_is_a_plain_error(shard: pathlib.Path) -> None:
+    opener = DeadlineOpener(PosixOpener(), timeout_s=5)
+    fd = opener.open(str(shard))
+    try:
+        with pytest.raises(TypeError):
+            opener.read_many([(fd, 0, memoryview(bytes(10)))])
+    finally:
+        opener.close(fd)

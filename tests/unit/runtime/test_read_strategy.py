@@ -3,6 +3,7 @@ same order, with the same opens; the choice is validated, overridable and reache
 
 from __future__ import annotations
 
+import os
 import pickle
 import threading
 
@@ -103,11 +104,57 @@ def test_stream_mode_advises_only_without_a_read_ahead(
     assert ds.packed.advising  # back on once the epoch is over
 
 
-def test_pfs_map_reads_on_io_threads(packed_tar) -> None:  # type: ignore[no-untyped-def]
+def _planned_calls(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    import shardio.runtime.batch as batch_module
+
+    calls: list[int] = []
+    inner = batch_module.read_members_planned
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(len(args[1]))
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(batch_module, "read_members_planned", counted)
+    return calls
+
+
+def _evicted(root: str) -> bool:
+    """The dataset's shards dropped from the page cache (False: this filesystem keeps them)."""
+    from shardio.storage.residency import resident
+
+    with ShardReader(root) as ds:
+        for shard in range(len(ds.manifest.shards)):
+            fd = os.open(ds.shard_path(shard), os.O_RDONLY)
+            try:
+                os.fsync(fd)  # dirty pages are not dropped
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                if resident(fd, 0, 1):
+                    return False
+            finally:
+                os.close(fd)
+    return True
+
+
+def test_pfs_map_reads_on_io_threads_what_the_page_cache_lacks(packed_tar, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    calls = _planned_calls(monkeypatch)
+    if not _evicted(packed_tar.path):
+        pytest.skip("this filesystem keeps the shards in memory (tmpfs)")
     ds = ShardDataset(packed_tar.path, mode="map", ranks=SINGLE, read_strategy="pfs")
     for batch in ds.loader(batch_size=16, num_workers=0):
         packed_tar.check_batch(batch)
+    assert calls  # the first batch at least: its first member was not in the page cache
     assert any(t.name.startswith("shardio-io-") for t in threading.enumerate())
+
+
+def test_pfs_map_reads_cached_pages_in_turn(packed_tar, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """From the page cache, requests in flight gain nothing and each costs a hand-off."""
+    calls = _planned_calls(monkeypatch)
+    ds = ShardDataset(packed_tar.path, mode="map", ranks=SINGLE, read_strategy="pfs")
+    for _ in range(2):  # the first epoch fills the page cache, if it was not full already
+        batches = list(ds.loader(batch_size=16, num_workers=0))
+        for batch in batches:
+            packed_tar.check_batch(batch)
+    assert len(calls) < len(batches) * 2
 
 
 @pytest.mark.parametrize("mode", ["map", "stream"])
