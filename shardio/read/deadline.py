@@ -410,27 +410,31 @@ class DeadlineOpener:
         pool = self._pool()
         inner, inflight = self.inner, self._calls.inflight
         at = [-1, 0]  # the read in progress (-1: none) and its start, under the job's lock
+        # That read counted as in flight on its path (for the slow-call gate) until it
+        # returns or the caller gives up on it, as a call's caller counts one.
+        current: list[tuple[str, int]] = []
 
         def run() -> None:
             for k in todo:
                 fd, offset, target = reads[k]
                 scratch = pool.scratch(len(target))
-                began = time.monotonic_ns()
                 with job.lock:
                     if job.abandoned:
                         return
-                    at[0], at[1] = k, began
+                    call = inflight.begin(paths[k])
+                    current[:] = [call]
+                    at[0], at[1] = k, call[1]
                 try:
-                    with inflight.tracked(paths[k]):
-                        got: int | OSError = read_fully(inner, fd, scratch, offset)
+                    got: int | OSError = read_fully(inner, fd, scratch, offset)
                 except OSError as exc:
                     got = exc
                 with job.lock:
+                    inflight.end(call)
                     if job.abandoned:
                         return
                     if isinstance(got, int):
                         target[:got] = scratch[:got]
-                    results[k], times[k] = got, time.monotonic_ns() - began
+                    results[k], times[k] = got, time.monotonic_ns() - call[1]
                     at[0] = -1
 
         job = Job(run, None)
@@ -445,6 +449,8 @@ class DeadlineOpener:
             if k >= 0 and age >= limit_ns and pool.abandon(job):
                 with job.lock:  # nothing is written into ``results`` once abandoned
                     answered = results[k] is not None  # it returned as it was given up
+                    for call in current:
+                        inflight.end(call)  # given up: no longer this process's call
                 if not answered:
                     self._stalled(reads, paths, k, age, results)
                 break

@@ -227,6 +227,7 @@ def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
     for k, shard in enumerate(shards):
         by_shard.setdefault(int(shard), []).append(k)
     fallback: list[int] = []
+    later: list[int] = []  # requests not made (one before them stalled): read after the rest
     jobs: list[_Job] = []
     tasks: list[tuple[list[_Job], _Task]] = []
     try:
@@ -274,6 +275,9 @@ def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
         for (req, _fd, into), (got, scratch, took) in results:
             spent += took
             direct = into is not None
+            if got is _NOT_ATTEMPTED:
+                later.extend(req.items)
+                continue
             if isinstance(got, OSError):
                 if isinstance(got, ReadStalledError) and got.waited_s > 0:
                     # Counted here: the fallback read of its members is refused at once
@@ -305,7 +309,11 @@ def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
             with contextlib.suppress(BaseException):
                 task.wait()
     fallback_began = time.perf_counter_ns()
-    for k in sorted(fallback):
+    # The members whose request failed first: a stalled one's file is held, so its member
+    # fails at once and names the sample whose shard stalled; the members of requests that
+    # were not made come after (read first, they could wait on a mount the stall holds and
+    # be taken for the stalled ones).
+    for k in [*sorted(fallback), *sorted(later)]:
         ds.read_member_into(
             int(rows[k]), targets[k], shard=int(shards[k]), sample=int(samples[k]), verify=verify
         )

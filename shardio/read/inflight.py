@@ -42,19 +42,31 @@ class InFlightCalls:
     @contextlib.contextmanager
     def tracked(self, path: str) -> Iterator[None]:
         """Count a data call on ``path`` as in flight while it runs ("": not counted)."""
-        if not path:
-            yield
-            return
-        self._forget_parent_calls()
-        start = time.monotonic_ns()
-        with self._lock:
-            self._pending.setdefault(path, []).append(start)
+        call = self.begin(path)
         try:
             yield
         finally:
+            self.end(call)
+
+    def begin(self, path: str) -> tuple[str, int]:
+        """Count a data call on ``path`` as in flight from now until :meth:`end` ("": not
+        counted); returns what ``end`` takes."""
+        start = time.monotonic_ns()
+        if path:
+            self._forget_parent_calls()
             with self._lock:
-                starts = self._pending.get(path, [])
-                with contextlib.suppress(ValueError):
-                    starts.remove(start)
-                if not starts:
-                    self._pending.pop(path, None)
+                self._pending.setdefault(path, []).append(start)
+        return path, start
+
+    def end(self, call: tuple[str, int]) -> None:
+        """The call :meth:`begin` returned is no longer in flight (returned, or its caller
+        gave up on it); a second end of the same call changes nothing."""
+        path, start = call
+        if not path:
+            return
+        with self._lock:
+            starts = self._pending.get(path, [])
+            with contextlib.suppress(ValueError):
+                starts.remove(start)
+            if not starts:
+                self._pending.pop(path, None)

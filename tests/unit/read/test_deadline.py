@@ -527,6 +527,10 @@ def test_a_stall_in_read_many_is_abandoned_and_the_reads_after_it_are_not_made(
     assert str(shard) in str(stalled) and "stalled for 0.3 s" in str(stalled)
     assert got[2] is None  # not attempted: its caller reads it again on its own
     assert opener.stalls == 1 and opener.abandoned == 1
+    # Given up on: no longer a call of this process in flight, though its thread still waits
+    # in the kernel (a file rebuilt under that path is not held back behind it).
+    assert opener._calls.inflight.oldest_ns(str(shard)) == 0
+    assert not opener._calls.slow(str(shard))
     release.touch()  # the stalled read completes after its caller gave up
     deadline = time.monotonic() + 10
     while opener.abandoned and time.monotonic() < deadline:
