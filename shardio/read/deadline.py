@@ -356,7 +356,10 @@ class DeadlineOpener:
         return got
 
     def read_many(
-        self, reads: Sequence[tuple[int, int, memoryview]], took: list[int] | None = None
+        self,
+        reads: Sequence[tuple[int, int, memoryview]],
+        took: list[int] | None = None,
+        after: Callable[[int], object] | None = None,
     ) -> list[ReadOutcome]:
         """:func:`~shardio.storage.opener.read_many` with one hand-off for all of ``reads``.
 
@@ -370,7 +373,7 @@ class DeadlineOpener:
         hand-offs, most of its CPU; now one.
         """
         if self.watched:
-            return read_each(self, reads, took)  # each direct, in the watch table
+            return read_each(self, reads, took, after)  # each direct, in the watch table
         results: list[ReadOutcome] = [None] * len(reads)
         times = [0] * len(reads)
         paths = [self._paths.get(fd, "") for fd, _off, _target in reads]
@@ -387,7 +390,7 @@ class DeadlineOpener:
             if refused[path] is None:
                 todo.append(k)
         if todo:
-            self._read_on_thread(reads, paths, todo, results, times)
+            self._read_on_thread(reads, paths, todo, results, times, after)
         for k in todo:
             got = results[k]
             if isinstance(got, int) and paths[k]:
@@ -398,15 +401,18 @@ class DeadlineOpener:
             took.extend(times)
         return results
 
-    def _read_on_thread(
+    def _read_on_thread(  # noqa: PLR0917 - one call shape, private
         self,
         reads: Sequence[tuple[int, int, memoryview]],
         paths: list[str],
         todo: list[int],
         results: list[ReadOutcome],
         times: list[int],
+        after: Callable[[int], object] | None,
     ) -> None:
-        """Run ``reads[k]`` for each k of ``todo`` on one I/O thread (see :meth:`read_many`)."""
+        """Run ``reads[k]`` for each k of ``todo`` on one I/O thread (see :meth:`read_many`);
+        ``after(k)`` there, once read k's bytes are in its target and while still waited
+        for."""
         pool = self._pool()
         inner, inflight = self.inner, self._calls.inflight
         at = [-1, 0]  # the read in progress (-1: none) and its start, under the job's lock
@@ -436,6 +442,10 @@ class DeadlineOpener:
                         target[:got] = scratch[:got]
                     results[k], times[k] = got, time.monotonic_ns() - call[1]
                     at[0] = -1
+                # Outside the lock (the caller may be giving up meanwhile: what this computes
+                # is then never looked at; it only reads the target).
+                if after is not None and isinstance(got, int):
+                    after(k)
 
         job = Job(run, None)
         first = todo[0]

@@ -42,6 +42,8 @@ __all__ = ["ShardReader"]
 # _read_at's problem for a staged copy evicted after it was located: not a fault, the shard
 # is located again (its stamp is gone: the source).
 EVICTED = "evicted"
+# A member whose read has not been checked (it failed, or was not made).
+_NOT_CHECKED = -1
 
 
 # A batch whose reads took less than this came from the page cache, and the next batch gets no
@@ -454,7 +456,7 @@ class ShardReader:
         # The reads go out in groups, each with one descriptor held per shard: the whole
         # batch while its shards fit in the pool with one to spare (it closes only
         # descriptors no read of the group used more recently), else a member at a time.
-        group = len(targets) if len(set(shards)) < self.pool.max_open else 1
+        group = max(1, len(targets)) if len(set(shards)) < self.pool.max_open else 1
         clock = time.perf_counter_ns
         started = clock()
         # By staged (a copy) or not (the source): reads, their bytes, how long each took.
@@ -513,18 +515,37 @@ class ShardReader:
         times: list[int] | None = [] if self.timed else None
         began = time.perf_counter_ns()
         opened = [i for i, at in enumerate(ats) if not isinstance(at, OSError)]
+        # Each member is hashed as soon as it is read, while it is in the CPU's cache, by
+        # the thread that read it; judged below. ``problems``: the actual digest of a member
+        # that failed its check (as member_digest_problem gives it), None once it passed,
+        # _NOT_CHECKED before.
+        problems: list[int | None] = [_NOT_CHECKED if verify else None] * len(ats)
+        first_k = ks.start  # ks: a range of step 1
+
+        def check_all(j: int) -> None:  # every shard opened: read j is member ks[j]
+            problems[j] = member_digest_problem(targets[first_k + j], digests[first_k + j])
+
+        def check_opened(j: int) -> None:
+            i = opened[j]
+            problems[i] = member_digest_problem(targets[first_k + i], digests[first_k + i])
+
+        check: Callable[[int], None] | None = None
+        if verify:
+            check = check_all if len(opened) == len(ats) else check_opened
         outcomes: list[ReadOutcome]
         if len(opened) == len(ats):  # the usual case: every shard opened
             outcomes = read_many(
                 self.opener,
                 [(at[1], offsets[k], targets[k]) for k, at in zip(ks, ats, strict=True)],  # type: ignore[index]
                 times,
+                check,
             )
         else:
             some = read_many(
                 self.opener,
                 [(ats[i][1], offsets[ks[i]], targets[ks[i]]) for i in opened],  # type: ignore[index]
                 times,
+                check,
             )
             outcomes = [None] * len(ats)
             spent = [0] * len(ats)
@@ -535,9 +556,7 @@ class ShardReader:
         failed = False
         for i, (k, at, got) in enumerate(zip(ks, ats, outcomes, strict=True)):
             target = targets[k]
-            if got == len(target) and (
-                not verify or member_digest_problem(target, digests[k]) is None
-            ):
+            if got == len(target) and problems[i] is None:
                 staged = at[0].staged  # type: ignore[index]
                 reads[staged] += 1
                 read_bytes[staged] += got

@@ -16,7 +16,7 @@ import errno
 import mmap
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, Union
 
 from shardio.errors import StorageError, StorageUnavailableError, wrap_os_error
@@ -184,6 +184,7 @@ def read_many(
     opener: Opener,
     reads: Sequence[tuple[int, int, memoryview]],
     took: list[int] | None = None,
+    after: Callable[[int], object] | None = None,
 ) -> list[ReadOutcome]:
     """Fill each ``(descriptor, offset, target)`` of ``reads`` as :func:`read_fully` would,
     in order; return what became of each (:data:`ReadOutcome`), never raising for a read.
@@ -191,24 +192,28 @@ def read_many(
     An opener with a ``read_many`` method of its own does them in one call (the deadline
     opener: one hand-off to its I/O thread for a whole batch, not one per member);
     otherwise each is read here in turn. ``took``: where each read's time (ns) is
-    appended, in order (0 for one not attempted).
+    appended, in order (0 for one not attempted). ``after(i)``: called in the thread that
+    made read ``i``, once it returned without error and its bytes lie in its target, before
+    the next read (a check of a member while it is still in the CPU's cache: hashed after
+    the whole batch, each member of 110 KB cost 11% more).
     """
     many = getattr(opener, "read_many", None)
     if many is not None:
-        got: list[ReadOutcome] = many(reads, took)
+        got: list[ReadOutcome] = many(reads, took, after)
         return got
-    return read_each(opener, reads, took)
+    return read_each(opener, reads, took, after)
 
 
 def read_each(
     opener: Opener,
     reads: Sequence[tuple[int, int, memoryview]],
     took: list[int] | None = None,
+    after: Callable[[int], object] | None = None,
 ) -> list[ReadOutcome]:
     """:func:`read_many` one ``opener.pread_into`` at a time, here."""
     pread, clock = opener.pread_into, time.perf_counter_ns
     out: list[ReadOutcome] = []
-    for fd, offset, target in reads:
+    for i, (fd, offset, target) in enumerate(reads):
         began = clock()
         got: ReadOutcome
         try:
@@ -220,4 +225,6 @@ def read_each(
         out.append(got)
         if took is not None:
             took.append(clock() - began)
+        if after is not None and not isinstance(got, OSError):
+            after(i)
     return out

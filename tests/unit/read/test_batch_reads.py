@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pathlib
 import time
+from typing import Any
 
 import numpy as np
 import pytest
 
 from shardio.errors import ChecksumMismatchError, StorageError
+from shardio.read.deadline import DeadlineOpener
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.reader import ShardReader
 from shardio.runtime.batch import payload_rows, read_batch
@@ -64,12 +66,16 @@ def test_more_shards_than_open_files_still_reads_each_from_its_own(dataset: path
         assert _read_batch(a, samples) == _one_by_one(b, samples)
 
 
+@pytest.mark.parametrize("deadline", [False, True])
 @pytest.mark.parametrize(
     ("kind", "error"), [("flip", ChecksumMismatchError), ("eio", StorageError)]
 )
 def test_a_fault_mid_batch_names_its_sample(
-    dataset: pathlib.Path, kind: str, error: type[Exception]
+    dataset: pathlib.Path, kind: str, error: type[Exception], deadline: bool
 ) -> None:
+    """Read in turn here, or (``deadline``) all in one hand-off to the read deadline's I/O
+    thread, each member checked there as soon as it is read: the same error, the same
+    count."""
     with ShardReader(dataset) as probe:
         bad = probe.manifest.shards[1].first_sample + 1
         rows, *_ = _plan(probe, [bad])
@@ -78,7 +84,10 @@ def test_a_fault_mid_batch_names_its_sample(
         rel, key = probe.manifest.shards[1].path, probe.key(bad)
     fault = Fault(kind=kind, path=rel, offset=offset)
     samples = [0, 1, bad, 2]
-    with ShardReader(dataset, opener=FaultyOpener([fault])) as ds:
+    opener: Any = FaultyOpener([fault])
+    if deadline:
+        opener = DeadlineOpener(opener, timeout_s=30)
+    with ShardReader(dataset, opener=opener) as ds:
         with pytest.raises(error) as info:
             _read_batch(ds, samples)
         assert key in str(info.value)
