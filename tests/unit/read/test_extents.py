@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from pagecache import evict
 
 from shardio.errors import ChecksumMismatchError, StorageError, UsageError
 from shardio.read import extents, readahead
@@ -19,7 +20,6 @@ from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.readahead import StreamReadahead
 from shardio.read.reader import ShardReader
 from shardio.read.strategy import PFS, ReadStrategy
-from shardio.storage.residency import resident
 
 MiB = 1 << 20
 
@@ -204,18 +204,7 @@ def test_planned_reads_open_each_shard_once(dataset: pathlib.Path) -> None:
 
 # -- StreamReadahead -------------------------------------------------------------------------
 def _evict(ds: ShardReader) -> bool:
-    """Drop the dataset's shards from the page cache; False where the filesystem keeps them
-    (tmpfs), or it cannot be told."""
-    for shard in range(len(ds.manifest.shards)):
-        fd = os.open(ds.shard_path(shard), os.O_RDONLY)
-        try:
-            os.fsync(fd)  # dirty pages are not dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            if resident(fd, 0, 1):
-                return False
-        finally:
-            os.close(fd)
-    return True
+    return evict(ds.shard_path(shard) for shard in range(len(ds.manifest.shards)))
 
 
 def test_readahead_reads_every_shard_once_in_order(dataset: pathlib.Path) -> None:

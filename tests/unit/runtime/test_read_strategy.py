@@ -3,11 +3,11 @@ same order, with the same opens; the choice is validated, overridable and reache
 
 from __future__ import annotations
 
-import os
 import pickle
 import threading
 
 import pytest
+from pagecache import evict
 
 from shardio.errors import ChecksumMismatchError, UsageError
 from shardio.order.ranks import RankInfo
@@ -120,19 +120,8 @@ def _planned_calls(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
 
 def _evicted(root: str) -> bool:
     """The dataset's shards dropped from the page cache (False: this filesystem keeps them)."""
-    from shardio.storage.residency import resident
-
     with ShardReader(root) as ds:
-        for shard in range(len(ds.manifest.shards)):
-            fd = os.open(ds.shard_path(shard), os.O_RDONLY)
-            try:
-                os.fsync(fd)  # dirty pages are not dropped
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                if resident(fd, 0, 1):
-                    return False
-            finally:
-                os.close(fd)
-    return True
+        return evict(ds.shard_path(shard) for shard in range(len(ds.manifest.shards)))
 
 
 def test_pfs_map_reads_on_io_threads_what_the_page_cache_lacks(packed_tar, monkeypatch) -> None:  # type: ignore[no-untyped-def]
