@@ -258,9 +258,7 @@ def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
                 jobs.append((mapped, fd, into))
         # ``inflight`` runs of requests in file order, one per I/O thread: one hand-off per
         # thread and batch, not per member (each costs a wake-up on a busy node).
-        # From the page cache (the last batch came as fast as it), requests in flight gain
-        # nothing and each costs a hand-off: one run.
-        width = min(1 if ds.reads_cached else strategy.inflight, len(jobs))
+        width = min(strategy.inflight, len(jobs))
         if width:
             pool = io_pool(width)
             bounds = [len(jobs) * w // width for w in range(width + 1)]
