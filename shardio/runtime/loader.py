@@ -372,7 +372,7 @@ class ShardLoader:
         try:
             self.steps.start()
             if kept is not None:
-                batches = start_batches(kept.loader)
+                batches = start_batches(kept.loader, forks=False)
             else:
                 board = torch.zeros(3, dtype=torch.int64) if self.persistent_workers else None
                 if board is not None:
@@ -392,7 +392,7 @@ class ShardLoader:
                     board=board,
                     on_start=None if self._sized else self._check_size,
                 )
-                batches = start_batches(loader)
+                batches = start_batches(loader, forks=self.num_workers > 0)
                 if board is not None:
                     kept = KeptWorkers(loader, batches, sampler, ring, watch, board)
             if watch is not None:

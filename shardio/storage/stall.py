@@ -55,7 +55,7 @@ class Job:
         target: memoryview | None,
         cleanup: Callable[[Any], None] | None = None,
     ) -> None:
-        self.call = call
+        self.call: Callable[[], Any] | None = call  # None once it ran (what it reached let go)
         self.cleanup = cleanup  # undoes the result of a call that completes once abandoned
         self.target = target  # a pread's caller buffer: copied into only while still waited for
         self.lock = threading.Lock()
@@ -136,6 +136,7 @@ class IoThreads:
             error: BaseException | None = None
             if not skip:
                 try:
+                    assert job.call is not None  # a job runs once
                     result = job.call()
                 except BaseException as exc:
                     error = exc
@@ -153,8 +154,13 @@ class IoThreads:
                     job.cleanup(result)  # an abandoned open's descriptor is closed here
                 except Exception:
                     logger.debug("cleanup of an abandoned call failed", exc_info=True)
-            job.target = None
+            # What the call reached (a batch's targets, through its closure) is not held
+            # while this thread waits for the next job: a reused batch buffer is free again
+            # once its batch is dropped (held here, every other in-process batch of a FUSE
+            # mount was read into a fresh buffer, faulted in page by page).
+            job.target = job.call = job.cleanup = None
             job.event.set()
+            del job, result, error
             with self._lock:
                 if abandoned:
                     self.abandoned -= 1

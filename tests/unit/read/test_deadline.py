@@ -503,6 +503,31 @@ def test_read_many_is_one_hand_off_and_exact(shard: pathlib.Path, tmp_path: path
         opener.close(fd)
 
 
+def test_the_io_thread_lets_go_of_a_finished_read_many_targets(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """Once read_many returns, nothing of the I/O thread holds its targets: a reused batch
+    buffer is free again when the batch is dropped (held by the idle thread, every other
+    in-process batch on a FUSE mount was read into a fresh buffer, faulted in page by page)."""
+    import gc
+    import weakref
+
+    import numpy as np
+
+    opener = DeadlineOpener(PosixOpener(), timeout_s=5, registry=_registry(tmp_path))
+    fd = opener.open(str(shard))
+    owner = np.zeros(1000, dtype=np.uint8)
+    gone = weakref.ref(owner)
+    assert opener.read_many(
+        [(fd, 0, memoryview(owner)[:500]), (fd, 500, memoryview(owner)[500:])]
+    ) == [500, 500]
+    assert bytes(owner) == shard.read_bytes()[:1000]
+    del owner
+    gc.collect()
+    assert gone() is None
+    opener.close(fd)
+
+
 def test_a_stall_in_read_many_is_abandoned_and_the_reads_after_it_are_not_made(
     shard: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
