@@ -1,10 +1,11 @@
 """Stream-mode read-ahead: the shards of an epoch read sequentially, ahead of the reader.
 
 One thread per reading process reads the shards of the epoch's windows sequentially, in
-first-use order, in large requests into a scratch buffer: the page cache fills the way
-``cat`` fills it, and the shuffled member reads that follow (the unchanged per-member path,
-which verifies every member) find their pages in memory. The order of the epoch is not
-touched, only how its bytes arrive.
+first-use order, in large requests sent to the null device (``sendfile``: the kernel fills
+the page cache and copies nothing into this process; into a scratch buffer where there is no
+null device): the page cache fills the way ``cat`` fills it, and the shuffled member reads
+that follow (the unchanged per-member path, which verifies every member) find their pages in
+memory. The order of the epoch is not touched, only how its bytes arrive.
 
 The read-ahead's bytes are never handed to anyone: they only warm the page cache. A request
 it makes on a descriptor the pool closed meanwhile costs wasted I/O, never a wrong byte. A
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from shardio.read.reader import ShardReader
-from shardio.storage.opener import Opener, read_fully
+from shardio.storage.opener import Opener, fetch_to_sink, null_sink, read_fully
 
 __all__ = ["StreamReadahead"]
 
@@ -40,9 +42,9 @@ class StreamReadahead:
     """Read the shards a stream reader will use, sequentially and ahead of it.
 
     Shards are read whole, in the order the reader first uses them, in requests of
-    ``request_bytes`` into one scratch buffer (the process's memory for it is that one
-    buffer). The page cache holds what was read ahead: at most ``ahead_bytes`` of shards the
-    reader has not begun yet, plus the shards it is in (its shuffle window). Before each
+    ``request_bytes`` sent to the null device (into one scratch buffer where there is none).
+    The page cache holds what was read ahead: at most ``ahead_bytes`` of shards the reader
+    has not begun yet, plus the shards it is in (its shuffle window). Before each
     batch the reader calls :meth:`before_batch`, which waits (in the reading thread) until
     the read-ahead has passed the batch's members, so that they are read from memory; a
     read-ahead that fails, or makes no progress for a few seconds, is left behind and the
@@ -101,7 +103,7 @@ class StreamReadahead:
 
     def close(self) -> None:
         """Stop reading ahead (a request in progress ends on its own; the thread is a daemon,
-        holding only its scratch buffer)."""
+        holding only its null-device descriptor or scratch buffer)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -200,7 +202,15 @@ class StreamReadahead:
 
     # -- the read-ahead thread -------------------------------------------------------------
     def _run(self) -> None:
-        scratch = memoryview(bytearray(self._request))
+        sink = null_sink()
+        try:
+            self._read_order(sink)
+        finally:
+            if sink is not None:
+                os.close(sink)
+
+    def _read_order(self, sink: int | None) -> None:
+        scratch = memoryview(bytearray(self._request if sink is None else 0))
         opener = self._ds.opener
         for i in range(len(self._order)):
             with self._cond:
@@ -212,7 +222,7 @@ class StreamReadahead:
                     return
                 fd = self._fds[i]
             if fd is not None:
-                self._read_shard(i, fd, opener, scratch)
+                self._read_shard(i, fd, opener, scratch, sink)
             with self._cond:
                 self._finished[i] = True
                 self._ticks += 1
@@ -229,7 +239,9 @@ class StreamReadahead:
             return True
         return sum(self._done[j] for j in range(self._begun + 1, i + 1)) < self._ahead
 
-    def _read_shard(self, i: int, fd: int, opener: Opener, scratch: memoryview) -> None:
+    def _read_shard(
+        self, i: int, fd: int, opener: Opener, scratch: memoryview, sink: int | None
+    ) -> None:
         size, pos = self._sizes[i], 0
         while pos < size:
             with self._cond:
@@ -245,7 +257,10 @@ class StreamReadahead:
                 self.bytes_resident += n
             else:
                 try:
-                    got = read_fully(opener, fd, scratch[:n], pos)
+                    if sink is not None:
+                        got = fetch_to_sink(opener, fd, pos, n, sink)
+                    else:
+                        got = read_fully(opener, fd, scratch[:n], pos)
                 except OSError as exc:  # the reader reads this shard itself, with its errors
                     logger.debug("read-ahead of shard %d stopped: %s", self._order[i], exc)
                     return

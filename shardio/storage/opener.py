@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, Union
@@ -27,6 +28,8 @@ __all__ = [
     "PosixOpener",
     "ReadOutcome",
     "copy_through_buffer",
+    "fetch_to_sink",
+    "null_sink",
     "open_named",
     "read_each",
     "read_fully",
@@ -155,6 +158,43 @@ def open_named(opener: Opener, path: str, *, what: str, nofollow: bool = False) 
         else:
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise wrap_os_error(exc, f"cannot open {what} {path}: {reason}") from exc
+
+
+def null_sink(path: str = "/dev/null") -> int | None:
+    """A write descriptor of the null device (``path``), or None where that path is not the
+    null device (a regular file in a broken container image, a symlink: nothing is written
+    there, and nothing is created)."""
+    flags = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def fetch_to_sink(opener: Opener, fd: int, offset: int, count: int, sink: int) -> int:
+    """Bring ``[offset, offset + count)`` of ``fd`` into the page cache without copying it
+    into this process: ``opener.copy_into`` the null device ``sink`` (:func:`null_sink`;
+    ``sendfile`` in the kernel). Bytes fetched: fewer only at the end of the file.
+
+    A read-ahead that reads into a buffer of its own pays a copy per byte for nothing (two
+    through the read deadline's scratch buffer); on the MooseFS bed this costs a third of the
+    CPU of such a read, for the same wall time.
+    """
+    done = 0
+    while done < count:
+        got = opener.copy_into(fd, sink, offset + done, count - done)
+        if got <= 0:
+            break
+        done += got
+    return done
 
 
 def read_fully(opener: Opener, fd: int, target: memoryview, offset: int) -> int:

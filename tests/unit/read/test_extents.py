@@ -20,6 +20,8 @@ from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.readahead import StreamReadahead
 from shardio.read.reader import ShardReader
 from shardio.read.strategy import PFS, ReadStrategy
+from shardio.storage.opener import PosixOpener, null_sink
+from shardio.storage.residency import resident
 
 MiB = 1 << 20
 
@@ -225,6 +227,70 @@ def test_readahead_reads_every_shard_once_in_order(dataset: pathlib.Path) -> Non
         assert ra.requests >= len(order) and ra.bytes_read >= len(order) * 64 * 1024
         assert ds.metrics.counts["opens_source"] == len(order)
         assert not [t for t in threading.enumerate() if t.name == "shardio-readahead"]
+
+
+def test_readahead_fills_the_page_cache_through_the_null_device(dataset: pathlib.Path) -> None:
+    """The read-ahead copies nothing into the process: each request goes to the null device
+    (``sendfile``) through the opener, and the shards are in the page cache after it."""
+    calls: list[str] = []
+
+    class Recording(PosixOpener):
+        def pread_into(self, fd: int, target: memoryview, offset: int) -> int:
+            calls.append("pread")
+            return super().pread_into(fd, target, offset)
+
+        def copy_into(self, fd: int, out: int, offset: int, count: int) -> int:
+            calls.append("copy")
+            assert os.path.realpath(f"/proc/self/fd/{out}") == "/dev/null"
+            return super().copy_into(fd, out, offset, count)
+
+    with ShardReader(dataset, opener=Recording()) as ds:
+        order = list(range(len(ds.manifest.shards)))
+        if not _evict(ds):
+            pytest.skip("this filesystem keeps the shards in memory (tmpfs)")
+        with StreamReadahead(ds, order, request_bytes=64 * 1024, ahead_bytes=1 << 30) as ra:
+            ra.before_batch([len(ds) - 1])
+            deadline = time.monotonic() + 30
+            while not ra.finished and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert ra.finished and ra.requests >= len(order)
+        assert "copy" in calls and "pread" not in calls
+        for shard in order:
+            fd = os.open(ds.shard_path(shard), os.O_RDONLY)
+            try:
+                assert resident(fd, 0, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+
+
+def test_without_a_null_device_the_readahead_reads_into_its_buffer(
+    dataset: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(readahead, "null_sink", lambda: None)
+    with ShardReader(dataset) as ds:
+        order = list(range(len(ds.manifest.shards)))
+        total = sum(ds.manifest.shards[s].size_bytes for s in order)
+        if not _evict(ds):
+            pytest.skip("this filesystem keeps the shards in memory (tmpfs)")
+        with StreamReadahead(ds, order, request_bytes=64 * 1024, ahead_bytes=1 << 30) as ra:
+            ra.before_batch([len(ds) - 1])
+            deadline = time.monotonic() + 30
+            while not ra.finished and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert ra.bytes_read + ra.bytes_resident == total and ra.bytes_read > 0
+
+
+def test_the_null_sink_is_the_null_device_or_nothing(tmp_path: pathlib.Path) -> None:
+    fd = null_sink()
+    assert fd is not None
+    os.close(fd)
+    planted = tmp_path / "null"
+    planted.write_bytes(b"keep")
+    link = tmp_path / "link"
+    link.symlink_to("/dev/null")
+    assert null_sink(str(planted)) is None and planted.read_bytes() == b"keep"
+    assert null_sink(str(link)) is None  # a symlink is not followed
+    assert null_sink(str(tmp_path / "absent")) is None and not (tmp_path / "absent").exists()
 
 
 def test_readahead_passes_over_what_the_page_cache_holds(dataset: pathlib.Path) -> None:
