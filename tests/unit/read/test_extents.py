@@ -229,6 +229,16 @@ def test_readahead_reads_every_shard_once_in_order(dataset: pathlib.Path) -> Non
         assert not [t for t in threading.enumerate() if t.name == "shardio-readahead"]
 
 
+def _read_ahead_whole(ds: ShardReader, order: list[int]) -> StreamReadahead:
+    """A read-ahead of ``order`` in 64 KiB requests, run to its end (within 30 s)."""
+    with StreamReadahead(ds, order, request_bytes=64 * 1024, ahead_bytes=1 << 30) as ra:
+        ra.before_batch([len(ds) - 1])
+        deadline = time.monotonic() + 30
+        while not ra.finished and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return ra
+
+
 def test_readahead_fills_the_page_cache_through_the_null_device(dataset: pathlib.Path) -> None:
     """The read-ahead copies nothing into the process: each request goes to the null device
     (``sendfile``) through the opener, and the shards are in the page cache after it."""
@@ -248,11 +258,7 @@ def test_readahead_fills_the_page_cache_through_the_null_device(dataset: pathlib
         order = list(range(len(ds.manifest.shards)))
         if not _evict(ds):
             pytest.skip("this filesystem keeps the shards in memory (tmpfs)")
-        with StreamReadahead(ds, order, request_bytes=64 * 1024, ahead_bytes=1 << 30) as ra:
-            ra.before_batch([len(ds) - 1])
-            deadline = time.monotonic() + 30
-            while not ra.finished and time.monotonic() < deadline:
-                time.sleep(0.01)
+        ra = _read_ahead_whole(ds, order)
         assert ra.finished and ra.requests >= len(order)
         assert "copy" in calls and "pread" not in calls
         for shard in order:
@@ -272,11 +278,7 @@ def test_without_a_null_device_the_readahead_reads_into_its_buffer(
         total = sum(ds.manifest.shards[s].size_bytes for s in order)
         if not _evict(ds):
             pytest.skip("this filesystem keeps the shards in memory (tmpfs)")
-        with StreamReadahead(ds, order, request_bytes=64 * 1024, ahead_bytes=1 << 30) as ra:
-            ra.before_batch([len(ds) - 1])
-            deadline = time.monotonic() + 30
-            while not ra.finished and time.monotonic() < deadline:
-                time.sleep(0.01)
+        ra = _read_ahead_whole(ds, order)
         assert ra.bytes_read + ra.bytes_resident == total and ra.bytes_read > 0
 
 
