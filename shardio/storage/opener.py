@@ -164,19 +164,32 @@ def null_sink(path: str = "/dev/null") -> int | None:
     """A write descriptor of the null device (``path``), or None where that path is not the
     null device (a regular file in a broken container image, a symlink: nothing is written
     there, and nothing is created)."""
+    # Asked before the open (no other device, FIFO or file is even opened) and of the
+    # descriptor after it (the same node, in case the path was swapped in between).
+    try:
+        before = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    if not _is_null(before):
+        return None
     flags = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK
     try:
         fd = os.open(path, flags)
     except OSError:
         return None
     try:
-        st = os.fstat(fd)
-        if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3):
+        after = os.fstat(fd)
+        if _is_null(after) and (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino):
             return fd
     except OSError:
         pass
     os.close(fd)
     return None
+
+
+def _is_null(st: os.stat_result) -> bool:
+    """Whether ``st`` is the null device: a character device, major 1, minor 3 (Linux)."""
+    return stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3)
 
 
 def fetch_to_sink(opener: Opener, fd: int, offset: int, count: int, sink: int) -> int:

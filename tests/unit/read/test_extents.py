@@ -293,6 +293,10 @@ def test_the_null_sink_is_the_null_device_or_nothing(tmp_path: pathlib.Path) -> 
     assert null_sink(str(planted)) is None and planted.read_bytes() == b"keep"
     assert null_sink(str(link)) is None  # a symlink is not followed
     assert null_sink(str(tmp_path / "absent")) is None and not (tmp_path / "absent").exists()
+    assert null_sink("/dev/zero") is None  # a character device, not the null one
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert null_sink(str(fifo)) is None  # never opened (an open for writing could block)
 
 
 def test_readahead_passes_over_what_the_page_cache_holds(dataset: pathlib.Path) -> None:
