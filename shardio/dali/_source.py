@@ -22,6 +22,7 @@ from shardio.errors import FormatError, ShardioError, UsageError
 from shardio.order.cursor import EpochCursor
 from shardio.order.ranks import RankInfo
 from shardio.order.spec import OrderSpec
+from shardio.read.deadline import into_fresh_buffers
 from shardio.read.setup import set_up_reader
 
 __all__ = ["Batch", "VerifiedSource"]
@@ -186,15 +187,16 @@ class VerifiedSource:
         records = index.records(samples)  # checks the shards' index records first
         rows = [self._payload_member(sample) for sample in samples]
         sizes = index.members["size"][rows].astype(np.int64).tolist()
-        buffers = [bytearray(size) for size in sizes]
-        packed.read_members_into(
-            rows,
-            records["shard"].astype(np.int64).tolist(),
-            samples,
-            [memoryview(buf) for buf in buffers],
-            verify=self.verify,
-        )
-        data = [np.frombuffer(buf, dtype=np.uint8) for buf in buffers]
+        shards = records["shard"].astype(np.int64).tolist()
+
+        def read() -> list[bytearray]:  # fresh buffers each time (into_fresh_buffers)
+            buffers = [bytearray(size) for size in sizes]
+            packed.read_members_into(
+                rows, shards, samples, [memoryview(buf) for buf in buffers], verify=self.verify
+            )
+            return buffers
+
+        data = [np.frombuffer(buf, dtype=np.uint8) for buf in into_fresh_buffers(read)]
         # The label lives in the checked index (the synthesised cls member holds the same).
         labels = [np.array(int(label), dtype=np.int64) for label in records["label"]]
         packed.metrics.add("samples", len(samples))

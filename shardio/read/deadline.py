@@ -8,9 +8,15 @@ time is abandoned and raises :class:`~shardio.errors.ReadStalledError` ("... sta
 5 s"); its thread stays blocked in the kernel until the filesystem gives up (MooseFS after
 its retries, Lustre on eviction) and then returns to the pool.
 
-An abandoned read may complete later, so it never writes into the caller's buffer (a ring
-slot in shared memory may hold another batch by then): the I/O thread reads into a private
-scratch buffer and copies into the target under a lock, only while the caller still waits.
+An abandoned read may complete later. A single read (:meth:`DeadlineOpener.pread_into`)
+therefore never writes into the caller's buffer (a ring slot in shared memory may hold
+another batch by then): the I/O thread reads into a private scratch buffer and copies into
+the target under a lock, only while the caller still waits. A batch's reads
+(:meth:`DeadlineOpener.read_many`) go straight into their targets (the copy cost a tenth of
+a CPU-second per GB on the MooseFS bed); when one of them is abandoned its outcome is an
+:class:`AbandonedBufferError`, and the buffer it reads into is given up by whoever allocated
+it: kept alive (by the I/O thread, until the read returns) and never handed out, the batch
+read again into a fresh one (:func:`into_fresh_buffers`).
 At most :data:`MAX_ABANDONED` calls of a process may be abandoned at once; beyond that every
 call fails at once (the storage is not answering; piling up threads would not help).
 
@@ -59,7 +65,13 @@ from shardio.read.watch import ReadWatch
 from shardio.storage.opener import Opener, PosixOpener, ReadOutcome, read_each, read_fully
 from shardio.storage.stall import IoThreads, Job, submit
 
-__all__ = ["MAX_ABANDONED", "DeadlineOpener", "bounded"]
+__all__ = [
+    "MAX_ABANDONED",
+    "AbandonedBufferError",
+    "DeadlineOpener",
+    "bounded",
+    "into_fresh_buffers",
+]
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -69,6 +81,31 @@ _CLOSE_WAIT_S = 2.0  # at most this long (or the deadline) for a close
 # Descriptors of held files a process keeps open rather than close (see close); past this
 # many (a dead server holding thousands of shards) they are closed, each a bounded wait.
 MAX_KEPT = 256
+
+
+class AbandonedBufferError(ReadStalledError):
+    """A read straight into the caller's buffer stalled and was abandoned: the kernel may
+    still write that buffer when the read returns (minutes later, on a dead server). Its
+    bytes are never handed out: the caller gives the whole buffer up (its memory is kept
+    alive by the I/O thread until then) and reads again into a fresh one
+    (:func:`into_fresh_buffers`). Where that is not done it is a ReadStalledError like any
+    other."""
+
+
+def into_fresh_buffers(read: Callable[[], _T]) -> _T:
+    """``read()``, made again while it raises :class:`AbandonedBufferError`: each time into
+    buffers it allocates afresh (the ones an abandoned read may still write are given up).
+
+    Bounded: each such error is one stalled read (one deadline), its file held from then on
+    (its reads fail at once), and after :data:`MAX_ABANDONED` abandoned calls a process's
+    calls fail at once; the last try's error is raised as it is.
+    """
+    for _ in range(MAX_ABANDONED):
+        try:
+            return read()
+        except AbandonedBufferError:
+            continue
+    return read()
 
 
 class DeadlineOpener:
@@ -363,10 +400,11 @@ class DeadlineOpener:
     ) -> list[ReadOutcome]:
         """:func:`~shardio.storage.opener.read_many` with one hand-off for all of ``reads``.
 
-        The reads run in turn on one I/O thread, each into the thread's scratch buffer and
-        copied into its target only while the caller still waits, and each under the
-        deadline of its own: the call is abandoned when one read has run for ``timeout_s``
-        (a ReadStalledError for it, its path held; None for the reads after it). Each path
+        The reads run in turn on one I/O thread, each straight into its target and under
+        the deadline of its own: the call is abandoned when one read has run for
+        ``timeout_s`` (an :class:`AbandonedBufferError` for it, its path held: its target
+        may still be written, so the caller gives up the buffer it lies in; None for the
+        reads after it, which are not made). Each path
         is admitted once (held: its reads fail at once; behind a slow call: waited for), a
         read slow past :attr:`slow_s` is told to the node as one call would be, and a
         watched process reads directly. On the MooseFS bed a batch of 64 members cost 64
@@ -421,9 +459,10 @@ class DeadlineOpener:
         current: list[tuple[str, int]] = []
 
         def run() -> None:
+            # ``reads`` (the targets) stay reachable from this closure until it returns: the
+            # memory of a target an abandoned read still writes is not freed meanwhile.
             for k in todo:
                 fd, offset, target = reads[k]
-                scratch = pool.scratch(len(target))
                 with job.lock:
                     if job.abandoned:
                         return
@@ -431,15 +470,13 @@ class DeadlineOpener:
                     current[:] = [call]
                     at[0], at[1] = k, call[1]
                 try:
-                    got: int | OSError = read_fully(inner, fd, scratch, offset)
+                    got: int | OSError = read_fully(inner, fd, target, offset)
                 except OSError as exc:
                     got = exc
                 with job.lock:
                     inflight.end(call)
                     if job.abandoned:
                         return
-                    if isinstance(got, int):
-                        target[:got] = scratch[:got]
                     results[k], times[k] = got, time.monotonic_ns() - call[1]
                     at[0] = -1
                 # Outside the lock (the caller may be giving up meanwhile: what this computes
@@ -486,14 +523,15 @@ class DeadlineOpener:
         age_ns: int,
         results: list[ReadOutcome],
     ) -> None:
-        """Read ``k`` of an abandoned :meth:`read_many` stalled: counted, its path held."""
+        """Read ``k`` of an abandoned :meth:`read_many` stalled: counted, its path held; its
+        outcome an :class:`AbandonedBufferError` (it may still write its target)."""
         self.stalls += 1
         self.stalled_ns += age_ns
         if paths[k]:
             self.registry.mark(paths[k])
         what = f"read of {paths[k] or f'descriptor {reads[k][0]}'} at offset {reads[k][1]}"
         logger.warning("%s stalled for %g s: abandoned", what, self.timeout_s)
-        stalled = ReadStalledError(errno.ETIMEDOUT, f"{what} stalled for {self.timeout_s:g} s")
+        stalled = AbandonedBufferError(errno.ETIMEDOUT, f"{what} stalled for {self.timeout_s:g} s")
         stalled.waited_s = self.timeout_s
         results[k] = stalled
 

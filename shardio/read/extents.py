@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardio.errors import ReadStalledError
+from shardio.read.deadline import AbandonedBufferError
 from shardio.read.digest import member_digest_problem
 from shardio.read.reader import ShardReader
 from shardio.read.strategy import ReadStrategy
@@ -220,6 +221,8 @@ def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
     Raises:
         ChecksumMismatchError: a member's bytes differ from the index (read again first).
         StorageError: a shard is missing, unreadable or short.
+        AbandonedBufferError: a request read straight into a target stalled and was
+            abandoned (as :meth:`~shardio.read.reader.ShardReader.read_members_into`).
     """
     spent = 0  # ns the requests took, each on its own
     members = ds.index.members
@@ -276,6 +279,12 @@ def read_members_planned(  # noqa: PLR0917 - one call shape, from read_batch
             if got is _NOT_ATTEMPTED:
                 later.extend(req.items)
                 continue
+            if isinstance(got, AbandonedBufferError) and direct:
+                # Read straight into the caller's buffer, which that read may still write:
+                # the caller reads the batch again into a fresh one (a scratch buffer of this
+                # call is only given up: the I/O thread keeps it until the read returns).
+                ds.metrics.record_stall(got.waited_s)
+                raise got
             if isinstance(got, OSError):
                 if isinstance(got, ReadStalledError) and got.waited_s > 0:
                     # Counted here: the fallback read of its members is refused at once

@@ -23,7 +23,7 @@ from shardio.format.manifest import Manifest
 from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
 from shardio.metrics.read import ReadMetrics
 from shardio.read.advice import merged_member_ranges
-from shardio.read.deadline import bounded
+from shardio.read.deadline import AbandonedBufferError, bounded
 from shardio.read.digest import member_digest_problem
 from shardio.read.failures import member_read_error
 from shardio.read.filepool import FilePool
@@ -447,6 +447,12 @@ class ShardReader:
             samples: the sample each member belongs to (named in errors).
             targets: where each member's bytes go.
             verify: check each member's xxh3-64 after reading it.
+
+        Raises:
+            AbandonedBufferError: a read into a target stalled past the read deadline and
+                was abandoned; it may still write that target. Give up the memory of every
+                target (never hand it out, never reuse it) and read again into fresh ones
+                (:func:`~shardio.read.deadline.into_fresh_buffers`).
         """
         rows = np.asarray(members, dtype=np.int64)
         records = self.index.members
@@ -553,6 +559,13 @@ class ShardReader:
                 outcomes[i] = some[j]
                 spent[i] = times[j] if times is not None else 0
             times = spent if times is not None else None
+        for got in outcomes:
+            if isinstance(got, AbandonedBufferError):
+                # Its target may still be written when the read returns: none of these
+                # targets' bytes may be handed out; the caller reads them again into fresh
+                # buffers (the file is held now: its reads fail at once then).
+                self.metrics.record_stall(got.waited_s)
+                raise got
         failed = False
         for i, (k, at, got) in enumerate(zip(ks, ats, outcomes, strict=True)):
             target = targets[k]

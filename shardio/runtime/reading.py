@@ -20,6 +20,7 @@ from torch.utils.data import get_worker_info
 from shardio._check import require_int
 from shardio.format.spec import LABEL_EXT
 from shardio.metrics.read import ReadDelta
+from shardio.read.deadline import into_fresh_buffers
 from shardio.read.reader import ShardReader
 from shardio.read.strategy import ReadStrategy, StrategyChoice
 from shardio.runtime.batch import read_batch, read_batch_mapped
@@ -212,7 +213,15 @@ class SampleReads:
 
     def _read_local(self, checked: list[int]) -> dict[str, Any]:
         self._share_strategy()
-        return read_batch(self.packed, checked, verify=self.verify, allocate=self._reused())
+        return self._read_reused(checked)
+
+    def _read_reused(self, checked: list[int]) -> dict[str, Any]:
+        """A batch in this process's reused buffers; again into another where a stalled read
+        was abandoned into one (that one stays with the I/O thread until its read returns)."""
+        allocate = self._reused()
+        return into_fresh_buffers(
+            lambda: read_batch(self.packed, checked, verify=self.verify, allocate=allocate)
+        )
 
     def _reused(self) -> Callable[[int], Any]:
         """The training process's reused batch buffers (:mod:`shardio.runtime.reuse`)."""
@@ -238,9 +247,11 @@ class SampleReads:
         if worker is not None and ring is not None:
             return ring.read(self.packed, checked, worker=worker.id, verify=self.verify)
         if worker is None:  # in-process: a buffer reused once nothing views its last batch
-            return read_batch(self.packed, checked, verify=self.verify, allocate=self._reused())
+            return self._read_reused(checked)
         # "shm" or a plain DataLoader's worker (no ring): a shared segment of its own.
-        return read_batch(self.packed, checked, verify=self.verify, shared=True)
+        return into_fresh_buffers(
+            lambda: read_batch(self.packed, checked, verify=self.verify, shared=True)
+        )
 
     def _to_send(self, batch: Any) -> Any:
         """``batch`` as a worker sends it: a ring slot's batch as a small description."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardio.format.spec import LABEL_EXT
+from shardio.read.deadline import into_fresh_buffers
 from shardio.read.reader import ShardReader
 
 __all__ = ["read_one"]
@@ -44,14 +45,19 @@ def read_one(ds: ShardReader, sample: int, *, verify: bool = True) -> dict[str, 
             continue  # the label shardio synthesised: in the index already
         wanted.append((exts[ext_id], first + row, size))
     wanted.sort(key=lambda item: item[0])
-    buffers = [bytearray(size) for _, _, size in wanted]
-    ds.read_members_into(
-        [row for _, row, _ in wanted],
-        [shard] * len(wanted),
-        [sample] * len(wanted),
-        [memoryview(buf) for buf in buffers],
-        verify=verify,
-    )
+
+    def read() -> list[bytearray]:  # fresh buffers each time (into_fresh_buffers)
+        buffers = [bytearray(size) for _, _, size in wanted]
+        ds.read_members_into(
+            [row for _, row, _ in wanted],
+            [shard] * len(wanted),
+            [sample] * len(wanted),
+            [memoryview(buf) for buf in buffers],
+            verify=verify,
+        )
+        return buffers
+
+    buffers = into_fresh_buffers(read)
     ds.metrics.add("samples", 1)
     out: dict[str, Any] = {"__key__": index.keys([sample])[0]}
     if labelled:

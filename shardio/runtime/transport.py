@@ -33,6 +33,7 @@ import torch
 
 from shardio.errors import ShardioError, StorageError
 from shardio.format.spec import LABEL_EXT
+from shardio.read.deadline import AbandonedBufferError, into_fresh_buffers
 from shardio.read.reader import ShardReader
 from shardio.runtime.batch import SHM_DIR, ByteColumn, payload_rows, read_batch, shared_uint8
 from shardio.runtime.shmroom import ring_shortfall
@@ -274,9 +275,11 @@ class BatchRing:
             ChecksumMismatchError: a member's bytes differ from the index.
             StorageError: a shard is missing or short.
         """
-        return self.fill(
-            lambda allocate: read_batch(ds, indices, verify=verify, allocate=allocate),
-            worker=worker,
+        return into_fresh_buffers(
+            lambda: self.fill(
+                lambda allocate: read_batch(ds, indices, verify=verify, allocate=allocate),
+                worker=worker,
+            )
         )
 
     def fill(
@@ -284,7 +287,9 @@ class BatchRing:
     ) -> dict[str, Any]:
         """The batch ``build(allocate)`` makes in worker ``worker``, its payload in what
         ``allocate(nbytes)`` gives: a free slot of the worker's row, else a fresh segment.
-        A slot claimed is freed again when ``build`` raises."""
+        A slot claimed is freed again when ``build`` raises, except for an
+        :class:`~shardio.read.deadline.AbandonedBufferError`: a stalled read may still write
+        the slot, so it stays claimed for the rest of the run (never handed out again)."""
         claimed: list[int] = []
 
         def allocate(nbytes: int) -> torch.Tensor:
@@ -297,6 +302,8 @@ class BatchRing:
 
         try:
             return build(allocate)
+        except AbandonedBufferError:
+            raise  # its slots stay BUSY: an abandoned read may still write them
         except BaseException:
             for slot in claimed:
                 self._state[worker, slot] = FREE

@@ -21,7 +21,7 @@ from shardio.errors import (
     UsageError,
     unavailable_error,
 )
-from shardio.read.deadline import DeadlineOpener
+from shardio.read.deadline import AbandonedBufferError, DeadlineOpener, into_fresh_buffers
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.reader import ShardReader
 from shardio.read.setup import with_deadline
@@ -548,7 +548,8 @@ def test_a_stall_in_read_many_is_abandoned_and_the_reads_after_it_are_not_made(
     assert time.monotonic() - began < 5  # one deadline, not one per read
     assert got[0] == 100 and targets[0] == b"y" * 100
     stalled = got[1]
-    assert isinstance(stalled, ReadStalledError)
+    # Read straight into its target, which it may still write: the caller gives that buffer up.
+    assert isinstance(stalled, AbandonedBufferError) and isinstance(stalled, ReadStalledError)
     assert str(shard) in str(stalled) and "stalled for 0.3 s" in str(stalled)
     assert got[2] is None  # not attempted: its caller reads it again on its own
     assert opener.stalls == 1 and opener.abandoned == 1
@@ -561,7 +562,10 @@ def test_a_stall_in_read_many_is_abandoned_and_the_reads_after_it_are_not_made(
     while opener.abandoned and time.monotonic() < deadline:
         time.sleep(0.01)
     assert opener.abandoned == 0
-    assert targets[1] == b"\xaa" * 100 and targets[2] == b"\xaa" * 100  # never written
+    # The abandoned read wrote its target once it returned (why its buffer is given up);
+    # the read after it was never made.
+    assert targets[1] == shard.read_bytes()[:100]
+    assert targets[2] == b"\xaa" * 100
     # Held now: its reads fail at once, the other file's are made.
     again = opener.read_many(
         [(stuck, 0, memoryview(targets[1])), (fine, 0, memoryview(targets[2]))]
@@ -598,6 +602,55 @@ def test_a_batch_read_through_the_deadline_names_the_stalled_sample(
         release.touch()
 
 
+def test_a_reused_buffer_an_abandoned_read_may_write_is_not_reused_till_it_returns(
+    packed_small: Any, tmp_path: pathlib.Path
+) -> None:
+    """In-process batches (reused buffers): a read abandoned into one gives it up; the batch
+    is read again into a fresh buffer, and a later batch never lies in the given-up one while
+    the stalled read may still write it."""
+    from shardio.runtime.batch import read_batch
+    from shardio.runtime.reuse import ReusedBuffers
+
+    root = packed_small("tar")[0]
+    release = tmp_path / "release"
+    with ShardReader(root) as probe:
+        stuck = probe.manifest.shards[1]
+        fine = [probe.manifest.shards[0].first_sample]
+        mixed = [*fine, stuck.first_sample]
+        want = probe.read_sample(fine[0])
+    opener = DeadlineOpener(
+        FaultyOpener([Fault(kind="hang", path=stuck.path, release=str(release))]),
+        timeout_s=0.3,
+        registry=_registry(tmp_path),
+    )
+    buffers = ReusedBuffers(keep=3)
+    given: list[int] = []
+
+    def allocate(nbytes: int) -> Any:
+        tensor = buffers.allocate(nbytes)
+        given.append(tensor.data_ptr())
+        return tensor
+
+    try:
+        with ShardReader(root, opener=opener) as ds:
+            with pytest.raises(AbandonedBufferError):
+                read_batch(ds, mixed, allocate=allocate)
+            with pytest.raises(ReadStalledError, match="held unavailable"):
+                into_fresh_buffers(lambda: read_batch(ds, mixed, allocate=allocate))
+            batches = [into_fresh_buffers(lambda: read_batch(ds, fine, allocate=allocate))]
+            batches.append(into_fresh_buffers(lambda: read_batch(ds, fine, allocate=allocate)))
+            assert given[0] not in given[1:]  # the given-up buffer was handed out once
+            release.touch()
+            deadline = time.monotonic() + 10
+            while opener.abandoned and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert opener.abandoned == 0
+            for batch in batches:
+                assert bytes(batch["jpeg"][0]) == want["jpeg"]
+    finally:
+        release.touch()
+
+
 def test_a_slow_read_of_read_many_is_told_to_the_node_while_it_runs(
     shard: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
@@ -626,7 +679,7 @@ def test_read_many_into_a_read_only_target_is_a_plain_error(shard: pathlib.Path)
     opener = DeadlineOpener(PosixOpener(), timeout_s=5)
     fd = opener.open(str(shard))
     try:
-        with pytest.raises(TypeError):
+        with pytest.raises((BufferError, TypeError)):  # raised as it is, not a storage error
             opener.read_many([(fd, 0, memoryview(bytes(10)))])
     finally:
         opener.close(fd)

@@ -319,3 +319,50 @@ def test_pin_memory_loader_on_gpu(packed_tar):
         keys += packed_tar.check_batch(batch)
     packed_tar.assert_exactly_once(keys)
     assert loader.transport_stats == {"ring": len(loader), "fallback": 0}
+
+
+def test_a_slot_a_stalled_read_may_still_write_is_never_handed_out(packed_tar, tmp_path):
+    """A batch read straight into a slot, one of its reads stalled and abandoned: that slot
+    stays claimed (the read writes it once it returns), the batch is read again into another
+    (here it fails: the stalled shard is held), and a later batch in the other slot keeps its
+    verified bytes when the late write lands."""
+    import time
+
+    from shardio.errors import ReadStalledError
+    from shardio.read.deadline import DeadlineOpener
+    from shardio.read.faults import Fault, FaultyOpener
+    from shardio.read.unavailable import UnavailableShards
+
+    release = tmp_path / "release"
+    (tmp_path / "shm").mkdir()
+    with ShardReader(packed_tar.path) as probe:
+        stuck = probe.manifest.shards[1]
+        other = probe.manifest.shards[3]
+        mixed = [0, stuck.first_sample]  # a sample of shard 0, then one of the stuck shard
+        fine = list(range(other.first_sample, other.first_sample + 2))
+    opener = DeadlineOpener(
+        FaultyOpener([Fault(kind="hang", path=stuck.path, release=str(release))]),
+        timeout_s=0.3,
+        registry=UnavailableShards("ds", hold_s=60, root=str(tmp_path / "shm")),
+    )
+    try:
+        with ShardReader(packed_tar.path, opener=opener) as ds:
+            positions = np.arange(len(ds))
+            ring = BatchRing(workers=1, slots=2, slot_bytes=max_batch_bytes(ds, positions, BATCH))
+            state = ring.state.view(ring.workers, ring.slots)
+            with pytest.raises(ReadStalledError):  # again into slot 1: the shard is held now
+                ring.read(ds, mixed, worker=0)
+            assert opener.stalls == 1
+            assert int(state[0, 0]) == BUSY  # given up: a stalled read may still write it
+            assert int(state[0, 1]) == FREE  # the second try's, freed as any failed read's
+            batch = ring.receive(ring.describe(ring.read(ds, fine, worker=0), worker=0))
+            assert batch["jpeg"].buffer.data_ptr() == ring.buffer[ring.slot_bytes :].data_ptr()
+            release.touch()
+            deadline = time.monotonic() + 10
+            while opener.abandoned and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert opener.abandoned == 0  # the late write has landed (in slot 0)
+            assert packed_tar.check_batch(batch) == [ds.key(i) for i in fine]
+            assert int(state[0, 0]) == BUSY  # for the rest of the run
+    finally:
+        release.touch()
