@@ -10,8 +10,9 @@ disk and (``--fs local,bed``) on a MooseFS bed (bench_pfs's ``Bed``, always take
 - the floor: one process reads every tar shard sequentially with ``readinto`` a reused
   8 MiB buffer and hashes each shard with xxh3-64 (what no loader can beat); a variant that
   reads each shard whole and hashes each member separately; ``cat`` of the shards;
-- shardio map and stream with 0 and ``--workers`` workers, and (``--baseline REV``) the same
-  rows with an earlier commit (a ``git worktree add --detach``) on ``PYTHONPATH``;
+- shardio map and stream with 0 and ``--workers`` workers, and with ``--workers`` reader
+  threads (``threads=True``); (``--baseline REV``) the worker rows again with an earlier
+  commit (a ``git worktree add --detach``) on ``PYTHONPATH``;
 - the peers with ``--workers`` workers: loose files, SPDL (threads), webdataset, mosaic
   streaming, litdata, plain h5py (and DALI's CPU reader where it is installed).
 
@@ -203,7 +204,7 @@ class Config:
     def shardio(self) -> str:
         """ "map" or "stream" for shardio's rows, "" otherwise."""
         for mode in ("map", "stream"):
-            if self.child == f"shardio-{mode}-tar":
+            if self.child in (f"shardio-{mode}-tar", f"shardio-{mode}-tar-threads"):
                 return mode
         return ""
 
@@ -236,6 +237,17 @@ def configs(workers: int, baseline: str) -> list[Config]:
                         base=base,
                     )
                 )
+    out += [
+        Config(
+            f"shardio-{mode}-t{workers}",
+            f"shardio {mode}, {workers} reader threads (`threads=True`)",
+            "child",
+            "tar",
+            child=f"shardio-{mode}-tar-threads",
+            workers=workers,
+        )
+        for mode in ("map", "stream")
+    ]
     peers = [
         ("loose", "loose files, `open().read()`, DataLoader", "tree"),
         ("spdl", "SPDL thread pipeline over loose files", "tree"),

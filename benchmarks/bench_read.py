@@ -120,14 +120,18 @@ def keep_workers(args: argparse.Namespace) -> dict[str, Any]:
     return {"persistent_workers": True} if args.workers > 0 and args.epochs > 1 else {}
 
 
-def _prep_shardio(mode: str, shuffle: bool) -> Callable[[argparse.Namespace], Batches]:
+def _prep_shardio(
+    mode: str, shuffle: bool, *, threads: bool = False
+) -> Callable[[argparse.Namespace], Batches]:
     def prep(args: argparse.Namespace) -> Callable[[], Batches]:
         from shardio import ShardDataset
         from shardio.runtime.loader import ShardLoader  # noqa: F401 - imported before the clock
 
         def start() -> Batches:
             ds = ShardDataset(args.data, mode=mode, shuffle=shuffle, seed=args.seed)
-            loader = ds.loader(batch_size=args.batch_size, num_workers=args.workers)
+            loader = ds.loader(
+                batch_size=args.batch_size, num_workers=args.workers, threads=threads
+            )
 
             def samples_of(batch: Any) -> list[Any]:
                 col = batch["jpeg"]
@@ -328,6 +332,8 @@ _PREPS: dict[str, Callable[[argparse.Namespace], Callable[[], Batches]]] = {
     "shardio-stream-hdf5": _prep_shardio("stream", True),
     "shardio-stream-tar-seq": _prep_shardio("stream", False),
     "shardio-map-tar": _prep_shardio("map", True),
+    "shardio-map-tar-threads": _prep_shardio("map", True, threads=True),
+    "shardio-stream-tar-threads": _prep_shardio("stream", True, threads=True),
     "shardio-map-hdf5": _prep_shardio("map", True),
     "loose": _prep_loose,
     "wds": _prep_wds,

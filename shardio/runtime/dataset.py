@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset
 
 from shardio._check import require_int, require_path
 from shardio._deprecated import renamed_option, warn_renamed
@@ -42,6 +42,7 @@ from shardio.runtime.position import CursorFace
 from shardio.runtime.reading import SampleReads
 from shardio.runtime.recovering import SampleRecovery, make_policy
 from shardio.runtime.runs import ShardRuns
+from shardio.runtime.threads import in_process, worker_info
 from shardio.runtime.wire import WorkerFailure
 
 if TYPE_CHECKING:
@@ -366,10 +367,13 @@ class ShardDataset(ShardRuns, SampleReads, CursorFace, Dataset[dict[str, Any]]):
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
         """A batch: packed in shared memory when undecoded, else collated decoded samples."""
-        if get_worker_info() is not None:
+        info = worker_info()
+        if info is not None:
             self._follow_board()
             if self.mode == "map":
                 self._advise_planned(indices)
+            if in_process(info):  # a reader thread's: stays in its reused buffers
+                return self._read_items(indices)
             try:
                 # Shared now, not while torch pickles it (a full /dev/shm would fail there).
                 return share_tensors(self._read_items(indices))
@@ -453,7 +457,7 @@ class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
         return self.samples_per_rank()
 
     def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
+        info = worker_info()
         if info is not None:
             self._follow_board()
         run = self._run

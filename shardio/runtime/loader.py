@@ -26,12 +26,14 @@ from shardio.metrics.steps import StepTimer
 from shardio.order.quality_report import QualityReport
 from shardio.read.timeouts import check_read_timeout
 from shardio.runtime.audit import make_observers, observe, with_audit_counts
-from shardio.runtime.plan import RunNeeds, run_positions
+from shardio.runtime.plan import RunNeeds, RunPlan, run_positions
 from shardio.runtime.protocol import FAULTS_KEY, ReadSource
 from shardio.runtime.quality import ShuffleQuality
 from shardio.runtime.reaping import kill_workers, stop_workers
+from shardio.runtime.runs import ShardRuns
 from shardio.runtime.sizing import warn_job_size
 from shardio.runtime.stallwatch import StallWatch, WorkersStuckError
+from shardio.runtime.threads import ReaderThreads, ThreadRun
 from shardio.runtime.transport import BatchRing, RingBatch
 from shardio.runtime.wire import METRICS_KEY, WorkerFailure, labels_to_tensor
 from shardio.runtime.workers import (
@@ -62,6 +64,9 @@ def default_watchdog_s(read_timeout_s: float | None) -> float:
     return max(_MIN_WATCHDOG_S, _WATCHDOG_DEADLINES * deadline) if deadline else 0.0
 
 
+# The DataLoader arguments reader threads take (threads=True).
+_THREAD_KWARGS = frozenset({"prefetch_factor", "in_order"})
+
 # DataLoader worker processes per loader: beyond any node's cores many times over. 99,999
 # workers (a typo) would otherwise start forking and allocating until the node gave out.
 MAX_WORKERS = 1024
@@ -74,7 +79,18 @@ class ShardLoader:
         dataset: the ShardDataset (map or stream mode) or MixedDataset: any
             :class:`~shardio.runtime.protocol.ReadSource`.
         batch_size: samples per batch (an int >= 1).
-        num_workers: DataLoader worker processes (an int from 0 to 1,024).
+        num_workers: DataLoader worker processes (an int from 0 to 1,024), or reader
+            threads with ``threads=True``.
+        threads: read with ``num_workers`` threads of this process instead of worker
+            processes (:mod:`shardio.runtime.threads`): the same batches in the same order,
+            each thread reading through its own copy of the dataset, with nothing forked or
+            copied between processes. Reads and checksums release the GIL, so undecoded
+            batches come about as fast as from worker processes for much less CPU; a
+            per-sample ``decode`` or ``transform`` runs in the threads under the GIL (worker
+            processes scale it better). A ShardDataset only; of the DataLoader's arguments
+            only ``prefetch_factor`` applies (batches each thread reads ahead); no watchdog
+            (a thread cannot be killed): reads stall for at most the dataset's read deadline,
+            as with ``num_workers=0``.
         drop_last: drop this rank's last incomplete batch.
         pin_workers: pin each worker to the CPUs of this rank's GPU's NUMA node and set its
             threads (:mod:`shardio.runtime.placement`; a no-op without an NVIDIA GPU);
@@ -119,6 +135,7 @@ class ShardLoader:
         max_worker_restarts: int = 2,
         persistent_workers: bool = True,
         audit: bool | str | os.PathLike[str] = True,
+        threads: bool = False,
         **kwargs: Any,
     ) -> None:
         batch_size = require_int(batch_size, "batch_size", minimum=1)
@@ -136,13 +153,26 @@ class ShardLoader:
         for key in ("sampler", "batch_sampler", "shuffle", "collate_fn", "batch_size"):
             if key in kwargs:
                 raise UsageError(f"ShardLoader sets {key} itself; pass it to ShardDataset")
+        if not isinstance(threads, bool):
+            raise UsageError(f"threads must be True or False, got {threads!r}")
+        threads = threads and num_workers > 0
+        if threads and not isinstance(dataset, ShardRuns):
+            raise UsageError(
+                "threads=True reads a ShardDataset; a MixedDataset reads in worker processes"
+            )
+        if threads and (extra := sorted(set(kwargs) - _THREAD_KWARGS)):
+            raise UsageError(
+                f"threads=True takes no DataLoader argument but prefetch_factor: got "
+                f"{', '.join(extra)} (worker processes take them: threads=False)"
+            )
+        self.threads = threads
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.drop_last = drop_last
         self.pin_workers = pin_workers
         self.kwargs = kwargs
-        self.persistent_workers = persistent_workers and num_workers > 0
+        self.persistent_workers = persistent_workers and num_workers > 0 and not threads
         # Persistent workers between iterations, stopped by close() or when this loader is
         # collected (a loader made per epoch, ``for b in ds.loader(...)``, leaves none behind).
         self._keeper = WorkerKeeper()
@@ -150,6 +180,12 @@ class ShardLoader:
         self._ring_counts: torch.Tensor | None = None  # the last ring's, shared with workers
         self._transport_done = {"ring": 0, "fallback": 0}  # of the iterations before it
         self._live: weakref.ref[_Batches] | None = None  # the last iteration
+        self._readers: ReaderThreads | None = None  # threads=True: kept from run to run
+        if threads:
+            depth = kwargs.get("prefetch_factor", PREFETCH)
+            depth = 2 if depth is None else require_int(depth, "prefetch_factor", minimum=0)
+            self._readers = ReaderThreads(num_workers, depth=max(2, depth))
+            weakref.finalize(self, self._readers.close)
         self._needs: RunNeeds | None = None  # the current (or last) run's
         self._sized = False  # the job's sizing checked (once per loader: runtime/sizing.py)
         self.steps = StepTimer()
@@ -172,7 +208,7 @@ class ShardLoader:
 
     def _make_ring(self, needs: RunNeeds) -> BatchRing | None:
         """The ring of one iteration, when its batches take one."""
-        if needs.slot_bytes is None or self.num_workers == 0:
+        if needs.slot_bytes is None or self.num_workers == 0 or self.threads:
             return None
         prefetch = self.kwargs.get("prefetch_factor", PREFETCH)
         prefetch = 2 if prefetch is None else require_int(prefetch, "prefetch_factor", minimum=0)
@@ -243,6 +279,8 @@ class ShardLoader:
             except ValueError as exc:
                 raise UsageError(f"ShardLoader.close() while another thread reads: {exc}") from exc
         self._drop_kept()
+        if self._readers is not None:
+            self._readers.close()  # the reader threads' copies of the dataset
 
     def _drop_kept(self) -> None:
         """Stop the persistent workers, if any are kept."""
@@ -250,7 +288,7 @@ class ShardLoader:
 
     def _watchdog_s(self, needs: RunNeeds) -> float:
         """Seconds without a batch after which the workers are deemed stuck (0: never)."""
-        if self.num_workers == 0:
+        if self.num_workers == 0 or self.threads:
             return 0.0
         if self.worker_timeout_s is not None:
             return self.worker_timeout_s
@@ -328,7 +366,7 @@ class ShardLoader:
     def _stall_watch(self, needs: RunNeeds) -> StallWatch | None:
         """The watch over this iteration's workers' reads, when they read under a deadline
         through readers that a kill can replace."""
-        if self.num_workers == 0 or needs.watch is None:
+        if self.num_workers == 0 or self.threads or needs.watch is None:
             return None
         return StallWatch(workers=self.num_workers, timeout_s=needs.watch.timeout_s)
 
@@ -350,12 +388,14 @@ class ShardLoader:
             self._transport_done = {k: v + last[k] for k, v in self._transport_done.items()}
             self._ring_counts = None
         clock = time.perf_counter_ns
+        processes = self.num_workers if kept is None and not self.threads else 0
         needs = self._needs = self.dataset.needs(
-            positions, batch_size=self.batch_size, workers=self.num_workers if kept is None else 0
+            positions, batch_size=self.batch_size, workers=processes
         )
         watchdog = self._watchdog_s(needs)
         progressed = finished = False
         batches: Any = None
+        readers: ThreadRun | None = None
         delivered = 0  # samples of this run handed to training
         if kept is not None:
             # The persistent workers learn this run from the board when it starts.
@@ -373,6 +413,9 @@ class ShardLoader:
             self.steps.start()
             if kept is not None:
                 batches = start_batches(kept.loader, forks=False)
+            elif self.threads:
+                readers = self._start_threads(positions)
+                batches = iter(readers)
             else:
                 board = torch.zeros(3, dtype=torch.int64) if self.persistent_workers else None
                 if board is not None:
@@ -450,9 +493,27 @@ class ShardLoader:
                 self._keeper.kept = None
                 if kept is not None:
                     kept.shutdown()
+                elif readers is not None:
+                    batches.close()
+                    readers.close()
                 elif batches is not None:
                     stop_workers(batches)
             self.dataset.end_run()
+
+    def _start_threads(self, positions: Any) -> ThreadRun:
+        """This run's reader threads (``threads=True``), the dataset's run begun first."""
+        readers = self._readers
+        if readers is None:
+            raise UsageError("ShardLoader: a run in threads of a loader made without them")
+        plan = RunPlan(
+            positions=positions,
+            batch_size=self.batch_size,
+            workers=self.num_workers,
+            depth=readers.depth,
+            drop_last=self.drop_last,
+        )
+        self.dataset.begin_run(plan)
+        return readers.run(self.dataset, plan)
 
     def _arrived(self, item: Any, ring: BatchRing | None) -> dict[str, Any]:
         """The batch a worker's ``item`` stands for, its figures and events taken out."""

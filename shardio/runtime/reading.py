@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from torch.utils.data import get_worker_info
 
 from shardio._check import require_int
 from shardio.format.spec import LABEL_EXT
@@ -29,6 +28,7 @@ from shardio.runtime.plan import RunState
 from shardio.runtime.recovering import Recoverable, SampleRecovery
 from shardio.runtime.reuse import ReusedBuffers
 from shardio.runtime.single import read_one
+from shardio.runtime.threads import in_process, worker_info
 from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY, labels_to_tensor
 
 __all__ = ["MIN_WORKER_INFLIGHT", "SampleReads", "collate_samples"]
@@ -96,7 +96,7 @@ class SampleReads:
         if self.mode != "map":
             return None
         strategy = self.read_choice.strategy
-        info = get_worker_info()
+        info = worker_info()
         if info is None or info.num_workers < 2 or strategy.inflight <= 1:
             return strategy
         share = max(MIN_WORKER_INFLIGHT, strategy.inflight // (2 * info.num_workers))
@@ -104,7 +104,7 @@ class SampleReads:
 
     def _drain_metrics(self) -> ReadDelta | None:
         """In a worker of the loader: this process's figures since its last batch."""
-        if self._run is None or not self.timed or self._ds is None or get_worker_info() is None:
+        if self._run is None or not self.timed or self._ds is None or worker_info() is None:
             return None
         return self._ds.metrics.drain()
 
@@ -137,7 +137,7 @@ class SampleReads:
         # The dataset this is the read path of (a Recoverable: its order, its probe).
         batch, events = self.recovering.read(cast("Recoverable", self), read, indices)
         if events:
-            if get_worker_info() is not None:
+            if worker_info() is not None:
                 if isinstance(batch, dict):
                     batch[EVENTS_KEY] = events
             else:
@@ -232,21 +232,21 @@ class SampleReads:
 
     def _share_strategy(self) -> None:
         """In a DataLoader worker: take its share of the requests in flight."""
-        worker = get_worker_info()
+        worker = worker_info()
         if worker is not None and self._ds is not None and self._ds.read_strategy is not None:
             self._ds.read_strategy = self._batch_strategy()  # a forked worker's share
 
     def _read_raw(self, checked: list[int]) -> Any:
         """Read a batch of checked indices, undecoded, in the transport's form."""
         self._share_strategy()
-        worker = get_worker_info()
+        worker = worker_info()
         if self.transport == "mmap":
             batch = read_batch_mapped(self.packed, checked, verify=self.verify)
             return batch if worker is not None else labels_to_tensor(batch)
         ring = self._run.plan.ring if self._run is not None else None
         if worker is not None and ring is not None:
             return ring.read(self.packed, checked, worker=worker.id, verify=self.verify)
-        if worker is None:  # in-process: a buffer reused once nothing views its last batch
+        if in_process(worker):  # a buffer reused once nothing views its last batch
             return self._read_reused(checked)
         # "shm" or a plain DataLoader's worker (no ring): a shared segment of its own.
         return into_fresh_buffers(
@@ -255,7 +255,7 @@ class SampleReads:
 
     def _to_send(self, batch: Any) -> Any:
         """``batch`` as a worker sends it: a ring slot's batch as a small description."""
-        worker = get_worker_info()
+        worker = worker_info()
         ring = self._run.plan.ring if self._run is not None else None
         if worker is None or ring is None or not isinstance(batch, dict):
             return batch

@@ -16,7 +16,6 @@ from collections.abc import Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch.utils.data import get_worker_info
 
 from shardio._check import require_int
 from shardio.errors import ShardioError
@@ -33,6 +32,7 @@ from shardio.runtime.plan import RunNeeds, RunPlan, RunState
 from shardio.runtime.protocol import FAULTS_KEY
 from shardio.runtime.recovering import SampleRecovery
 from shardio.runtime.stallwatch import watched_opener
+from shardio.runtime.threads import worker_info
 from shardio.runtime.transport import max_batch_bytes
 from shardio.runtime.wire import EVENTS_KEY, METRICS_KEY
 
@@ -195,7 +195,7 @@ class ShardRuns:
     def _advise_planned(self, indices: Sequence[int]) -> None:
         """Map mode, in a loader's worker, before its first batch ``indices`` (workers start
         afresh each epoch): advise its next ``depth - 1`` batches of the plan too."""
-        run, info = self._run, get_worker_info()
+        run, info = self._run, worker_info()
         if run is None or info is None or run.plan.workers == 0:
             return
         if run.advised_in == os.getpid():

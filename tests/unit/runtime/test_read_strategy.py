@@ -216,7 +216,7 @@ def test_each_of_several_workers_takes_a_share_of_the_requests(packed_tar, monke
 
     ds = ShardDataset(packed_tar.path, mode="map", ranks=SINGLE, read_strategy="pfs")
     assert ds._batch_strategy() == ds.read_choice.strategy  # in-process: all of them
-    monkeypatch.setattr(module, "get_worker_info", Info)
+    monkeypatch.setattr(module, "worker_info", Info)
     share = ds._batch_strategy()
     assert share is not None
     assert share.inflight == module.MIN_WORKER_INFLIGHT < ds.read_choice.strategy.inflight
