@@ -129,9 +129,9 @@ def _prep_shardio(
 
         def start() -> Batches:
             ds = ShardDataset(args.data, mode=mode, shuffle=shuffle, seed=args.seed)
-            loader = ds.loader(
-                batch_size=args.batch_size, num_workers=args.workers, threads=threads
-            )
+            # Only when asked: a baseline commit's loader may not know the argument.
+            more = {"threads": True} if threads else {}
+            loader = ds.loader(batch_size=args.batch_size, num_workers=args.workers, **more)
 
             def samples_of(batch: Any) -> list[Any]:
                 col = batch["jpeg"]

@@ -291,6 +291,12 @@ class DeadlineOpener:
         self._paths[fd] = path
         return fd
 
+    def dup(self, fd: int, path: str) -> int:
+        """A duplicate of ``fd`` (a local call: no deadline), read under this opener's."""
+        new = self.inner.dup(fd, path)
+        self._paths[new] = path
+        return new
+
     def watch(self, table: np.ndarray[Any, Any]) -> None:
         """Read directly in the calling thread from now on (this process only), publishing
         each ``pread`` and advice in ``table`` (see :class:`~shardio.read.watch.ReadWatch`,

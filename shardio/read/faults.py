@@ -142,6 +142,11 @@ class FaultyOpener(PosixOpener):
         self._paths[fd] = path
         return fd
 
+    def dup(self, fd: int, path: str) -> int:
+        new = super().dup(fd, path)
+        self._paths[new] = path  # its faults apply to the duplicate too
+        return new
+
     def close(self, fd: int) -> None:
         self._paths.pop(fd, None)
         super().close(fd)

@@ -141,6 +141,24 @@ class FilePool:
             opened += 1
         return opened
 
+    def adopt(self, other: FilePool) -> int:
+        """Hold a duplicate (``dup``: no open reaches the filesystem) of each source
+        descriptor ``other`` holds that this pool does not, within this pool's room; returns
+        how many. Staged copies are passed over: each reader opens and locks its own."""
+        dup = getattr(self.opener, "dup", None)  # an opener of the caller's may have none
+        adopted = 0
+        for path, fd in list(other._fds.items()):
+            if dup is None or self.room == 0:
+                break
+            if path in other._staged or path in self._fds:
+                continue
+            try:
+                self._fds[path] = dup(fd, path)
+            except OSError:
+                break  # out of descriptors: the rest are opened as they are read
+            adopted += 1
+        return adopted
+
     def discard(self, path: str) -> None:
         """Close the descriptor of ``path`` if open (the file failed, or was replaced)."""
         fd = self._fds.pop(path, None)

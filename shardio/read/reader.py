@@ -216,6 +216,12 @@ class ShardReader:
         """
         return self.pool.open_ahead((self.resolver.locate(shard) for shard in shards), limit=limit)
 
+    def adopt_opens(self, other: ShardReader) -> int:
+        """Hold duplicates of the source descriptors ``other`` (a reader of the same
+        dataset in this process) holds open, for reads in another thread; returns how many
+        (see :meth:`~shardio.read.filepool.FilePool.adopt`)."""
+        return self.pool.adopt(other.pool)
+
     def shard_path(self, shard: int) -> str:
         """Path shard ``shard`` is read from now: its verified staged copy, else the source."""
         return self.resolver.locate(shard).path

@@ -510,6 +510,7 @@ class ShardLoader:
             batch_size=self.batch_size,
             workers=self.num_workers,
             depth=readers.depth,
+            shares_opens=True,
             drop_last=self.drop_last,
         )
         self.dataset.begin_run(plan)

@@ -55,7 +55,9 @@ class RunPlan:
         batch_size: samples per batch.
         workers: DataLoader workers (0: read in the training process).
         depth: batches of each worker advised at once (its prefetch factor, at least 2).
-        forked: the workers are forked (they inherit the training process's descriptors).
+        shares_opens: the workers read through the training process's descriptors (forked
+            workers inherit them, reader threads take duplicates): it opens the epoch's
+            first shards for them before they start.
         drop_last: the run is cut to whole batches (persistent workers cut theirs alike).
         ring: the ring transport's shared-memory slots the workers read into, or None
             (each batch takes a fresh shared segment).
@@ -67,7 +69,7 @@ class RunPlan:
     batch_size: int
     workers: int
     depth: int = 2
-    forked: bool = False
+    shares_opens: bool = False
     drop_last: bool = False
     ring: BatchRing | None = None
     board: Any = None

@@ -28,7 +28,7 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
-from shardio.errors import ShardioError
+from shardio.errors import ShardioError, UsageError
 from shardio.runtime.plan import RunPlan, RunState
 from shardio.runtime.reuse import ReusedBuffers
 from shardio.runtime.wire import WorkerFailure
@@ -92,12 +92,20 @@ class ReaderThreads:
             self._copies = self._source = None
         if self._copies is None or self._source is not dataset:
             self.close()
-            self._copies = [copy.deepcopy(dataset) for _ in range(self.workers)]
+            try:
+                self._copies = [copy.deepcopy(dataset) for _ in range(self.workers)]
+            except (TypeError, AttributeError, copy.Error) as exc:  # what pickling refuses
+                raise UsageError(
+                    f"threads=True: each reader thread reads through a copy of the dataset, "
+                    f"and {dataset.path} cannot be copied ({exc}): use worker processes"
+                ) from None
             self._source = dataset
         else:
             for kept in self._copies:
                 # As a persistent worker at an epoch's start: copies staged since are found.
                 kept.packed.resolver.recheck_unstaged()
+        for mine in self._copies:
+            mine.adopt_opens(dataset)  # the shards the training process opened for them
         self._live = ThreadRun(plan, self._copies, self.buffers, self._ended)
         return self._live
 

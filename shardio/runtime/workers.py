@@ -141,7 +141,7 @@ def make_dataloader(
             batch_size=batch_size,
             workers=num_workers,
             depth=prefetch if isinstance(prefetch, int) and prefetch >= 2 else 2,
-            forked=num_workers > 0 and _forks(common.get("multiprocessing_context")),
+            shares_opens=num_workers > 0 and _forks(common.get("multiprocessing_context")),
             drop_last=drop_last,
             ring=ring,
             board=board,

@@ -63,7 +63,11 @@ class Opener(Protocol):
         """A private read mapping of the whole file (None when it is empty)."""
 
     def close(self, fd: int) -> None:
-        """Close a descriptor from :meth:`open`."""
+        """Close a descriptor from :meth:`open` or :meth:`dup`."""
+
+    def dup(self, fd: int, path: str) -> int:
+        """A second descriptor of the open file ``fd`` (opened as ``path``, maybe by another
+        opener), for a reader in another thread: no open reaches the filesystem."""
 
 
 class PosixOpener:
@@ -95,6 +99,9 @@ class PosixOpener:
 
     def advise(self, fd: int, offset: int, length: int) -> None:
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+
+    def dup(self, fd: int, path: str) -> int:
+        return os.dup(fd)
 
     def map(self, path: str) -> mmap.mmap | None:
         fd = open_regular(path, what="shard")

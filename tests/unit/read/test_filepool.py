@@ -75,3 +75,46 @@ def test_a_dropped_stream_dataset_leaves_no_shard_open(packed_small: Callable[..
     del ds, _
     gc.collect()
     assert {p for p in _open_fds() if p.startswith(root)} == before
+
+
+def test_a_pool_adopts_duplicates_of_sources_not_staged_copies_within_its_room(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A reader thread's pool reads through duplicates of the training process's sources
+    (no open reaches the filesystem); a staged copy is locked by each reader itself."""
+    from shardio.read.faults import FaultyOpener
+
+    paths = []
+    for i in range(4):
+        path = tmp_path / f"shard-{i}.tar"
+        path.write_bytes(bytes([i]) * 100)
+        paths.append(str(path))
+    main = FilePool(PosixOpener(), max_open=8)
+    for p in paths[:3]:
+        main.fd(p)
+    main.fd(paths[3], staged=True)
+    opens = main.metrics.counts.get("opens_source", 0)
+    mine = FilePool(FaultyOpener([]), max_open=2)
+    assert mine.adopt(main) == 2  # its room
+    assert mine.metrics.counts.get("opens_source", 0) == 0
+    held = [p for p in paths if mine.holds(p)]
+    assert held == paths[:2] and not mine.holds(paths[3])
+    for i, p in enumerate(held):
+        fd = mine.fd(p)
+        assert fd != main.fd(p)
+        target = memoryview(bytearray(100))
+        assert mine.opener.pread_into(fd, target, 0) == 100 and bytes(target) == bytes([i]) * 100
+    mine.close()  # its duplicates only
+    assert all(os.fstat(main.fd(p)).st_size == 100 for p in paths[:3])
+    assert main.metrics.counts.get("opens_source", 0) == opens
+
+    class NoDup:  # an opener of a caller's that predates dup: nothing adopted, opened instead
+        def open(self, path: str, *, nofollow: bool = False) -> int:
+            return os.open(path, os.O_RDONLY)
+
+        def close(self, fd: int) -> None:
+            os.close(fd)
+
+    plain = FilePool(NoDup(), max_open=8)  # type: ignore[arg-type]
+    assert plain.adopt(main) == 0
+    main.close()
