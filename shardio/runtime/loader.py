@@ -160,6 +160,11 @@ class ShardLoader:
             raise UsageError(
                 "threads=True reads a ShardDataset; a MixedDataset reads in worker processes"
             )
+        if threads and worker_timeout_s is not None:
+            raise UsageError(
+                "threads=True has no watchdog (a thread cannot be killed): worker_timeout_s is "
+                "for worker processes; bound each read with ShardDataset(read_timeout_s=...)"
+            )
         if threads and (extra := sorted(set(kwargs) - _THREAD_KWARGS)):
             raise UsageError(
                 f"threads=True takes no DataLoader argument but prefetch_factor: got "

@@ -148,6 +148,8 @@ def test_a_stalled_read_is_raised_within_the_deadline_not_hung(packed_tar, tmp_p
         ({"threads": True, "pin_memory": True}, "no DataLoader argument but prefetch_factor"),
         ({"threads": True, "worker_init_fn": print}, "got worker_init_fn"),
         ({"threads": True, "prefetch_factor": -1}, "prefetch_factor"),
+        ({"threads": True, "worker_timeout_s": 30}, "has no watchdog"),
+        ({"threads": True, "timeout": 30}, "got timeout"),
     ],
 )
 def test_bad_thread_arguments_are_refused(packed_tar, kwargs, problem) -> None:
@@ -245,4 +247,17 @@ def test_stream_threads_share_one_read_ahead(packed_tar, monkeypatch) -> None:
     packed_tar.assert_exactly_once(keys)
     assert len(started) == 1  # not one per thread
     assert sorted(started[0]) == list(range(packed_tar.num_shards))  # every thread's shards
+    loader.close()
+
+
+def test_a_closed_readers_figures_are_not_sent_again_by_the_threads(packed_tar) -> None:
+    ds = ShardDataset(packed_tar.path, shuffle=False)
+    for _ in ds.loader(batch_size=BATCH):  # read in this process, then its reader closed
+        pass
+    ds.close()
+    before = ds.read_metrics().counts["samples"]
+    assert before == len(packed_tar.keys)
+    loader = ds.loader(batch_size=BATCH, num_workers=2, threads=True)
+    list(loader)
+    assert ds.read_metrics().counts["samples"] == 2 * len(packed_tar.keys)  # not 3x
     loader.close()
