@@ -375,12 +375,15 @@ class ShardDataset(ShardRuns, SampleReads, CursorFace, Dataset[dict[str, Any]]):
             self._follow_board()
             if self.mode == "map":
                 self._advise_planned(indices)
-            if in_process(info):  # a reader thread's: stays in its reused buffers
-                return self._read_items(indices)
             try:
+                batch = self._read_items(indices)
+                if in_process(info):  # a reader thread's: stays in its reused buffers
+                    return batch
                 # Shared now, not while torch pickles it (a full /dev/shm would fail there).
-                return share_tensors(self._read_items(indices))
+                return share_tensors(batch)
             except ShardioError as exc:
+                # An error of the data travels intact, with the figures of the reads that met
+                # it (a checksum failure is counted), and is raised at its batch.
                 return WorkerFailure(exc, self._drain_metrics())
         return self._read_items(indices)
 

@@ -31,6 +31,7 @@ from shardio.runtime.decode import Decoder
 from shardio.runtime.plan import RunNeeds, RunPlan, RunState
 from shardio.runtime.protocol import FAULTS_KEY
 from shardio.runtime.recovering import SampleRecovery
+from shardio.runtime.reuse import ReusedBuffers
 from shardio.runtime.stallwatch import watched_opener
 from shardio.runtime.threads import ThreadWorkerInfo, worker_info
 from shardio.runtime.transport import max_batch_bytes
@@ -144,6 +145,12 @@ class ShardRuns:
         staged since the last epoch are looked for again)."""
         if self._run is not None and self._run.follow(self.cursor):
             self.packed.resolver.recheck_unstaged()
+
+    def enter_thread(self, plan: RunPlan, buffers: ReusedBuffers) -> None:
+        """A reader thread's copy of the dataset (:mod:`shardio.runtime.threads`), at its
+        run's start: the run's plan, and the thread's reused batch buffers."""
+        self._run = RunState(plan)
+        self.__dict__["_buffers"] = buffers
 
     def end_run(self) -> None:
         """After a loader's run (its workers shut down): direct use reads as before."""

@@ -28,10 +28,9 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
-from shardio.errors import ShardioError, UsageError
-from shardio.runtime.plan import RunPlan, RunState
+from shardio.errors import UsageError
+from shardio.runtime.plan import RunPlan
 from shardio.runtime.reuse import ReusedBuffers
-from shardio.runtime.wire import WorkerFailure
 
 __all__ = ["ReaderThreads", "ThreadRun", "ThreadWorkerInfo", "in_process", "worker_info"]
 
@@ -172,8 +171,7 @@ class ThreadRun:
     def _serve(self, k: int, mine: Any, buffers: ReusedBuffers) -> None:
         """Thread ``k``: read its batches through its copy ``mine`` into its queue, in order."""
         plan = self.plan
-        mine._run = RunState(plan)
-        mine.__dict__["_buffers"] = buffers
+        mine.enter_thread(plan, buffers)
         _local.info = ThreadWorkerInfo(k, plan.workers, k, mine)
         end = _End()
         try:
@@ -181,15 +179,11 @@ class ThreadRun:
                 for batch in batches:
                     if not self._put(k, batch):
                         return
-        except ShardioError as exc:
-            # An error of the data, as a worker process sends it: with the figures of the
-            # reads that met it (a checksum failure is counted), raised at its batch.
-            self._put(k, WorkerFailure(exc, mine._drain_metrics()))
-        except BaseException as exc:  # any other: raised in the training loop's thread
+        except BaseException as exc:  # raised in the training loop's thread, at its batch
             end = _End(exc)
         finally:
             _local.info = None
-            mine._run = None
+            mine.end_run()
             with self._lock:
                 self._done[k] = True
                 if self._abandoned:
@@ -217,9 +211,9 @@ class ThreadRun:
         return False
 
     def __iter__(self) -> Iterator[Any]:
-        """The items in the plan's order: batches, and a thread's error of the data as a
-        :class:`~shardio.runtime.wire.WorkerFailure` at its batch (any other error of a
-        thread is raised there)."""
+        """The items in the plan's order: batches, or an error of the data as a
+        :class:`~shardio.runtime.wire.WorkerFailure` (as a worker process sends it); any
+        other error of a thread is raised at its batch."""
         k = 0
         while True:
             item = self._queues[k].get()
