@@ -64,8 +64,10 @@ def default_watchdog_s(read_timeout_s: float | None) -> float:
     return max(_MIN_WATCHDOG_S, _WATCHDOG_DEADLINES * deadline) if deadline else 0.0
 
 
-# The DataLoader arguments reader threads take (threads=True).
+# The DataLoader arguments reader threads take (threads=True), and the most batches a
+# thread reads ahead (in this process's memory: a typo of 10**9 would read the whole epoch).
 _THREAD_KWARGS = frozenset({"prefetch_factor", "in_order"})
+_MAX_THREAD_DEPTH = 64
 
 # DataLoader worker processes per loader: beyond any node's cores many times over. 99,999
 # workers (a typo) would otherwise start forking and allocating until the node gave out.
@@ -188,7 +190,12 @@ class ShardLoader:
         self._readers: ReaderThreads | None = None  # threads=True: kept from run to run
         if threads:
             depth = kwargs.get("prefetch_factor", PREFETCH)
-            depth = 2 if depth is None else require_int(depth, "prefetch_factor", minimum=0)
+            # Bounded: each thread holds that many batches in this process's memory.
+            depth = (
+                2
+                if depth is None
+                else require_int(depth, "prefetch_factor", minimum=0, maximum=_MAX_THREAD_DEPTH)
+            )
             self._readers = ReaderThreads(num_workers, depth=max(2, depth))
             weakref.finalize(self, self._readers.close)
         self._needs: RunNeeds | None = None  # the current (or last) run's

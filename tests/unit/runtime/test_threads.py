@@ -148,6 +148,7 @@ def test_a_stalled_read_is_raised_within_the_deadline_not_hung(packed_tar, tmp_p
         ({"threads": True, "pin_memory": True}, "no DataLoader argument but prefetch_factor"),
         ({"threads": True, "worker_init_fn": print}, "got worker_init_fn"),
         ({"threads": True, "prefetch_factor": -1}, "prefetch_factor"),
+        ({"threads": True, "prefetch_factor": 10**9}, "prefetch_factor"),
         ({"threads": True, "worker_timeout_s": 30}, "has no watchdog"),
         ({"threads": True, "timeout": 30}, "got timeout"),
     ],
