@@ -247,9 +247,25 @@ def cmd_test(args: list[str]) -> int:
     missing = summary(list(runs), walls, "test", _run_dir())
     failed = {label: rc for label, (rc, _) in walls.items() if rc != 0}
     if failed:
+        _say_failures(list(runs))
         _say("make test: FAILED: " + ", ".join(f"{k} exit {v}" for k, v in failed.items()))
         return 1
     return 1 if missing else 0
+
+
+def _say_failures(labels: list[str], run_dir: pathlib.Path | None = None) -> None:
+    """The tests that failed or errored, last (a CI log's tail shows them), at most 20."""
+    bad = [
+        f"{label}: {nodeid} ({outcome})"
+        for label in labels
+        for report in [_load(label, run_dir)] if report is not None
+        for nodeid, (_, outcome, _) in report["tests"].items()  # type: ignore[union-attr]
+        if outcome not in ("passed", "skipped", "xfailed", "xpassed")
+    ]  # fmt: skip
+    if bad:
+        _say(f"not passed ({len(bad)}):")
+        for line in bad[:20]:
+            _say(f"  {line}")
 
 
 def cmd_fast(args: list[str]) -> int:
@@ -258,6 +274,8 @@ def cmd_fast(args: list[str]) -> int:
     walls = _run({"fast": [*_workers(cpus, "SHARDIO_TEST_WORKERS"), "-m", selection, *args]})
     missing = summary(["fast"], walls, "fast", _run_dir())
     rc = walls["fast"][0]
+    if rc:
+        _say_failures(["fast"])
     return rc if rc else (1 if missing else 0)
 
 

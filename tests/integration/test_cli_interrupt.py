@@ -65,6 +65,15 @@ if _call and _top == (_where == "main"):
 """
 
 
+# The command as a terminal starts a foreground job: SIGINT at its default, whatever this
+# process inherited (a shell without job control starts `cmd &` with SIGINT ignored, and an
+# ignored signal stays ignored across exec: the command would rightly run on).
+FOREGROUND = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
 def temp_files(root: pathlib.Path) -> list[str]:
     return sorted(p.name for p in root.rglob("*") if TEMP_MARK in p.name)
 
@@ -84,8 +93,9 @@ class Interrupted:
         self.rc, self.stdout, self.stderr, self.left = rc, stdout, stderr, left
 
     def check(self) -> None:
-        assert "Traceback" not in self.stderr, self.stderr
-        assert self.stderr == INTERRUPTED, self.stderr
+        said = f"exit {self.rc}; stdout {self.stdout!r}; stderr {self.stderr!r}"
+        assert "Traceback" not in self.stderr, said
+        assert self.stderr == INTERRUPTED, said
         assert self.stdout == ""
         assert self.rc == 130
         assert not self.left, f"processes left behind: {self.left}"
@@ -128,7 +138,7 @@ def interrupt(
     )
     master, slave = pty.openpty() if tty else (-1, -1)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shardio", *map(os.fspath, args)],
+        [sys.executable, "-c", FOREGROUND, "-m", "shardio", *map(os.fspath, args)],
         stdout=subprocess.PIPE,
         stderr=slave if tty else subprocess.PIPE,
         text=True,
