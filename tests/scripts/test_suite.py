@@ -126,6 +126,21 @@ def test_the_summary_prints_groups_the_slowest_tests_the_total_and_the_budget(
     assert "test_a.py::test_quick" in out
 
 
+def test_a_failed_run_ends_with_the_tests_that_did_not_pass(
+    suite: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CI log shows its tail: the failures are named last, not only above the summary."""
+    real = dict(REAL, **{"tests/pfs/test_bed.py::test_setup": [1.0, "error", 0.0]})
+    _report(suite.REPORTS / "last" / "main.json", MAIN, exitstatus=1)
+    _report(suite.REPORTS / "last" / "real.json", real, exitstatus=1)
+    suite._say_failures(["real", "main"])
+    assert capsys.readouterr().out.splitlines() == [
+        "not passed (2):",
+        "  real: tests/pfs/test_bed.py::test_setup (error)",
+        "  main: tests/unit/test_c.py::test_broken (failed)",
+    ]
+
+
 def test_a_run_without_a_report_is_counted(
     suite: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
