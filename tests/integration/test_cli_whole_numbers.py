@@ -30,13 +30,25 @@ BAD = ["\u0663", " 1", "+1", "1_0", "01", "-1", "", "1" * 5000, "nan", "\u00b2"]
     ],
 )
 def test_a_malformed_whole_number_is_one_line(
-    command, option, value, tmp_path, run_cli, assert_cli_error
+    command, option, value, tmp_path, run_cli_here, assert_cli_error
 ):
+    _check_refused(command, option, value, tmp_path, run_cli_here, assert_cli_error)
+
+
+@pytest.mark.parametrize(
+    ("command", "option"), [("stage", "--seed"), ("bench", "--workers"), ("topo", "--workers")]
+)
+def test_the_command_refuses_it_in_one_line(command, option, tmp_path, run_cli, assert_cli_error):
+    """The same through the real command, a process of its own, for each command."""
+    _check_refused(command, option, "1" * 5000, tmp_path, run_cli, assert_cli_error)
+
+
+def _check_refused(command, option, value, tmp_path, run, assert_cli_error):
     positional = {
         "stage": [str(tmp_path / "src"), str(tmp_path / "dest")],
         "bench": [str(tmp_path / "src")],
     }.get(command, [])
-    result = run_cli(command, *positional, f"{option}={value}")
+    result = run(command, *positional, f"{option}={value}")
     assert result.rc == 2, result
     line = assert_cli_error(result, option, "is not a whole number")
     assert len(line) < 300  # a 5,000-digit value is cut in the message

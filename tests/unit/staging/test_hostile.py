@@ -507,9 +507,12 @@ BAD_OPTIONS = [
 
 
 @pytest.mark.parametrize(("args", "needle"), BAD_OPTIONS)
-def test_bad_options_are_one_line(tiny_src, tmp_path, run_cli, assert_cli_error, args, needle):
+def test_bad_options_are_one_line(
+    tiny_src, tmp_path, run_cli, run_cli_here, assert_cli_error, args, needle
+):
     dest = tmp_path / "dest"
-    result = run_cli("stage", tiny_src.path, dest, "--no-progress", *args)
+    run = run_cli if (args, needle) == BAD_OPTIONS[0] else run_cli_here  # one: the command
+    result = run("stage", tiny_src.path, dest, "--no-progress", *args)
     line = assert_cli_error(result, needle)
     assert result.rc == 2, line
     assert not dest.exists()
