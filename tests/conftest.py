@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import pathlib
 import subprocess
@@ -97,11 +98,17 @@ def run_shardio_here(*args: str | os.PathLike[str]) -> CliResult:
     from shardio.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main([os.fspath(a) for a in args])
-        except SystemExit as exc:  # argparse's own refusals (exit 2), as `python -m` ends
-            rc = exc.code if isinstance(exc.code, int) else 1
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level  # main() configures logging: put back
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main([os.fspath(a) for a in args])
+            except SystemExit as exc:  # argparse's own refusals (exit 2), as `python -m` ends
+                rc = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
     return CliResult(rc, out.getvalue(), err.getvalue())
 
 
