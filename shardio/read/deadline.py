@@ -292,8 +292,12 @@ class DeadlineOpener:
         return fd
 
     def dup(self, fd: int, path: str) -> int:
-        """A duplicate of ``fd`` (a local call: no deadline), read under this opener's."""
-        new = self.inner.dup(fd, path)
+        """A duplicate of ``fd`` (a local call: no deadline), read under this opener's. An
+        inner opener without ``dup`` (a caller's) opens ``path`` again, under the deadline."""
+        inner_dup = getattr(self.inner, "dup", None)
+        if inner_dup is None:
+            return self.open(path)
+        new: int = inner_dup(fd, path)
         self._paths[new] = path
         return new
 

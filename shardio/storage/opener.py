@@ -67,7 +67,8 @@ class Opener(Protocol):
 
     def dup(self, fd: int, path: str) -> int:
         """A second descriptor of the open file ``fd`` (opened as ``path``, maybe by another
-        opener), for a reader in another thread: no open reaches the filesystem."""
+        opener), for a reader in another thread: no open reaches the filesystem. Optional:
+        a pool whose opener has none opens ``path`` itself."""
 
 
 class PosixOpener:

@@ -14,6 +14,7 @@ import pathlib
 from collections.abc import Callable
 from typing import Any
 
+from shardio.read.deadline import DeadlineOpener
 from shardio.read.filepool import FilePool
 from shardio.storage.opener import PosixOpener
 
@@ -117,4 +118,9 @@ def test_a_pool_adopts_duplicates_of_sources_not_staged_copies_within_its_room(
 
     plain = FilePool(NoDup(), max_open=8)  # type: ignore[arg-type]
     assert plain.adopt(main) == 0
+    # Behind a deadline (read_timeout_s), the same opener opens each path again, bounded.
+    bounded = FilePool(DeadlineOpener(NoDup(), timeout_s=5), max_open=8)  # type: ignore[arg-type]
+    assert bounded.adopt(main) == 3
+    assert all(os.fstat(bounded.fd(p)).st_size == 100 for p in paths[:3])
+    bounded.close()
     main.close()
