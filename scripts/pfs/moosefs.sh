@@ -225,14 +225,21 @@ stop_cs() {
 }
 
 connected_chunkservers() {
-  # mfscli -SCS lists one line per connected chunkserver with its address.
-  in_ns mfscli -H "$addr" -SCS -s '|' 2>/dev/null | grep -c "$addr" || true
+  # mfscli -SCS lists one line per connected chunkserver ("chunk servers:|ADDR|PORT|...");
+  # a stopped one stays listed under "Disconnected chunk servers:" for a while.
+  in_ns mfscli -H "$addr" -SCS -s '|' 2>/dev/null | grep -c "^chunk servers:|$addr|" || true
+}
+
+cs_connected() {
+  # 1 once the master lists chunkserver $1 (its port) as connected, else 0.
+  in_ns mfscli -H "$addr" -SCS -s '|' 2>/dev/null | grep -c "^chunk servers:|$addr|$((9421 + $1))|" || true
 }
 
 wait_for() {
   local what=$1 want=$2 i
+  shift 2
   for i in $(seq 1 150); do
-    if [ "$("$what")" -ge "$want" ]; then return 0; fi
+    if [ "$("$what" "$@")" -ge "$want" ]; then return 0; fi
     sleep 0.2
   done
   return 1
@@ -396,7 +403,14 @@ case "$cmd" in
   down) down ;;
   status) status ;;
   stop-cs) [ -e "$marker" ] || die "$dir holds no bed"; i=$(cs_number "${1:-}"); stop_cs "$i" ;;
-  start-cs) [ -e "$marker" ] || die "$dir holds no bed"; i=$(cs_number "${1:-}"); start_cs "$i" ;;
+  start-cs)
+    [ -e "$marker" ] || die "$dir holds no bed"
+    i=$(cs_number "${1:-}")
+    start_cs "$i"
+    # Back only once the master has it: a test that counts daemons or reads a chunk at once
+    # must not race the new daemon's registration.
+    wait_for cs_connected 1 "$i" || die "chunkserver $i started but did not register with the master"
+    ;;
   stop-master) [ -e "$marker" ] || die "$dir holds no bed"; stop_master ;;
   start-master) [ -e "$marker" ] || die "$dir holds no bed"; start_master ;;
   exec) [ -e "$marker" ] || die "$dir holds no bed"; in_ns "$@" ;;
