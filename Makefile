@@ -17,13 +17,13 @@ $(PY):
 
 # Users: shardio with PyTorch and Pillow (the `decode` extra), without DALI (about 1 GB):
 # `pip install -e '.[dali]'` adds it.
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml shardio/storage/_fastread.c | $(PY)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[torch,decode]"
 	touch $@
 
 # Developers and CI: everything the tests use, DALI and the lint/type tools included.
-$(DEV_STAMP): pyproject.toml | $(PY)
+$(DEV_STAMP): pyproject.toml shardio/storage/_fastread.c | $(PY)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[torch,decode,dali,dev]"
 	touch $(STAMP) $@

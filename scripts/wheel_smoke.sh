@@ -37,6 +37,8 @@ esac
 tar -tzf "$sdist" > "$work/sdist.txt"  # (grep -q on a pipe would cut tar off)
 grep -q "/pyproject.toml$" "$work/sdist.txt"
 grep -q "/shardio/metrics/alerts/" "$work/sdist.txt"
+grep -q "/shardio/storage/_fastread.c$" "$work/sdist.txt"  # the compiled read path's source
+grep -q "/shardio/storage/_xxhash/xxhash.h$" "$work/sdist.txt"
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install -q "$wheel"
 cd "$work"  # not the checkout: the installed package is the one imported
@@ -65,6 +67,9 @@ with ShardReader("out") as reader:
 want = {str(p.relative_to("tree").with_suffix("")) for p in pathlib.Path("tree").rglob("*.jpg")}
 assert got == want, (sorted(got), sorted(want))
 assert shardio.metrics.alerts_path().is_file()
+from shardio.storage import _fastread, opener  # built into the wheel (a C compiler here)
+
+assert opener._fastread is _fastread, "the wheel has no compiled read path"
 print(f"wheel_smoke: {len(got)} samples packed, verified and read back from the installed wheel")
 PY
 # The install blocks of the README and the install guide (marked by=wheel-smoke; the same text,

@@ -24,7 +24,7 @@ from shardio.format.spec import LABEL_EXT, MANIFEST_FILENAME
 from shardio.metrics.read import ReadMetrics
 from shardio.read.advice import merged_member_ranges
 from shardio.read.deadline import AbandonedBufferError, bounded
-from shardio.read.digest import member_digest_problem
+from shardio.read.digest import digest_problem, member_digest_problem
 from shardio.read.failures import member_read_error
 from shardio.read.filepool import FilePool
 from shardio.read.handoff import Event, Handoff, emit_event
@@ -34,7 +34,14 @@ from shardio.read.strategy import ReadStrategy
 from shardio.read.tables import open_tables
 from shardio.staging.protocol import read_staged_for
 from shardio.storage.fsdetect import FsInfo, describe_fs
-from shardio.storage.opener import Opener, PosixOpener, ReadOutcome, read_fully, read_many
+from shardio.storage.opener import (
+    MemberHashes,
+    Opener,
+    PosixOpener,
+    ReadOutcome,
+    read_fully,
+    read_many,
+)
 from shardio.storage.residency import resident
 
 __all__ = ["ShardReader"]
@@ -534,30 +541,29 @@ class ShardReader:
         problems: list[int | None] = [_NOT_CHECKED if verify else None] * len(ats)
         first_k = ks.start  # ks: a range of step 1
 
-        def check_all(j: int) -> None:  # every shard opened: read j is member ks[j]
-            problems[j] = member_digest_problem(targets[first_k + j], digests[first_k + j])
+        def judge_all(j: int, actual: int) -> None:  # every shard opened: read j is ks[j]
+            problems[j] = digest_problem(actual, digests[first_k + j])
 
-        def check_opened(j: int) -> None:
+        def judge_opened(j: int, actual: int) -> None:
             i = opened[j]
-            problems[i] = member_digest_problem(targets[first_k + i], digests[first_k + i])
+            problems[i] = digest_problem(actual, digests[first_k + i])
 
-        check: Callable[[int], None] | None = None
-        if verify:
-            check = check_all if len(opened) == len(ats) else check_opened
         outcomes: list[ReadOutcome]
         if len(opened) == len(ats):  # the usual case: every shard opened
+            read_targets = [targets[k] for k in ks]
             outcomes = read_many(
                 self.opener,
                 [(at[1], offsets[k], targets[k]) for k, at in zip(ks, ats, strict=True)],  # type: ignore[index]
                 times,
-                check,
+                MemberHashes(read_targets, judge_all) if verify else None,
             )
         else:
+            read_targets = [targets[ks[i]] for i in opened]
             some = read_many(
                 self.opener,
                 [(ats[i][1], offsets[ks[i]], targets[ks[i]]) for i in opened],  # type: ignore[index]
                 times,
-                check,
+                MemberHashes(read_targets, judge_opened) if verify else None,
             )
             outcomes = [None] * len(ats)
             spent = [0] * len(ats)

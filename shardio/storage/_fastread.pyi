@@ -1,0 +1,6 @@
+from collections.abc import Sequence
+
+def pread_many(
+    reads: Sequence[tuple[int, int, memoryview]], hash: bool, /
+) -> tuple[list[int], list[int | None] | None, list[int]]: ...
+def xxh3_64(data: bytes | bytearray | memoryview, /) -> int: ...
