@@ -7,6 +7,8 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.stamp-install
 DEV_STAMP := $(VENV)/.stamp-dev
 BENCH_STAMP := $(VENV)/.stamp-bench
+# The compiled read path: a change rebuilds it (pip install -e builds it in place).
+NATIVE_SRC := $(wildcard shardio/storage/_fastread.c)
 PYTEST_ARGS ?= -q
 
 .PHONY: install install-dev test test-fast test-durations test-pfs lint typecheck wheel-smoke docs docs-serve check bench demo stage-nvme clean
@@ -17,13 +19,13 @@ $(PY):
 
 # Users: shardio with PyTorch and Pillow (the `decode` extra), without DALI (about 1 GB):
 # `pip install -e '.[dali]'` adds it.
-$(STAMP): pyproject.toml shardio/storage/_fastread.c | $(PY)
+$(STAMP): pyproject.toml $(NATIVE_SRC) | $(PY)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[torch,decode]"
 	touch $@
 
 # Developers and CI: everything the tests use, DALI and the lint/type tools included.
-$(DEV_STAMP): pyproject.toml shardio/storage/_fastread.c | $(PY)
+$(DEV_STAMP): pyproject.toml $(NATIVE_SRC) | $(PY)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[torch,decode,dali,dev]"
 	touch $(STAMP) $@
