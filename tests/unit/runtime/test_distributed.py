@@ -61,7 +61,13 @@ def run_job(script, dataset, out_dir, world, env):
 def test_gloo_job_splits_an_epoch_across_ranks(packed_tar, scripts_dir, child_env, tmp_path, world):
     script = scripts_dir / "dist_epoch.py"
     first = run_job(script, packed_tar.path, tmp_path / "run1", world, child_env())
-    second = run_job(script, packed_tar.path, tmp_path / "run2", world, child_env())
+    # A second job of the same size gives every rank the same keys in the same order: run
+    # for one size only (a job of 3 ranks with 2 workers each takes half a minute on 2 cores).
+    second = (
+        run_job(script, packed_tar.path, tmp_path / "run2", world, child_env())
+        if world == 2
+        else None
+    )
 
     per_rank = math.ceil(600 / world)
     padding = per_rank * world - 600
@@ -87,8 +93,8 @@ def test_gloo_job_splits_an_epoch_across_ranks(packed_tar, scripts_dir, child_en
         assert set(union) == set(packed_tar.keys)
         repeated = collections.Counter(union) - collections.Counter(packed_tar.keys)
         assert repeated == collections.Counter(order_keys[:padding])
-        # Same seed, same job size: the same keys on every rank, in the same order.
-        assert [r[mode]["keys"] for r in second] == [r[mode]["keys"] for r in first]
+        if second is not None:  # same seed, same job size: the same keys, the same order
+            assert [r[mode]["keys"] for r in second] == [r[mode]["keys"] for r in first]
         # Each rank's metrics (2 workers each, sent with the batches) add up to the epoch.
         figures = [r[mode]["metrics"] for r in first]
         assert [m["rank"] for m in figures] == list(range(world))
