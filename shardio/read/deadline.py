@@ -62,7 +62,17 @@ from shardio.read.gate import CallGate
 from shardio.read.timeouts import check_read_timeout, hold_for
 from shardio.read.unavailable import UnavailableShards, holds_path
 from shardio.read.watch import ReadWatch
-from shardio.storage.opener import Opener, PosixOpener, ReadOutcome, read_each, read_fully
+from shardio.storage.opener import (
+    MemberHashes,
+    Opener,
+    PosixOpener,
+    ReadOutcome,
+    read_each,
+    read_fully,
+    read_natively,
+    reads_natively,
+    stop_native_reads,
+)
 from shardio.storage.stall import IoThreads, Job, submit
 
 __all__ = [
@@ -414,7 +424,9 @@ class DeadlineOpener:
         the deadline of its own: the call is abandoned when one read has run for
         ``timeout_s`` (an :class:`AbandonedBufferError` for it, its path held: its target
         may still be written, so the caller gives up the buffer it lies in; None for the
-        reads after it, which are not made). Each path
+        reads after it, which are not made, and, where the batch went to the compiled module
+        as one call (a plain POSIX opener), for the reads before it too: that call's
+        outcomes are not waited for). Each path
         is admitted once (held: its reads fail at once; behind a slow call: waited for), a
         read slow past :attr:`slow_s` is told to the node as one call would be, and a
         watched process reads directly. On the MooseFS bed a batch of 64 members cost 64
@@ -461,6 +473,9 @@ class DeadlineOpener:
         """Run ``reads[k]`` for each k of ``todo`` on one I/O thread (see :meth:`read_many`);
         ``after(k)`` there, once read k's bytes are in its target and while still waited
         for."""
+        if reads_natively(self.inner, after):
+            self._read_natively(reads, paths, todo, results, times, after)  # type: ignore[arg-type]
+            return
         pool = self._pool()
         inner, inflight = self.inner, self._calls.inflight
         at = [-1, 0]  # the read in progress (-1: none) and its start, under the job's lock
@@ -520,6 +535,80 @@ class DeadlineOpener:
             # Between two reads (k < 0): look again soon.
             wait_ns = slow_ns if k < 0 else slow_ns - age if age < slow_ns else limit_ns - age
             job.event.wait(max(wait_ns, 1_000_000) / 1e9)
+        if suspected:
+            self.registry.unsuspect(suspected)
+        if job.error is not None and not isinstance(job.error, OSError):
+            raise job.error  # a bug, not the storage (a read-only target, ...)
+
+    def _read_natively(  # noqa: PLR0917 - one call shape, private
+        self,
+        reads: Sequence[tuple[int, int, memoryview]],
+        paths: list[str],
+        todo: list[int],
+        results: list[ReadOutcome],
+        times: list[int],
+        hashes: MemberHashes | None,
+    ) -> None:
+        """:meth:`_read_on_thread` of a plain POSIX opener: the reads of ``todo`` in one call
+        of the compiled module on the I/O thread (the GIL released once for them all, each
+        member hashed there), which publishes the read in progress and its start in
+        ``progress``. This thread holds the deadline over that read as over one call,
+        counts it in flight once it has run long enough to matter (past :attr:`slow_s`,
+        what the slow-call gate asks), and stops the call when it gives up: no read starts
+        after that, and the one in progress then is the one abandoned."""
+        pool = self._pool()
+        inflight = self._calls.inflight
+        progress = np.zeros(3, dtype=np.int64)
+        batch = [reads[k] for k in todo]
+
+        def run() -> None:
+            # ``batch`` (the targets) stays reachable from this closure until it returns.
+            outcomes, spent, digests = read_natively(batch, hashes, progress)
+            with job.lock:
+                if job.abandoned:  # nothing is written into ``results`` once abandoned
+                    return
+                for j, got in enumerate(outcomes):
+                    results[todo[j]], times[todo[j]] = got, spent[j]
+                if hashes is not None and digests is not None:
+                    for j, digest in enumerate(digests):
+                        if digest is not None:
+                            hashes.judge(todo[j], digest)
+
+        job = Job(run, None)
+        first = todo[0]
+        submit(pool, job, f"read of {paths[first] or 'a descriptor'} at offset {reads[first][1]}")
+        limit_ns, slow_ns = int(self.timeout_s * 1e9), int(self.slow_s * 1e9)
+        suspected = ""  # the path told to the node as slow, while its read runs
+        counted: tuple[str, int] | None = None  # the read in progress, counted in flight
+        while not job.event.is_set():
+            j, began = _published(progress)
+            k = todo[j] if began else -1
+            age = time.monotonic_ns() - began if began else 0
+            if counted is not None and counted[1] != began:
+                inflight.end(counted)  # that read returned
+                counted = None
+            if began and counted is None and age >= slow_ns:
+                counted = inflight.begin(paths[k], start=began)
+            if began and age >= limit_ns and pool.abandon(job):
+                j, began_now = stop_native_reads(progress)
+                if began_now:  # a read is in progress: its target may still be written
+                    k_now = todo[j]
+                    if began_now == began:
+                        self._stalled(reads, paths, k_now, time.monotonic_ns() - began, results)
+                    else:  # the late one returned as it was given up; the next one is left
+                        results[k_now] = _left_behind(reads, paths, k_now)
+                break
+            if suspected and (not began or age < slow_ns or paths[k] != suspected):
+                self.registry.unsuspect(suspected)  # that read returned
+                suspected = ""
+            if began and age >= slow_ns and paths[k] and not suspected:
+                suspected = paths[k]
+                self.registry.suspect(suspected, self.timeout_s)
+            # Between two reads: look again soon.
+            wait_ns = slow_ns if not began else slow_ns - age if age < slow_ns else limit_ns - age
+            job.event.wait(max(wait_ns, 1_000_000) / 1e9)
+        if counted is not None:
+            inflight.end(counted)
         if suspected:
             self.registry.unsuspect(suspected)
         if job.error is not None and not isinstance(job.error, OSError):
@@ -634,6 +723,29 @@ class DeadlineOpener:
 
     def __repr__(self) -> str:
         return f"DeadlineOpener({self.inner!r}, timeout_s={self.timeout_s:g})"
+
+
+def _published(progress: np.ndarray[Any, Any]) -> tuple[int, int]:
+    """The read in progress of a compiled :func:`read_natively` call and its start (0:
+    none), read as one: again until the start did not move meanwhile."""
+    while True:
+        began = int(progress[1])
+        index = int(progress[0])
+        if int(progress[1]) == began:
+            return index, began
+
+
+def _left_behind(
+    reads: Sequence[tuple[int, int, memoryview]], paths: list[str], k: int
+) -> AbandonedBufferError:
+    """The outcome of a read that started as the call was given up for an earlier one: not
+    stalled itself (its path is not held), but it may still write its target."""
+    what = f"read of {paths[k] or f'descriptor {reads[k][0]}'} at offset {reads[k][1]}"
+    left = AbandonedBufferError(
+        errno.ETIMEDOUT, f"{what}: left running when an earlier read was given up"
+    )
+    left.waited_s = 0.0
+    return left
 
 
 def bounded(

@@ -48,10 +48,12 @@ class InFlightCalls:
         finally:
             self.end(call)
 
-    def begin(self, path: str) -> tuple[str, int]:
-        """Count a data call on ``path`` as in flight from now until :meth:`end` ("": not
-        counted); returns what ``end`` takes."""
-        start = time.monotonic_ns()
+    def begin(self, path: str, start: int | None = None) -> tuple[str, int]:
+        """Count a data call on ``path`` as in flight from now (or from ``start``, a
+        ``time.monotonic_ns()`` of when it began) until :meth:`end` ("": not counted);
+        returns what ``end`` takes."""
+        if start is None:
+            start = time.monotonic_ns()
         if path:
             self._forget_parent_calls()
             with self._lock:

@@ -1,6 +1,8 @@
 from collections.abc import Sequence
+from typing import Any
 
 def pread_many(
-    reads: Sequence[tuple[int, int, memoryview]], hash: bool, /
+    reads: Sequence[tuple[int, int, memoryview]], hash: bool, progress: Any = None, /
 ) -> tuple[list[int], list[int | None] | None, list[int]]: ...
+def stop_reads(progress: Any, /) -> tuple[int, int]: ...
 def xxh3_64(data: bytes | bytearray | memoryview, /) -> int: ...

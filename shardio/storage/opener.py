@@ -305,12 +305,8 @@ def read_each(
     :class:`MemberHashes` one reads the batch in one call of the compiled module: the same
     reads, outcomes and digests, with the GIL released once for the batch.
     """
-    if (
-        _fastread is not None
-        and type(opener) is PosixOpener
-        and (after is None or type(after) is MemberHashes)
-    ):
-        return _read_each_native(reads, took, after)
+    if reads_natively(opener, after):
+        return _read_each_native(reads, took, after)  # type: ignore[arg-type]
     pread, clock = opener.pread_into, time.perf_counter_ns
     out: list[ReadOutcome] = []
     for i, (fd, offset, target) in enumerate(reads):
@@ -330,20 +326,50 @@ def read_each(
     return out
 
 
+def reads_natively(opener: Opener, after: Callable[[int], object] | None) -> bool:
+    """Whether reads through ``opener`` checked by ``after`` can go to the compiled module:
+    it is built, ``opener`` is a plain :class:`PosixOpener` (not a subclass or a wrapper)
+    and ``after`` is None or a :class:`MemberHashes`."""
+    return (
+        _fastread is not None
+        and type(opener) is PosixOpener
+        and (after is None or type(after) is MemberHashes)
+    )
+
+
+def read_natively(
+    reads: Sequence[tuple[int, int, memoryview]],
+    hashes: MemberHashes | None,
+    progress: object = None,
+) -> tuple[list[ReadOutcome], list[int], list[int | None] | None]:
+    """``reads`` in one call of the compiled module (see :func:`reads_natively`): each
+    read's outcome and nanoseconds, and the digests to judge (None for a read that did not
+    fill its target: a short read is judged by the caller from its length). With
+    ``progress`` (a deadline's, see ``_fastread.c``), the lists hold only the reads made."""
+    outcomes, digests, times = _fastread.pread_many(reads, hashes is not None, progress)
+    out: list[ReadOutcome] = [
+        got if got >= 0 else OSError(-got, os.strerror(-got)) for got in outcomes
+    ]
+    return out, times, digests
+
+
+def stop_native_reads(progress: object) -> tuple[int, int]:
+    """Stop a :func:`read_natively` call given ``progress``: no read starts after this.
+    Returns the read in progress then (its index in the call, its start; start 0: none)."""
+    return _fastread.stop_reads(progress)
+
+
 def _read_each_native(
     reads: Sequence[tuple[int, int, memoryview]],
     took: list[int] | None,
     hashes: MemberHashes | None,
 ) -> list[ReadOutcome]:
     """:func:`read_each` of a plain POSIX opener in one call of the compiled module."""
-    outcomes, digests, times = _fastread.pread_many(reads, hashes is not None)
-    out: list[ReadOutcome] = [
-        got if got >= 0 else OSError(-got, os.strerror(-got)) for got in outcomes
-    ]
+    out, times, digests = read_natively(reads, hashes)
     if took is not None:
         took.extend(times)
     if hashes is not None and digests is not None:
         for j, digest in enumerate(digests):
-            if digest is not None:  # its target filled: a short read is judged by the caller
+            if digest is not None:
                 hashes.judge(j, digest)
     return out

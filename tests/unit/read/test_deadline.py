@@ -683,3 +683,117 @@ def test_read_many_into_a_read_only_target_is_a_plain_error(shard: pathlib.Path)
             opener.read_many([(fd, 0, memoryview(bytes(10)))])
     finally:
         opener.close(fd)
+
+
+def _stalling_native(release: threading.Event, stuck: int) -> Any:
+    """A stand-in for the compiled batch read (``read_natively``) whose read ``stuck`` waits
+    for ``release``, as a read of a dead server's file waits in the kernel; it publishes
+    its progress and honours a stop as ``_fastread.c`` does (tests/unit/storage/
+    test_fastread.py holds the compiled call to that)."""
+
+    def read(batch: Any, hashes: Any, progress: Any) -> Any:
+        out = []
+        for i, (fd, offset, target) in enumerate(batch):
+            progress[0], progress[1] = i, time.monotonic_ns()
+            if progress[2]:
+                progress[1] = 0
+                break
+            if i == stuck:
+                release.wait(30)
+            out.append(os.preadv(fd, [target], offset))
+            progress[1] = 0
+        return out, [1] * len(out), None
+
+    return read
+
+
+def test_a_stall_in_a_compiled_read_many_is_abandoned_and_no_later_read_is_made(
+    shard: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain POSIX opener reads a batch in one compiled call: the deadline is held over
+    the read in progress it publishes; a stalled one is abandoned, the call is stopped (no
+    read starts after it) and the caller gives up the batch's buffers."""
+    from shardio.read import deadline as deadline_module
+
+    release = threading.Event()
+    monkeypatch.setattr(deadline_module, "read_natively", _stalling_native(release, stuck=1))
+    opener = DeadlineOpener(PosixOpener(), timeout_s=0.3, registry=_registry(tmp_path))
+    fd = opener.open(str(shard))
+    targets = [bytearray(b"\xaa" * 100) for _ in range(3)]
+    began = time.monotonic()
+    try:
+        got = opener.read_many([(fd, 100 * i, memoryview(t)) for i, t in enumerate(targets)])
+        assert time.monotonic() - began < 5
+        stalled = got[1]
+        assert isinstance(stalled, AbandonedBufferError)
+        assert str(shard) in str(stalled) and "at offset 100 stalled for 0.3 s" in str(stalled)
+        # The call's outcomes are not waited for once it is abandoned: the caller gives up
+        # every buffer of the batch (AbandonedBufferError) and reads it again.
+        assert got[0] is None and got[2] is None
+        assert opener.stalls == 1 and opener.abandoned == 1
+        assert opener._calls.inflight.oldest_ns(str(shard)) == 0
+        assert opener.registry.held(str(shard)) is not None
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while opener.abandoned and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert opener.abandoned == 0
+    assert targets[1] == shard.read_bytes()[100:200]  # written once it returned
+    assert targets[2] == b"\xaa" * 100  # stopped: never made
+    opener.close(fd)
+
+
+def test_a_slow_compiled_read_is_in_flight_and_told_to_the_node_while_it_runs(
+    shard: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardio.read import deadline as deadline_module
+
+    release = threading.Event()
+    monkeypatch.setattr(deadline_module, "read_natively", _stalling_native(release, stuck=0))
+    registry = _registry(tmp_path)
+    opener = DeadlineOpener(PosixOpener(), timeout_s=5, registry=registry)
+    fd = opener.open(str(shard))
+    seen: list[bool] = []
+
+    def watch() -> None:
+        time.sleep(0.8)  # past slow_s (0.5 s)
+        seen.extend([registry.suspected(str(shard)), opener._calls.slow(str(shard))])
+        release.set()
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    got = opener.read_many([(fd, 0, memoryview(bytearray(100)))])
+    thread.join(timeout=10)
+    assert got == [100] and seen == [True, True]
+    assert not registry.suspected(str(shard)) and not opener._calls.slow(str(shard))
+    assert opener.stalls == 0
+    opener.close(fd)
+
+
+def test_a_compiled_read_many_checks_each_member(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """Through the deadline, a plain POSIX opener's batch is hashed in the compiled call:
+    every member filled is judged with its xxh3-64, a short one is not."""
+    import xxhash
+
+    from shardio.storage.opener import MemberHashes, reads_natively
+
+    opener = DeadlineOpener(PosixOpener(), timeout_s=5, registry=_registry(tmp_path))
+    fd = opener.open(str(shard))
+    data = shard.read_bytes()
+    targets = [memoryview(bytearray(n)) for n in (300, 1000, 100)]
+    offsets = [0, 5000, len(data) - 40]
+    judged: dict[int, int] = {}
+    hashes = MemberHashes(targets, judged.__setitem__)
+    assert reads_natively(opener.inner, hashes)
+    got = opener.read_many(
+        [(fd, off, t) for off, t in zip(offsets, targets, strict=True)], None, hashes
+    )
+    opener.close(fd)
+    assert got == [300, 1000, 40]
+    assert judged == {
+        0: xxhash.xxh3_64_intdigest(data[:300]),
+        1: xxhash.xxh3_64_intdigest(data[5000:6000]),
+    }

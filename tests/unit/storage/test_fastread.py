@@ -11,7 +11,10 @@ import errno
 import os
 import pathlib
 import shutil
+import threading
+import time
 
+import numpy as np
 import pytest
 import xxhash
 
@@ -203,3 +206,89 @@ def test_a_truncated_shard_on_disk_is_a_storage_error(path: str, dataset: pathli
     with pytest.raises(StorageError, match=r"truncat|short|size"):
         for _batch in ds.loader(batch_size=8):
             pass
+
+
+# -------------------------------------------------------------- progress and stop (deadlines)
+
+
+def test_progress_names_each_read_and_is_idle_after(blob: tuple[pathlib.Path, bytes]) -> None:
+    from shardio.storage import _fastread
+
+    file, data = blob
+    fd = os.open(file, os.O_RDONLY)
+    progress = np.zeros(3, dtype=np.int64)
+    try:
+        targets = [memoryview(bytearray(100)) for _ in range(4)]
+        got, digests, took = _fastread.pread_many(
+            [(fd, 100 * i, t) for i, t in enumerate(targets)], True, progress
+        )
+    finally:
+        os.close(fd)
+    assert got == [100] * 4 and len(digests or []) == 4 and len(took) == 4
+    assert progress.tolist() == [3, 0, 0]  # the last read's index; none in progress
+    assert b"".join(bytes(t) for t in targets) == data[:400]
+
+
+def test_a_stopped_call_makes_no_read_and_writes_no_target(
+    blob: tuple[pathlib.Path, bytes],
+) -> None:
+    from shardio.storage import _fastread
+
+    file, _data = blob
+    fd = os.open(file, os.O_RDONLY)
+    progress = np.zeros(3, dtype=np.int64)
+    assert _fastread.stop_reads(progress) == (0, 0)  # none in progress, none will start
+    target = memoryview(bytearray(b"\xaa" * 100))
+    try:
+        assert _fastread.pread_many([(fd, 0, target)], True, progress) == ([], [], [])
+    finally:
+        os.close(fd)
+    assert bytes(target) == b"\xaa" * 100
+
+
+def test_a_stop_from_another_thread_ends_the_call_between_reads(tmp_path: pathlib.Path) -> None:
+    """A long batch stopped while it runs: the reads made are a prefix, each exact; no read
+    after them wrote its target; the read stop_reads reported was the last one made."""
+    from shardio.storage import _fastread
+
+    file = tmp_path / "data"
+    data = os.urandom(1 << 16)
+    file.write_bytes(data)
+    n = 200_000
+    targets = [memoryview(bytearray(b"\xaa")) for _ in range(n)]
+    progress = np.zeros(3, dtype=np.int64)
+    fd = os.open(file, os.O_RDONLY)
+    out: dict[str, object] = {}
+
+    def run() -> None:
+        out["got"] = _fastread.pread_many(
+            [(fd, i % len(data), t) for i, t in enumerate(targets)], False, progress
+        )
+
+    thread = threading.Thread(target=run)
+    try:
+        thread.start()
+        while int(progress[0]) < 1000 and thread.is_alive():  # under way
+            time.sleep(0.001)
+        index, began = _fastread.stop_reads(progress)
+        thread.join(timeout=30)
+    finally:
+        os.close(fd)
+    got, digests, _took = out["got"]  # type: ignore[misc]
+    made = len(got)
+    assert 1000 <= made < n, made  # stopped, not run to the end
+    assert digests is None and got == [1] * made
+    assert index in (made - 1, made) and (began == 0 or index == made - 1)
+    assert all(bytes(targets[i]) == data[i % len(data) : i % len(data) + 1] for i in range(made))
+    assert all(bytes(t) == b"\xaa" for t in targets[made:])
+
+
+@pytest.mark.parametrize("bad", [np.zeros(2, dtype=np.int64), bytes(24), None])
+def test_a_bad_progress_buffer_is_refused(bad: object) -> None:
+    from shardio.storage import _fastread
+
+    with pytest.raises((ValueError, TypeError, BufferError)):
+        _fastread.stop_reads(bad)
+    if bad is not None:
+        with pytest.raises((ValueError, TypeError, BufferError)):
+            _fastread.pread_many([], False, bad)
