@@ -14,7 +14,7 @@
  *             first) or -errno;
  *   digests:  per read, the xxh3-64 of its target when hash and it was filled, else None;
  *             None when not hash;
- *   took:     per read, nanoseconds (CLOCK_MONOTONIC, as time.perf_counter_ns).
+ *   took:     per read, nanoseconds of its preads (CLOCK_MONOTONIC), the hash not included.
  * EINTR is retried after the signal handlers ran (with the GIL), as os.preadv does: an
  * exception they raise (KeyboardInterrupt) ends the call. A target that is not writable
  * raises BufferError before anything is read.
@@ -185,13 +185,13 @@ static PyObject *pread_many(PyObject *module, PyObject *args) {
             break;
         }
         if (r->outcome == 0) r->outcome = done;
+        r->took = now_ns() - began; /* the read's latency: the hash below is not in it */
         if (progress != NULL) __atomic_store_n(&progress[1], 0, __ATOMIC_SEQ_CST);
         made = i + 1;
         if (hash && !interrupted && done == want && r->outcome == want) {
             r->digest = (unsigned long long)xxh3_64bits(at, (size_t)want);
             r->hashed = 1;
         }
-        r->took = now_ns() - began;
     }
     Py_END_ALLOW_THREADS
     if (!interrupted) result = build_result(reads, made, hash);
