@@ -27,13 +27,14 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
 from shardio._check import require_int
+from shardio._env import env_int
 
-__all__ = ["MAX_WORKERS", "WorkerPool", "check_workers"]
+__all__ = ["MAX_WORKERS", "WorkerPool", "check_workers", "default_workers"]
 
 MAX_WORKERS = 4096  # processes of one pack or verify
 _WATCH_INTERVAL_S = 0.5  # how often a worker checks that the process it works for lives
@@ -52,6 +53,16 @@ def check_workers(workers: object, *, what: str = "--workers") -> int:
         UsageError: anything else (0, negative, huge, a float, a bool), naming ``what``.
     """
     return require_int(workers, what, minimum=1, maximum=MAX_WORKERS)
+
+
+def default_workers(environ: Mapping[str, str] | None = None) -> int:
+    """CPUs this job may use: SLURM's allocation first, then the affinity mask."""
+    env = os.environ if environ is None else environ
+    for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
+        value = env_int(env, var, minimum=1)  # a malformed count is refused, not skipped
+        if value is not None:
+            return min(value, MAX_WORKERS)  # a default, so capped rather than refused
+    return min(MAX_WORKERS, max(1, len(os.sched_getaffinity(0))))
 
 
 # --------------------------------------------------------------------------- in a worker

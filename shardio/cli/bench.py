@@ -7,7 +7,8 @@ import json
 import math
 import os
 
-from shardio.cli.common import EXIT_OK, add_whole_number, default_workers
+from shardio._pool import default_workers
+from shardio.cli.common import EXIT_OK, add_whole_number
 from shardio.errors import StorageError, UsageError
 
 __all__ = ["HELP", "add_arguments", "run"]

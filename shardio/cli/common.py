@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
-from shardio._env import env_int, parse_env_int, parse_tasks_per_node, shown_value
-from shardio._pool import MAX_WORKERS, check_workers
+from shardio._env import parse_env_int, parse_tasks_per_node, shown_value
+from shardio._pool import MAX_WORKERS, check_workers, default_workers
 from shardio.errors import UsageError
 
 # What add_subparsers returns (a string: argparse's class is generic only to type checkers),
@@ -52,16 +52,6 @@ __all__ = [
 # back to is intact (training works, reading from the parallel filesystem).
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_DAMAGED = 0, 1, 2, 3
 EXIT_REPAIRED, EXIT_DEGRADED = 4, 5
-
-
-def default_workers(environ: Mapping[str, str] | None = None) -> int:
-    """CPUs this job may use: SLURM's allocation first, then the affinity mask."""
-    env = os.environ if environ is None else environ
-    for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
-        value = env_int(env, var, minimum=1)  # a malformed count is refused, not skipped
-        if value is not None:
-            return min(value, MAX_WORKERS)  # a default, so capped rather than refused
-    return min(MAX_WORKERS, max(1, len(os.sched_getaffinity(0))))
 
 
 def workers_of(args: argparse.Namespace) -> int:

@@ -70,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workers(
         parser,
         "processes, 1 to 4096, never more than the shards (default: the CPUs of this "
-        "job, SLURM-aware)",
+        "job, SLURM-aware; without --repair, one for a dataset under 256 MiB or with "
+        "--quick, where a pool costs more than it saves)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     add_no_progress(parser)
@@ -93,12 +94,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--source is for --repair: give both, or neither")
     if args.repair and args.quick:
         raise UsageError("--repair reads every byte of what it checks: drop --quick")
-    workers = workers_of(args)
     bar = None if args.no_progress or args.json else ProgressBar("verifying", unit="shards")
     with bar or contextlib.nullcontext():  # an interrupted bar is erased
         if args.repair:
-            return _cmd_repair(args, workers, bar)
-        report = verify_dataset(args.dst, quick=args.quick, workers=workers, progress=bar)
+            return _cmd_repair(args, workers_of(args), bar)
+        # No --workers: the job's CPUs for a large dataset, one process for a small one.
+        report = verify_dataset(args.dst, quick=args.quick, workers=args.workers, progress=bar)
     args.exit_code = _VERIFY_EXIT[report.status]  # kept if stdout is closed
     if args.json:
         print(json.dumps(report.to_json(), indent=1))

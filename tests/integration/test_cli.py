@@ -16,7 +16,8 @@ import shutil
 import pytest
 from trees import tree_files
 
-from shardio.cli.common import default_workers, parse_part
+from shardio._pool import default_workers
+from shardio.cli.common import parse_part
 from shardio.errors import UsageError
 from shardio.format.spec import FORMAT_VERSION
 from shardio.read.reader import ShardReader

@@ -185,3 +185,29 @@ def test_quick_progress_bar_shows_a_rate_of_shards_not_bytes() -> None:
     out = _Terminal()
     ProgressBar("verifying", unit="shards", stream=out)(ProgressSnapshot(10, 2048, 40, 8192, 2.0))
     assert "2.0 KiB/8.0 KiB  1.0 KiB/s  ETA 6.0s" in out.getvalue()  # a full verify: bytes
+
+
+def test_without_workers_a_small_dataset_is_checked_in_this_process(
+    good: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``workers=None`` (the CLI without --workers): a pool of the job's CPUs for a dataset
+    of POOL_MIN_BYTES or more, this process for a smaller one or a quick check."""
+    import shardio.tools.verify as verify_module
+
+    pools: list[int] = []
+
+    class Recording(verify_module.WorkerPool):  # type: ignore[misc,name-defined]
+        def __init__(self, size: int, **kwargs: Any) -> None:
+            pools.append(size)
+            super().__init__(size, **kwargs)
+
+    monkeypatch.setattr(verify_module, "WorkerPool", Recording)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "2")
+    assert len(load_manifest(str(good / "manifest.json")).shards) >= 2
+    assert verify_dataset(good, workers=None).ok and pools == []
+    monkeypatch.setattr(verify_module, "POOL_MIN_BYTES", 0)
+    assert verify_dataset(good, workers=None).ok and pools == [2]
+    assert verify_dataset(good, workers=None, quick=True).ok and pools == [2]
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "two")
+    with pytest.raises(UsageError, match="SLURM_CPUS_PER_TASK"):
+        verify_dataset(good, workers=None)
