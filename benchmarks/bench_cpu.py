@@ -10,6 +10,13 @@ disk and (``--fs local,bed``) on a MooseFS bed (bench_pfs's ``Bed``, always take
 - the floor: one process reads every tar shard sequentially with ``readinto`` a reused
   8 MiB buffer and hashes each shard with xxh3-64 (what no loader can beat); a variant that
   reads each shard whole and hashes each member separately; ``cat`` of the shards;
+- three ceilings, each the floor with one cost a configuration cannot avoid and nothing
+  else: members read one ``pread`` each in a random order (a shuffled epoch; on a cold
+  page cache random reads cost the reader more CPU than sequential ones); the floor in
+  ``--workers`` processes at once (two readers share caches and memory bandwidth); the
+  floor through a bare ``DataLoader`` with ``--workers`` workers reading into reused shared
+  memory (its worker processes and hand-off). Each shardio row is also given as a ratio to
+  the ceiling of its configuration;
 - shardio map and stream with 0 and ``--workers`` workers, and with ``--workers`` reader
   threads (``threads=True``); (``--baseline REV``) the worker rows again with an earlier
   commit (a ``git worktree add --detach``) on ``PYTHONPATH``;
@@ -35,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import glob
 import json
 import os
@@ -138,23 +146,200 @@ def read_floor(shards: Sequence[str], *, members: bool, epochs: int = 1) -> dict
     return {"read_bytes": read, "hashed_bytes": hashed, "hashes": hashes, "digest": digest}
 
 
+def member_extents(path: str) -> list[tuple[int, int]]:
+    """(offset, size) of each regular member of the tar at ``path``, from its headers alone
+    (one 512-byte ``pread`` per header; pax and GNU records skipped as in :func:`tar_members`).
+
+    Raises:
+        ValueError: a header's size field is not octal, or a member runs past the file's end.
+    """
+    out = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        end = os.fstat(fd).st_size
+        pos = 0
+        while pos + 512 <= end:
+            header = os.pread(fd, 512, pos)
+            if len(header) < 512 or header[0] == 0:
+                break
+            size = int(header[124:136].strip(b"\0 ") or b"0", 8)
+            data = pos + 512
+            if data + size > end:
+                raise ValueError(f"{path}: a tar member at byte {pos} runs past the end ({end})")
+            if header[156] in (0x30, 0):
+                out.append((data, size))
+            pos = data + (size + 511) // 512 * 512
+    finally:
+        os.close(fd)
+    return out
+
+
+def open_extents(shards: Sequence[str]) -> list[tuple[int, int, int]]:
+    """(descriptor, offset, size) of every regular member of ``shards``, each shard opened
+    once (the descriptors stay open: a reader holds its shards open)."""
+    out = []
+    for path in shards:
+        extents = member_extents(path)
+        fd = os.open(path, os.O_RDONLY)
+        out += [(fd, off, size) for off, size in extents]
+    return out
+
+
+def read_floor_shuffled(shards: Sequence[str], *, epochs: int = 1, seed: int = 0) -> dict[str, Any]:
+    """The floor of random access: each member read by one ``pread`` into a reused buffer and
+    hashed with xxh3-64, the members of all shards in a random order each epoch (what a
+    shuffled epoch cannot avoid: on a cold page cache, random reads cost the reader more CPU
+    than sequential ones). The bench child makes the member list before its clock.
+
+    Returns:
+        As :func:`read_floor`.
+    """
+    extents = open_extents(shards)
+    try:
+        return read_extents(extents, epochs=epochs, seed=seed)
+    finally:
+        for fd in sorted({fd for fd, _, _ in extents}):
+            os.close(fd)
+
+
+def read_extents(
+    extents: Sequence[tuple[int, int, int]], *, epochs: int, seed: int
+) -> dict[str, Any]:
+    """:func:`read_floor_shuffled` over extents already listed."""
+    import numpy as np
+    import xxhash
+
+    buf = bytearray(max((size for _, _, size in extents), default=0))
+    view = memoryview(buf)
+    read = hashed = hashes = digest = 0
+    for epoch in range(epochs):
+        order = np.random.default_rng([seed, epoch]).permutation(len(extents)).tolist()
+        for i in order:
+            fd, off, size = extents[i]
+            n = os.preadv(fd, [view[:size]], off)
+            if n != size:
+                raise ValueError(f"a member of {size} bytes at {off} read short ({n})")
+            digest ^= xxhash.xxh3_64_intdigest(view[:size])
+            read += n
+            hashed += n
+            hashes += 1
+    return {"read_bytes": read, "hashed_bytes": hashed, "hashes": hashes, "digest": digest}
+
+
+def read_floor_procs(shards: Sequence[str], *, procs: int, epochs: int = 1) -> dict[str, Any]:
+    """The floor in ``procs`` processes at once, each a share of the shards (every
+    ``procs``-th): what splitting one reader in two costs by itself (shared caches and memory
+    bandwidth). Their CPU is reaped by this process (``RUSAGE_CHILDREN``).
+
+    Raises:
+        RuntimeError: a reader failed.
+    """
+    pids = []
+    for p in range(procs):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 0
+            try:
+                read_floor(shards[p::procs], members=False, epochs=epochs)
+            except BaseException:
+                code = 1
+            os._exit(code)
+        pids.append(pid)
+    failed = [pid for pid in pids if os.waitpid(pid, 0)[1] != 0]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {procs} floor readers failed")
+    read = epochs * sum(os.path.getsize(p) for p in shards)
+    return {"read_bytes": read, "hashed_bytes": read, "hashes": epochs * len(shards), "digest": 0}
+
+
+def read_floor_loader(shards: Sequence[str], *, workers: int, epochs: int = 1) -> dict[str, Any]:
+    """The floor through a ``torch.utils.data.DataLoader`` with ``workers`` worker
+    processes, and nothing else: each worker reads its share of the shards (every
+    ``workers``-th) as :func:`read_floor` does, but ``readinto`` its own ring of reused
+    shared-memory slots, hashes each read with xxh3-64 and sends only (slot, length); the
+    training process reads one byte per 4 KiB page of each read (as the loader rows' loop
+    does). What the DataLoader's worker processes and their hand-off cost, below any loader
+    built on them: no index, no per-sample work.
+    """
+    import torch
+    import xxhash
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+    prefetch = 2
+    slots = prefetch + 2  # a worker is at most prefetch + 1 reads ahead of the one in use
+    ring = torch.empty(workers * slots * BUFFER, dtype=torch.uint8).share_memory_()
+
+    class Shards(IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self) -> Iterator[tuple[int, int, int]]:
+            info = get_worker_info()
+            me = info.id if info is not None else 0
+            view = memoryview(ring.numpy())  # type: ignore[arg-type]
+            k = 0
+            for path in shards[me::workers]:
+                with open(path, "rb", buffering=0) as fh:
+                    while True:
+                        slot = me * slots + k % slots
+                        k += 1
+                        target = view[slot * BUFFER : (slot + 1) * BUFFER]
+                        n = fh.readinto(target)
+                        if not n:
+                            break
+                        yield slot, n, xxhash.xxh3_64_intdigest(target[:n])
+
+    loader = DataLoader(
+        Shards(), batch_size=None, num_workers=workers, prefetch_factor=prefetch,
+        persistent_workers=True,
+    )  # fmt: skip
+    view = memoryview(ring.numpy())  # type: ignore[arg-type]
+    read = hashes = digest = touched = 0
+    for _ in range(epochs):
+        for slot, n, h in loader:
+            base = int(slot) * BUFFER
+            touched += sum(view[base : base + int(n) : 4096])
+            read += int(n)
+            hashes += 1
+            digest ^= int(h)
+    del loader
+    gc.collect()  # the persistent workers joined: their CPU reaped
+    return {"read_bytes": read, "hashed_bytes": read, "hashes": hashes, "digest": digest}
+
+
 def _floor_child(argv: Sequence[str]) -> int:
-    """``bench_cpu.py _floor DATA RESULT [--members] [--epochs N] [--handshake]``."""
+    """``bench_cpu.py _floor DATA RESULT [--members | --shuffled | --procs N | --loader N]
+    [--epochs N] [--handshake]``."""
     parser = argparse.ArgumentParser(prog="bench_cpu.py _floor")
     parser.add_argument("data")
     parser.add_argument("result")
-    parser.add_argument("--members", action="store_true")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--members", action="store_true")
+    how.add_argument("--shuffled", action="store_true")
+    how.add_argument("--procs", type=int, default=0)
+    how.add_argument("--loader", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--handshake", action="store_true")
     args = parser.parse_args(argv)
-    import xxhash  # noqa: F401 - imported before the clock
+    import numpy  # noqa: F401 - imported before the clock
+    import xxhash  # noqa: F401
+
+    if args.loader:
+        import torch.utils.data  # noqa: F401
 
     shards = sorted(glob.glob(os.path.join(args.data, "shards", "*.tar")))
+    # The member list from the headers, before the clock (and the cold run's drop).
+    extents = open_extents(shards) if args.shuffled else []
     if args.handshake:
         common.child_handshake()
     cpu0 = bench_read._cpu_now()
     t0 = time.perf_counter()
-    got = read_floor(shards, members=args.members, epochs=args.epochs)
+    if args.shuffled:
+        got = read_extents(extents, epochs=args.epochs, seed=args.seed)
+    elif args.procs:
+        got = read_floor_procs(shards, procs=args.procs, epochs=args.epochs)
+    elif args.loader:
+        got = read_floor_loader(shards, workers=args.loader, epochs=args.epochs)
+    else:
+        got = read_floor(shards, members=args.members, epochs=args.epochs)
     t1 = time.perf_counter()
     cpu1 = bench_read._cpu_now()
     with open(args.result, "w") as fh:
@@ -197,6 +382,7 @@ class Config:
     child: str = ""  # bench_read child name
     workers: int = 0
     members: bool = False  # floor: hash per member
+    variant: str = ""  # floor: "shuffled", "procs" or "loader" (workers: how many)
     base: bool = False  # run with the --baseline commit's shardio
     peer: bool = False  # rounds limited by --peer-repeat
 
@@ -221,6 +407,31 @@ def configs(workers: int, baseline: str) -> list[Config]:
             members=True,
         ),
         Config("cat", "`cat` of the tar shards > /dev/null", "cat", "tar"),
+        Config(
+            "floor-shuffled",
+            "ceiling, random order: one `pread` + xxh3-64 per member, all members shuffled",
+            "floor",
+            "tar",
+            variant="shuffled",
+        ),
+        Config(
+            f"floor-p{workers}",
+            f"ceiling, {workers} processes: the floor in {workers} processes at once, "
+            "each a share of the shards",
+            "floor",
+            "tar",
+            workers=workers,
+            variant="procs",
+        ),
+        Config(
+            f"floor-loader-w{workers}",
+            f"ceiling, DataLoader: the floor in {workers} workers into reused shared memory, "
+            "one byte per page read by the training process",
+            "floor",
+            "tar",
+            workers=workers,
+            variant="loader",
+        ),
     ]
     for base in (False, True) if baseline else (False,):
         for mode in ("map", "stream"):
@@ -291,7 +502,13 @@ def _env(root: str, threads: int) -> dict[str, str]:
 def _child_argv(cfg: Config, data: str, result: str, args: argparse.Namespace) -> list[str]:
     if cfg.kind == "floor":
         argv = [sys.executable, ME, "_floor", data, result, "--epochs", str(args.epochs)]
-        return [*argv, *(["--members"] if cfg.members else []), "--handshake"]
+        if cfg.members:
+            argv.append("--members")
+        elif cfg.variant == "shuffled":
+            argv += ["--shuffled", "--seed", str(args.seed)]
+        elif cfg.variant:
+            argv += [f"--{cfg.variant}", str(cfg.workers)]
+        return [*argv, "--handshake"]
     return [
         sys.executable, ME, "_child", cfg.child, data, result,
         "--batch-size", str(args.batch_size), "--workers", str(cfg.workers),

@@ -59,6 +59,33 @@ def vs_floor(o: Any, outcomes: Sequence[Any], fs: str, cache: str) -> float | No
     return mine["cpu_gb"] / floor["cpu_gb"]
 
 
+def ceiling_of(config: Any) -> str:
+    """The ceiling row of a shardio configuration: the floor with the one cost its way of
+    reading cannot avoid (bench_cpu.py's docstring); "" for other rows.
+
+    Worker processes: the floor through a bare DataLoader with as many workers; reader
+    threads: the floor in as many processes at once; in the training process alone: the
+    floor reading members in a random order (both modes read a shuffled order: map the
+    epoch's permutation, stream a window's)."""
+    if not config.shardio:
+        return ""
+    if config.child.endswith("-threads"):
+        return f"floor-p{config.workers}"
+    if config.workers:
+        return f"floor-loader-w{config.workers}"
+    return "floor-shuffled"
+
+
+def vs_ceiling(o: Any, outcomes: Sequence[Any], fs: str, cache: str) -> float | None:
+    """CPU per GB of ``o`` over its ceiling's (:func:`ceiling_of`), same fs and cache."""
+    name = ceiling_of(o.config)
+    mine = cell(o, fs, cache)
+    ceiling = cell(find(outcomes, name), fs, cache) if name else None
+    if mine is None or ceiling is None or ceiling["cpu_gb"] <= 0:
+        return None
+    return mine["cpu_gb"] / ceiling["cpu_gb"]
+
+
 def verdict(ok: bool) -> str:
     return "**PASS**" if ok else "**FAIL**"
 
@@ -75,14 +102,14 @@ def floor_verdicts(outcomes: Sequence[Any], fss: Sequence[str], caches: Sequence
                 head = (
                     f"- {o.config.label}, {fs} {cache}: CPU/GB ≤ {TARGET_VS_FLOOR:g}x the floor: "
                 )
-                lines.append(
-                    head
-                    + (
-                        f"{r:.2f}x → {verdict(r <= TARGET_VS_FLOOR)}"
-                        if r is not None
-                        else "not measured"
-                    )
-                )
+                if r is None:
+                    lines.append(head + "not measured")
+                    continue
+                line = f"{head}{r:.2f}x → {verdict(r <= TARGET_VS_FLOOR)}"
+                c = vs_ceiling(o, outcomes, fs, cache)
+                if c is not None:
+                    line += f"; {c:.2f}x its ceiling ({ceiling_of(o.config)})"
+                lines.append(line)
     return lines
 
 
@@ -137,9 +164,10 @@ def table(outcomes: Sequence[Any], fs: str, cache: str) -> str:
         c = cell(o, fs, cache)
         if c is None:
             why = o.status.get(fs) or "not run"
-            rows.append([o.config.label, why[:120], *["-"] * 6])
+            rows.append([o.config.label, why[:120], *["-"] * 7])
             continue
         r = vs_floor(o, outcomes, fs, cache)
+        c_r = vs_ceiling(o, outcomes, fs, cache)
         rows.append(
             [
                 o.config.label,
@@ -149,6 +177,7 @@ def table(outcomes: Sequence[Any], fs: str, cache: str) -> str:
                 f"{c['cpu_1000']:.3f}",
                 f"{c['mbs']:.0f}",
                 common.fmt_ratio(r) if r is not None else "n/a",
+                common.fmt_ratio(c_r) if c_r is not None else "",
                 str(int(c["n"])),
             ]
         )
@@ -161,6 +190,7 @@ def table(outcomes: Sequence[Any], fs: str, cache: str) -> str:
             "CPU-s / 1,000 samples",
             "MB/s",
             "CPU/GB ÷ floor",
+            "÷ its ceiling",
             "runs",
         ],
         rows,
@@ -227,6 +257,19 @@ def report(outcomes: Sequence[Any], args: Any, facts: dict[str, Any]) -> str:
         "carry the whole payload once per epoch. Wall: from after the imports to the last "
         "batch. Every loader row includes the training process's own loop (count the bytes, "
         "read one byte per 4 KiB page of each sample); the floors do not.",
+        "",
+        "Ceilings: the floor with one cost that a configuration cannot avoid, and nothing "
+        "else. *Random order*: each member read by one `pread` and hashed, all members in a "
+        "random order each epoch (both shardio modes read a shuffled order: map the epoch's "
+        "permutation, stream a window's). *Processes*: the floor in as many processes at "
+        "once, each a share of the shards (what splitting one reader costs by itself: shared "
+        "caches and memory bandwidth). *DataLoader*: the floor in a bare "
+        "`torch.utils.data.DataLoader`'s workers, each `readinto` its own reused "
+        "shared-memory slots, sending only (slot, length); the training process reads one "
+        "byte per page (no index, no per-sample work: below any loader built on "
+        'DataLoader workers). "÷ its ceiling": a shardio row over the ceiling of its '
+        "configuration (0 workers: random order; workers: DataLoader; reader threads: "
+        "processes).",
         "",
     ]
     for fs in args.fss:

@@ -60,12 +60,51 @@ def test_the_floor_hashes_each_member_and_each_shard(tmp_path: pathlib.Path, fmt
     assert whole["digest"] == one[0] ^ one[1]
 
 
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.PAX_FORMAT, tarfile.GNU_FORMAT])
+def test_the_ceilings_read_and_hash_what_the_floor_does(tmp_path: pathlib.Path, fmt: int) -> None:
+    long = "n" * 150 if fmt != tarfile.USTAR_FORMAT else "n" * 90
+    shards = []
+    for i in range(3):
+        shards.append(str(tmp_path / f"{i}.tar"))
+        members = {f"{long}{i}.jpeg": bytes([i]) * (9000 + i), f"s{i}.cls": b"%d" % i, "e": b""}
+        _tar(pathlib.Path(shards[-1]), members, fmt)
+    per_member = bench_cpu.read_floor(shards, members=True, epochs=1)
+    # Random order: every member once per epoch, whatever the order (xor: 3 epochs = 1).
+    shuffled = bench_cpu.read_floor_shuffled(shards, epochs=3, seed=5)
+    assert shuffled["digest"] == per_member["digest"]
+    assert shuffled["hashes"] == 3 * per_member["hashes"]
+    assert shuffled["read_bytes"] == 3 * per_member["hashed_bytes"]
+    # The member list comes from the headers alone, as the whole-shard walk finds it.
+    for path in shards:
+        data = memoryview(pathlib.Path(path).read_bytes())
+        assert bench_cpu.member_extents(path) == list(bench_cpu.tar_members(data, len(data)))
+    whole = bench_cpu.read_floor(shards, members=False, epochs=2)
+    procs = bench_cpu.read_floor_procs(shards, procs=2, epochs=2)
+    assert procs["read_bytes"] == whole["read_bytes"]
+    loader = bench_cpu.read_floor_loader(shards, workers=2, epochs=2)
+    assert loader["read_bytes"] == whole["read_bytes"]
+    # Each shard fits one read here: the loader's digests are the shards' (xor: 2 epochs = 0).
+    assert loader["hashes"] == 2 * len(shards)
+    assert loader["digest"] == 0
+    once = bench_cpu.read_floor_loader(shards, workers=2, epochs=1)
+    assert once["digest"] == bench_cpu.read_floor(shards, members=False)["digest"]
+
+
+def test_a_failed_reader_process_is_an_error(tmp_path: pathlib.Path) -> None:
+    good = tmp_path / "good.tar"
+    _tar(good, {"a.jpeg": b"a"}, tarfile.USTAR_FORMAT)
+    with pytest.raises(RuntimeError, match="1 of 2 floor readers failed"):
+        bench_cpu.read_floor_procs([str(tmp_path / "none.tar"), str(good)], procs=2)
+
+
 def test_a_truncated_tar_is_an_error(tmp_path: pathlib.Path) -> None:
     shard = tmp_path / "cut.tar"
     _tar(shard, {"a.jpeg": b"y" * 5000}, tarfile.USTAR_FORMAT)
     shard.write_bytes(shard.read_bytes()[:3000])
     with pytest.raises(ValueError, match="runs past the end"):
         bench_cpu.read_floor([str(shard)], members=True)
+    with pytest.raises(ValueError, match=r"cut\.tar: a tar member at byte 512 runs past the end"):
+        bench_cpu.member_extents(str(shard))
 
 
 @pytest.mark.parametrize(
@@ -131,6 +170,31 @@ def test_figures_ratios_and_verdicts() -> None:
     assert cpu_report.baseline_rows(outcomes, ["local"], ["cold"])[1][0].endswith("**FAIL**")
     table = cpu_report.table(outcomes, "bed", "warm")
     assert "failed (exit 1): boom" in table
+
+
+def test_each_shardio_row_is_given_against_its_ceiling() -> None:
+    names = {c.name: c for c in bench_cpu.configs(2, "")}
+    assert cpu_report.ceiling_of(names["shardio-map-w0"]) == "floor-shuffled"
+    assert cpu_report.ceiling_of(names["shardio-stream-w0"]) == "floor-shuffled"
+    assert cpu_report.ceiling_of(names["shardio-map-w2"]) == "floor-loader-w2"
+    assert cpu_report.ceiling_of(names["shardio-stream-t2"]) == "floor-p2"
+    assert cpu_report.ceiling_of(names["wds"]) == ""
+    assert all(cpu_report.ceiling_of(names[c]) in names for c in names if names[c].shardio)
+    lw = ("local", "warm")
+    outcomes = [
+        _outcome("floor", {lw: [(1.0, 0.5)]}),
+        _outcome("floor-loader-w2", {lw: [(1.0, 0.8)]}),
+        _outcome("shardio-map-w2", {lw: [(1.0, 1.0)]}),
+        _outcome("shardio-map-w0", {lw: [(1.0, 0.7)]}),
+    ]
+    assert cpu_report.vs_ceiling(outcomes[2], outcomes, "local", "warm") == pytest.approx(1.25)
+    assert cpu_report.vs_ceiling(outcomes[3], outcomes, "local", "warm") is None  # not run
+    assert cpu_report.vs_ceiling(outcomes[0], outcomes, "local", "warm") is None  # a floor
+    lines = cpu_report.floor_verdicts(outcomes, ["local"], ["warm"])
+    assert lines[0].endswith("2.00x → **FAIL**; 1.25x its ceiling (floor-loader-w2)")
+    assert lines[1].endswith("1.40x → **PASS**")
+    table = cpu_report.table(outcomes, "local", "warm")
+    assert "| 2.00x | 1.25x | 1 |" in table
 
 
 def test_the_report_renders(tmp_path: pathlib.Path) -> None:
