@@ -10,13 +10,13 @@ disk and (``--fs local,bed``) on a MooseFS bed (bench_pfs's ``Bed``, always take
 - the floor: one process reads every tar shard sequentially with ``readinto`` a reused
   8 MiB buffer and hashes each shard with xxh3-64 (what no loader can beat); a variant that
   reads each shard whole and hashes each member separately; ``cat`` of the shards;
-- three ceilings, each the floor with one cost a configuration cannot avoid and nothing
-  else: members read one ``pread`` each in a random order (a shuffled epoch; on a cold
-  page cache random reads cost the reader more CPU than sequential ones); the floor in
-  ``--workers`` processes at once (two readers share caches and memory bandwidth); the
-  floor through a bare ``DataLoader`` with ``--workers`` workers reading into reused shared
-  memory (its worker processes and hand-off). Each shardio row is also given as a ratio to
-  the ceiling of its configuration;
+- three ceilings, each what a configuration cannot avoid and nothing else: every member
+  read by one ``pread`` and hashed, in a random order each epoch (a shuffled epoch: on a
+  cold page cache random reads cost the reader more CPU than sequential ones), in one
+  process, in ``--workers`` processes at once (two readers share caches and memory
+  bandwidth), and in a bare ``DataLoader``'s ``--workers`` workers reading into reused
+  shared memory (their processes and hand-off). Each shardio row is also given as a ratio
+  to the ceiling of its configuration;
 - shardio map and stream with 0 and ``--workers`` workers, and with ``--workers`` reader
   threads (``threads=True``); (``--baseline REV``) the worker rows again with an earlier
   commit (a ``git worktree add --detach``) on ``PYTHONPATH``;
@@ -185,62 +185,69 @@ def open_extents(shards: Sequence[str]) -> list[tuple[int, int, int]]:
     return out
 
 
-def read_floor_shuffled(shards: Sequence[str], *, epochs: int = 1, seed: int = 0) -> dict[str, Any]:
-    """The floor of random access: each member read by one ``pread`` into a reused buffer and
-    hashed with xxh3-64, the members of all shards in a random order each epoch (what a
-    shuffled epoch cannot avoid: on a cold page cache, random reads cost the reader more CPU
-    than sequential ones). The bench child makes the member list before its clock.
+def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
+    """The random order of ``count`` members in ``epoch`` (the same in every reader)."""
+    import numpy as np
 
-    Returns:
-        As :func:`read_floor`.
-    """
-    extents = open_extents(shards)
-    try:
-        return read_extents(extents, epochs=epochs, seed=seed)
-    finally:
-        for fd in sorted({fd for fd, _, _ in extents}):
-            os.close(fd)
+    return np.random.default_rng([seed, epoch]).permutation(count).tolist()  # type: ignore[no-any-return]
 
 
 def read_extents(
-    extents: Sequence[tuple[int, int, int]], *, epochs: int, seed: int
+    extents: Sequence[tuple[int, int, int]],
+    *,
+    epochs: int,
+    seed: int,
+    share: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
-    """:func:`read_floor_shuffled` over extents already listed."""
-    import numpy as np
+    """The floor of random access: each member of ``extents`` read by one ``pread`` into a
+    reused buffer and hashed with xxh3-64, in a random order each epoch (what a shuffled
+    epoch cannot avoid: on a cold page cache random reads cost the reader more CPU than
+    sequential ones). ``share`` = (k, n): every n-th member of the order from the k-th.
+
+    Returns:
+        As :func:`read_floor`.
+
+    Raises:
+        ValueError: a member read short.
+    """
     import xxhash
 
     buf = bytearray(max((size for _, _, size in extents), default=0))
     view = memoryview(buf)
-    read = hashed = hashes = digest = 0
+    read = hashes = digest = 0
+    me, every = share
     for epoch in range(epochs):
-        order = np.random.default_rng([seed, epoch]).permutation(len(extents)).tolist()
-        for i in order:
+        for i in epoch_order(len(extents), seed, epoch)[me::every]:
             fd, off, size = extents[i]
             n = os.preadv(fd, [view[:size]], off)
             if n != size:
                 raise ValueError(f"a member of {size} bytes at {off} read short ({n})")
             digest ^= xxhash.xxh3_64_intdigest(view[:size])
             read += n
-            hashed += n
             hashes += 1
-    return {"read_bytes": read, "hashed_bytes": hashed, "hashes": hashes, "digest": digest}
+    return {"read_bytes": read, "hashed_bytes": read, "hashes": hashes, "digest": digest}
 
 
-def read_floor_procs(shards: Sequence[str], *, procs: int, epochs: int = 1) -> dict[str, Any]:
-    """The floor in ``procs`` processes at once, each a share of the shards (every
-    ``procs``-th): what splitting one reader in two costs by itself (shared caches and memory
-    bandwidth). Their CPU is reaped by this process (``RUSAGE_CHILDREN``).
+def read_floor_shuffled(
+    extents: Sequence[tuple[int, int, int]], *, epochs: int = 1, seed: int = 0, procs: int = 1
+) -> dict[str, Any]:
+    """:func:`read_extents` in ``procs`` processes at once, each every ``procs``-th member of
+    the order (what splitting one reader costs by itself: shared caches and memory
+    bandwidth); their CPU is reaped by this process (``RUSAGE_CHILDREN``). The digest is
+    not gathered from the processes (0).
 
     Raises:
-        RuntimeError: a reader failed.
+        RuntimeError: a reader process failed.
     """
+    if procs == 1:
+        return read_extents(extents, epochs=epochs, seed=seed)
     pids = []
     for p in range(procs):
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
             code = 0
             try:
-                read_floor(shards[p::procs], members=False, epochs=epochs)
+                read_extents(extents, epochs=epochs, seed=seed, share=(p, procs))
             except BaseException:
                 code = 1
             os._exit(code)
@@ -248,53 +255,74 @@ def read_floor_procs(shards: Sequence[str], *, procs: int, epochs: int = 1) -> d
     failed = [pid for pid in pids if os.waitpid(pid, 0)[1] != 0]
     if failed:
         raise RuntimeError(f"{len(failed)} of {procs} floor readers failed")
-    read = epochs * sum(os.path.getsize(p) for p in shards)
-    return {"read_bytes": read, "hashed_bytes": read, "hashes": epochs * len(shards), "digest": 0}
+    read = epochs * sum(size for _, _, size in extents)
+    return {"read_bytes": read, "hashed_bytes": read, "hashes": epochs * len(extents), "digest": 0}
 
 
-def read_floor_loader(shards: Sequence[str], *, workers: int, epochs: int = 1) -> dict[str, Any]:
-    """The floor through a ``torch.utils.data.DataLoader`` with ``workers`` worker
-    processes, and nothing else: each worker reads its share of the shards (every
-    ``workers``-th) as :func:`read_floor` does, but ``readinto`` its own ring of reused
-    shared-memory slots, hashes each read with xxh3-64 and sends only (slot, length); the
-    training process reads one byte per 4 KiB page of each read (as the loader rows' loop
-    does). What the DataLoader's worker processes and their hand-off cost, below any loader
-    built on them: no index, no per-sample work.
+def read_floor_loader(
+    extents: Sequence[tuple[int, int, int]],
+    *,
+    workers: int,
+    batch_size: int,
+    epochs: int = 1,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """:func:`read_extents` through a ``torch.utils.data.DataLoader`` with ``workers``
+    worker processes, and nothing else: each worker reads every ``workers``-th member of
+    the order, ``batch_size`` at a time, each by one ``pread`` into the next of its own
+    reused shared-memory slots, hashes each member with xxh3-64 and sends only (slot,
+    length, digest); the training process reads one byte per 4 KiB page of each batch (as
+    the loader rows' loop does). What the DataLoader's worker processes and their hand-off
+    cost, below any loader built on them: no index, no per-sample Python in the training
+    process.
     """
+    import numpy as np
     import torch
     import xxhash
     from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+    sizes = np.array([size for _, _, size in extents], dtype=np.int64)
+    slot_bytes = 1
+    for epoch in range(epochs):  # the largest batch any worker reads
+        order = np.asarray(epoch_order(len(extents), seed, epoch), dtype=np.int64)
+        for me in range(workers):
+            mine = sizes[order[me::workers]]
+            for lo in range(0, len(mine), batch_size):
+                slot_bytes = max(slot_bytes, int(mine[lo : lo + batch_size].sum()))
     prefetch = 2
-    slots = prefetch + 2  # a worker is at most prefetch + 1 reads ahead of the one in use
-    ring = torch.empty(workers * slots * BUFFER, dtype=torch.uint8).share_memory_()
+    slots = prefetch + 2  # a worker is at most prefetch + 1 batches ahead of the one in use
+    ring = torch.empty(workers * slots * slot_bytes, dtype=torch.uint8).share_memory_()
+    board = torch.zeros(1, dtype=torch.int64).share_memory_()  # the epoch, for kept workers
 
-    class Shards(IterableDataset):  # type: ignore[type-arg]
+    class Members(IterableDataset):  # type: ignore[type-arg]
         def __iter__(self) -> Iterator[tuple[int, int, int]]:
             info = get_worker_info()
             me = info.id if info is not None else 0
             view = memoryview(ring.numpy())  # type: ignore[arg-type]
-            k = 0
-            for path in shards[me::workers]:
-                with open(path, "rb", buffering=0) as fh:
-                    while True:
-                        slot = me * slots + k % slots
-                        k += 1
-                        target = view[slot * BUFFER : (slot + 1) * BUFFER]
-                        n = fh.readinto(target)
-                        if not n:
-                            break
-                        yield slot, n, xxhash.xxh3_64_intdigest(target[:n])
+            mine = epoch_order(len(extents), seed, int(board[0]))[me::workers]
+            for k, lo in enumerate(range(0, len(mine), batch_size)):
+                slot = me * slots + k % slots
+                at = base = slot * slot_bytes
+                digest = 0
+                for i in mine[lo : lo + batch_size]:
+                    fd, off, size = extents[i]
+                    target = view[at : at + size]
+                    if os.preadv(fd, [target], off) != size:
+                        raise ValueError(f"a member of {size} bytes at {off} read short")
+                    digest ^= xxhash.xxh3_64_intdigest(target)
+                    at += size
+                yield slot, at - base, digest
 
     loader = DataLoader(
-        Shards(), batch_size=None, num_workers=workers, prefetch_factor=prefetch,
+        Members(), batch_size=None, num_workers=workers, prefetch_factor=prefetch,
         persistent_workers=True,
     )  # fmt: skip
     view = memoryview(ring.numpy())  # type: ignore[arg-type]
     read = hashes = digest = touched = 0
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        board[0] = epoch  # each iteration starts the kept workers' __iter__ again
         for slot, n, h in loader:
-            base = int(slot) * BUFFER
+            base = int(slot) * slot_bytes
             touched += sum(view[base : base + int(n) : 4096])
             read += int(n)
             hashes += 1
@@ -305,18 +333,18 @@ def read_floor_loader(shards: Sequence[str], *, workers: int, epochs: int = 1) -
 
 
 def _floor_child(argv: Sequence[str]) -> int:
-    """``bench_cpu.py _floor DATA RESULT [--members | --shuffled | --procs N | --loader N]
-    [--epochs N] [--handshake]``."""
+    """``bench_cpu.py _floor DATA RESULT [--members | --shuffled [--procs N | --loader N]]
+    [--epochs N] [--seed S] [--batch-size B] [--handshake]``."""
     parser = argparse.ArgumentParser(prog="bench_cpu.py _floor")
     parser.add_argument("data")
     parser.add_argument("result")
-    how = parser.add_mutually_exclusive_group()
-    how.add_argument("--members", action="store_true")
-    how.add_argument("--shuffled", action="store_true")
-    how.add_argument("--procs", type=int, default=0)
-    how.add_argument("--loader", type=int, default=0)
+    parser.add_argument("--members", action="store_true")
+    parser.add_argument("--shuffled", action="store_true")
+    parser.add_argument("--procs", type=int, default=1)
+    parser.add_argument("--loader", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--handshake", action="store_true")
     args = parser.parse_args(argv)
     import numpy  # noqa: F401 - imported before the clock
@@ -332,12 +360,13 @@ def _floor_child(argv: Sequence[str]) -> int:
         common.child_handshake()
     cpu0 = bench_read._cpu_now()
     t0 = time.perf_counter()
-    if args.shuffled:
-        got = read_extents(extents, epochs=args.epochs, seed=args.seed)
-    elif args.procs:
-        got = read_floor_procs(shards, procs=args.procs, epochs=args.epochs)
-    elif args.loader:
-        got = read_floor_loader(shards, workers=args.loader, epochs=args.epochs)
+    if args.shuffled and args.loader:
+        got = read_floor_loader(
+            extents, workers=args.loader, batch_size=args.batch_size, epochs=args.epochs,
+            seed=args.seed,
+        )  # fmt: skip
+    elif args.shuffled:
+        got = read_floor_shuffled(extents, epochs=args.epochs, seed=args.seed, procs=args.procs)
     else:
         got = read_floor(shards, members=args.members, epochs=args.epochs)
     t1 = time.perf_counter()
@@ -382,7 +411,7 @@ class Config:
     child: str = ""  # bench_read child name
     workers: int = 0
     members: bool = False  # floor: hash per member
-    variant: str = ""  # floor: "shuffled", "procs" or "loader" (workers: how many)
+    variant: str = ""  # floor: "shuffled", "procs" or "loader" (random order; workers: how many)
     base: bool = False  # run with the --baseline commit's shardio
     peer: bool = False  # rounds limited by --peer-repeat
 
@@ -415,9 +444,8 @@ def configs(workers: int, baseline: str) -> list[Config]:
             variant="shuffled",
         ),
         Config(
-            f"floor-p{workers}",
-            f"ceiling, {workers} processes: the floor in {workers} processes at once, "
-            "each a share of the shards",
+            f"floor-shuffled-p{workers}",
+            f"ceiling, random order in {workers} processes at once, each a share",
             "floor",
             "tar",
             workers=workers,
@@ -425,8 +453,8 @@ def configs(workers: int, baseline: str) -> list[Config]:
         ),
         Config(
             f"floor-loader-w{workers}",
-            f"ceiling, DataLoader: the floor in {workers} workers into reused shared memory, "
-            "one byte per page read by the training process",
+            f"ceiling, random order in a bare DataLoader's {workers} workers, into reused "
+            "shared memory",
             "floor",
             "tar",
             workers=workers,
@@ -504,10 +532,12 @@ def _child_argv(cfg: Config, data: str, result: str, args: argparse.Namespace) -
         argv = [sys.executable, ME, "_floor", data, result, "--epochs", str(args.epochs)]
         if cfg.members:
             argv.append("--members")
-        elif cfg.variant == "shuffled":
-            argv += ["--shuffled", "--seed", str(args.seed)]
         elif cfg.variant:
-            argv += [f"--{cfg.variant}", str(cfg.workers)]
+            argv += ["--shuffled", "--seed", str(args.seed)]
+            if cfg.variant != "shuffled":
+                argv += [f"--{cfg.variant}", str(cfg.workers)]
+            if cfg.variant == "loader":
+                argv += ["--batch-size", str(args.batch_size)]
         return [*argv, "--handshake"]
     return [
         sys.executable, ME, "_child", cfg.child, data, result,

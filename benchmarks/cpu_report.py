@@ -63,14 +63,13 @@ def ceiling_of(config: Any) -> str:
     """The ceiling row of a shardio configuration: the floor with the one cost its way of
     reading cannot avoid (bench_cpu.py's docstring); "" for other rows.
 
-    Worker processes: the floor through a bare DataLoader with as many workers; reader
-    threads: the floor in as many processes at once; in the training process alone: the
-    floor reading members in a random order (both modes read a shuffled order: map the
-    epoch's permutation, stream a window's)."""
+    Each reads members in a random order (both modes read a shuffled order: map the
+    epoch's permutation, stream a window's): in the training process alone, in as many
+    processes at once (reader threads), or in a bare DataLoader's workers."""
     if not config.shardio:
         return ""
     if config.child.endswith("-threads"):
-        return f"floor-p{config.workers}"
+        return f"floor-shuffled-p{config.workers}"
     if config.workers:
         return f"floor-loader-w{config.workers}"
     return "floor-shuffled"
@@ -258,18 +257,18 @@ def report(outcomes: Sequence[Any], args: Any, facts: dict[str, Any]) -> str:
         "batch. Every loader row includes the training process's own loop (count the bytes, "
         "read one byte per 4 KiB page of each sample); the floors do not.",
         "",
-        "Ceilings: the floor with one cost that a configuration cannot avoid, and nothing "
-        "else. *Random order*: each member read by one `pread` and hashed, all members in a "
-        "random order each epoch (both shardio modes read a shuffled order: map the epoch's "
-        "permutation, stream a window's). *Processes*: the floor in as many processes at "
-        "once, each a share of the shards (what splitting one reader costs by itself: shared "
-        "caches and memory bandwidth). *DataLoader*: the floor in a bare "
-        "`torch.utils.data.DataLoader`'s workers, each `readinto` its own reused "
-        "shared-memory slots, sending only (slot, length); the training process reads one "
-        "byte per page (no index, no per-sample work: below any loader built on "
-        'DataLoader workers). "÷ its ceiling": a shardio row over the ceiling of its '
-        "configuration (0 workers: random order; workers: DataLoader; reader threads: "
-        "processes).",
+        "Ceilings: what a configuration cannot avoid, and nothing else: every member read "
+        "by one `pread` and hashed with xxh3-64, all members in a random order each epoch "
+        "(both shardio modes read a shuffled order: map the epoch's permutation, stream a "
+        "window's; on a cold page cache random reads cost the reader more CPU than "
+        "sequential ones), in one process; in as many processes at once, each a share "
+        "(splitting one reader costs by itself: shared caches and memory bandwidth); and in "
+        "a bare `torch.utils.data.DataLoader`'s workers, each reading a batch at a time into "
+        "its own reused shared-memory slots and sending only (slot, length, digest), the "
+        "training process reading one byte per page (no index, no per-sample work there: "
+        'below any loader built on DataLoader workers). "÷ its ceiling": a shardio row '
+        "over its configuration's (0 workers: one process; workers: the DataLoader; reader "
+        "threads: the processes).",
         "",
     ]
     for fs in args.fss:

@@ -8,6 +8,7 @@ that the figures, ratios and verdicts follow from the runs they are given.
 from __future__ import annotations
 
 import io
+import os
 import pathlib
 import sys
 import tarfile
@@ -69,32 +70,41 @@ def test_the_ceilings_read_and_hash_what_the_floor_does(tmp_path: pathlib.Path, 
         members = {f"{long}{i}.jpeg": bytes([i]) * (9000 + i), f"s{i}.cls": b"%d" % i, "e": b""}
         _tar(pathlib.Path(shards[-1]), members, fmt)
     per_member = bench_cpu.read_floor(shards, members=True, epochs=1)
-    # Random order: every member once per epoch, whatever the order (xor: 3 epochs = 1).
-    shuffled = bench_cpu.read_floor_shuffled(shards, epochs=3, seed=5)
-    assert shuffled["digest"] == per_member["digest"]
-    assert shuffled["hashes"] == 3 * per_member["hashes"]
-    assert shuffled["read_bytes"] == 3 * per_member["hashed_bytes"]
     # The member list comes from the headers alone, as the whole-shard walk finds it.
     for path in shards:
         data = memoryview(pathlib.Path(path).read_bytes())
         assert bench_cpu.member_extents(path) == list(bench_cpu.tar_members(data, len(data)))
-    whole = bench_cpu.read_floor(shards, members=False, epochs=2)
-    procs = bench_cpu.read_floor_procs(shards, procs=2, epochs=2)
-    assert procs["read_bytes"] == whole["read_bytes"]
-    loader = bench_cpu.read_floor_loader(shards, workers=2, epochs=2)
-    assert loader["read_bytes"] == whole["read_bytes"]
-    # Each shard fits one read here: the loader's digests are the shards' (xor: 2 epochs = 0).
-    assert loader["hashes"] == 2 * len(shards)
-    assert loader["digest"] == 0
-    once = bench_cpu.read_floor_loader(shards, workers=2, epochs=1)
-    assert once["digest"] == bench_cpu.read_floor(shards, members=False)["digest"]
+    extents = bench_cpu.open_extents(shards)
+    try:
+        # Random order: every member once per epoch, whatever the order (xor: 3 epochs = 1).
+        shuffled = bench_cpu.read_floor_shuffled(extents, epochs=3, seed=5)
+        assert shuffled["digest"] == per_member["digest"]
+        assert shuffled["hashes"] == 3 * per_member["hashes"]
+        assert shuffled["read_bytes"] == 3 * per_member["hashed_bytes"]
+        assert bench_cpu.epoch_order(9, 5, 1) != bench_cpu.epoch_order(9, 5, 2)
+        split = bench_cpu.read_floor_shuffled(extents, epochs=2, seed=5, procs=2)
+        assert split["read_bytes"] == 2 * per_member["hashed_bytes"]
+        for epochs in (1, 2):  # each epoch's batches, two workers, kept between epochs
+            loader = bench_cpu.read_floor_loader(
+                extents, workers=2, batch_size=2, epochs=epochs, seed=5
+            )
+            assert loader["read_bytes"] == epochs * per_member["hashed_bytes"]
+            assert loader["digest"] == (per_member["digest"] if epochs == 1 else 0)
+            # 9 members (a share of 5 and of 4): 3 and 2 batches an epoch.
+            assert loader["hashes"] == 5 * epochs
+    finally:
+        for fd in {fd for fd, _, _ in extents}:
+            os.close(fd)
 
 
 def test_a_failed_reader_process_is_an_error(tmp_path: pathlib.Path) -> None:
     good = tmp_path / "good.tar"
-    _tar(good, {"a.jpeg": b"a"}, tarfile.USTAR_FORMAT)
+    _tar(good, {"a.jpeg": b"a" * 100, "b.jpeg": b"b" * 100}, tarfile.USTAR_FORMAT)
+    extents = bench_cpu.open_extents([str(good)])
+    good.write_bytes(good.read_bytes()[:2048])  # the second member is cut off
     with pytest.raises(RuntimeError, match="1 of 2 floor readers failed"):
-        bench_cpu.read_floor_procs([str(tmp_path / "none.tar"), str(good)], procs=2)
+        bench_cpu.read_floor_shuffled(extents, procs=2)
+    os.close(extents[0][0])
 
 
 def test_a_truncated_tar_is_an_error(tmp_path: pathlib.Path) -> None:
@@ -177,7 +187,7 @@ def test_each_shardio_row_is_given_against_its_ceiling() -> None:
     assert cpu_report.ceiling_of(names["shardio-map-w0"]) == "floor-shuffled"
     assert cpu_report.ceiling_of(names["shardio-stream-w0"]) == "floor-shuffled"
     assert cpu_report.ceiling_of(names["shardio-map-w2"]) == "floor-loader-w2"
-    assert cpu_report.ceiling_of(names["shardio-stream-t2"]) == "floor-p2"
+    assert cpu_report.ceiling_of(names["shardio-stream-t2"]) == "floor-shuffled-p2"
     assert cpu_report.ceiling_of(names["wds"]) == ""
     assert all(cpu_report.ceiling_of(names[c]) in names for c in names if names[c].shardio)
     lw = ("local", "warm")
