@@ -121,11 +121,12 @@ class ShardDataset(ShardRuns, SampleReads, CursorFace, Dataset[dict[str, Any]]):
             (its other reads fail at once). None (default): 120 s on a network or parallel
             filesystem, no deadline on a local one; 0: no deadline. See
             :mod:`shardio.read.timeouts`.
-        read_strategy: how members are read: "local" (one pread per member in the reading
-            thread: what a local disk is fast with), "pfs" (for a network or parallel
-            filesystem: map mode reads a batch with several coalesced requests in flight,
-            stream mode reads its window's shards ahead sequentially into the page cache;
-            every member still checked after its read) or "auto"; None (default): the
+        read_strategy: how members are read: "local" (map mode: one pread per member in
+            the reading thread, what a local disk is fast with), "pfs" (for a network or
+            parallel filesystem: map mode reads a batch with several coalesced requests in
+            flight) or "auto". With either, stream mode reads its window's shards ahead
+            sequentially into the page cache, and every member is still checked after its
+            read. None (default): the
             ``SHARDIO_READ_STRATEGY`` environment variable, else "auto" (chosen from the
             filesystem holding ``path``). See :mod:`shardio.read.strategy`.
         recovery: what a sample that cannot be read (or decoded) gets: None (default): its
@@ -485,11 +486,8 @@ class ShardStreamDataset(ShardDataset, IterableDataset[dict[str, Any]]):
             if info is None:
                 self.cursor.finish()
             return
-        # This worker's next batches: all ``depth - 1`` of them before its first batch (the
-        # cold start of the epoch), then one more before each (see RunPlan).
-        depth = run.plan.depth if run is not None and run.plan.workers > 0 else 2
         with contextlib.closing(
-            self._stream_batches(positions, batch_size, worker, workers, depth)
+            self._stream_batches(positions, batch_size, worker, workers)
         ) as batches:
             for batch in batches:
                 yield self.__getitems__(batch)

@@ -45,8 +45,9 @@ class RunPlan:
     (and with it to the workers) before they start.
 
     A worker reads batches ``id``, ``id + workers``, ... (the DataLoader deals batches to its
-    workers in turn, and asks each for ``depth`` at once when the epoch starts); before
-    reading its first, it advises its next ``depth - 1`` too.
+    workers in turn, and asks each for ``depth`` at once when the epoch starts); in map
+    mode, before reading its first, it advises its next ``depth - 1`` too (stream mode reads
+    its shards ahead instead).
 
     Attributes:
         positions: the rank's positions that make this run's batches, in order (an array,

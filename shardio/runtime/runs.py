@@ -285,11 +285,10 @@ class ShardRuns:
         batch_size: int,
         worker: int,
         workers: int,
-        depth: int,
     ) -> Generator[list[int], None, None]:
         """Stream mode: worker ``worker``'s batches of ``positions`` (every ``workers``-th),
-        each read ahead (the strategy's read-ahead) or advised, with the next ``depth - 1``,
-        before it is given out."""
+        each read ahead (the strategy's read-ahead: its shards sequentially, before the
+        window's shuffled member reads) before it is given out."""
         n_chunks = -(-len(positions) // batch_size)
         # Reader threads share one page cache: the first reads ahead every thread's shards,
         # the others read after it, without advice (it would ask for the same pages again).
@@ -305,13 +304,10 @@ class ShardRuns:
         if quiet:
             self.packed.advising = False  # a read-ahead fills the page cache
         try:
-            for k, c in enumerate(range(worker, n_chunks, workers)):
+            for c in range(worker, n_chunks, workers):
                 batch = positions[c * batch_size : (c + 1) * batch_size]
                 if readahead is not None:
                     readahead.before_batch(batch)  # its shards are read ahead, not advised
-                elif not quiet:
-                    ahead = range(1, depth) if k == 0 else (depth - 1,)
-                    self._advise_batches(positions, batch_size, (c + a * workers for a in ahead))
                 yield batch.tolist()
         finally:
             if readahead is not None:

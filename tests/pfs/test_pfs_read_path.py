@@ -1,7 +1,7 @@
 """The read path per filesystem on the MooseFS bed: "auto" chooses pfs there, and both
-strategies (local: one pread per member; pfs: planned requests in flight, stream read-ahead)
-deliver every byte as in the source, in the same order, with the same opens and metadata
-requests per sample, and still catch a flipped byte."""
+strategies (map mode: local one pread per member, pfs planned requests in flight; stream
+mode reads ahead with both) deliver every byte as in the source, in the same order, with
+the same opens and metadata requests per sample, and still catch a flipped byte."""
 
 from __future__ import annotations
 

@@ -269,9 +269,10 @@ def _check_worker_budget_pickled(run: Run) -> None:
     _check_worker_budget(shard_only, cached=True)
 
 
-@pytest.mark.parametrize("mode", ["map", "stream"])
-def test_each_worker_advises_its_first_batches_before_reading_any(traced, datasets, mode):
-    run = traced("many", mode, False)
+def test_each_worker_advises_its_first_batches_before_reading_any(traced, datasets):
+    """Map mode. Stream mode reads its shards ahead instead (a thread of the worker's, with
+    ``sendfile``: tests/unit/runtime/test_read_strategy.py)."""
+    run = traced("many", "map", False)
     root = datasets["many"][0]
     with ShardReader(root) as ds:
         sample_of = {ds.key(i): i for i in range(len(ds))}
