@@ -358,6 +358,11 @@ def _floor_child(argv: Sequence[str]) -> int:
     extents = open_extents(shards) if args.shuffled else []
     if args.handshake:
         common.child_handshake()
+    # As the loader rows' child does: what the imports left on the heap is frozen, so that
+    # the collection that reaps the workers walks what the run made, not all of torch (and
+    # the forked workers' first collections copy none of the parent's pages).
+    gc.collect()
+    gc.freeze()
     cpu0 = bench_read._cpu_now()
     t0 = time.perf_counter()
     if args.shuffled and args.loader:

@@ -80,26 +80,31 @@ class ByteColumn(Sequence[memoryview]):
         return i if self.present[i] else None
 
     def __getitem__(self, i: int) -> memoryview:  # type: ignore[override]
-        at = self._present(i)
-        if at is None:
+        view, bounds, present = self._views()
+        if not 0 <= i < len(present):  # a negative i counts from the end
+            at = self._present(i)
+            if at is None:
+                return None  # type: ignore[return-value]
+            i = at
+        elif not present[i]:
             return None  # type: ignore[return-value]
-        view, bounds = self._views()
-        return view[bounds[at] : bounds[at + 1]]
+        return view[bounds[i] : bounds[i + 1]]
 
-    def _views(self) -> tuple[memoryview, list[int]]:
-        """The buffer as a memoryview and the offsets as ints, made on first use (a training
-        loop takes every sample of a batch: not once per sample)."""
+    def _views(self) -> tuple[memoryview, list[int], list[bool]]:
+        """The buffer as a memoryview, the offsets as ints and ``present`` as bools, made on
+        first use (a training loop takes every sample of a batch: not once per sample)."""
         views = self.__dict__.get("_cached")
         if views is None:
             views = self._cached = (
                 memoryview(self.buffer.numpy()),  # type: ignore[arg-type]
                 self.offsets.tolist(),
+                self.present.tolist(),
             )
         return views
 
     def __iter__(self) -> Iterator[memoryview]:
-        view, bounds = self._views()
-        for at, has in enumerate(self.present.tolist()):
+        view, bounds, present = self._views()
+        for at, has in enumerate(present):
             yield view[bounds[at] : bounds[at + 1]] if has else None  # type: ignore[misc]
 
     def __getstate__(self) -> dict[str, Any]:

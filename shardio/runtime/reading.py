@@ -129,6 +129,21 @@ class SampleReads:
             raise IndexError(f"sample {number} out of range for {self.num_samples} samples")
         return number % self.num_samples
 
+    def _sample_indices(self, indices: Sequence[object]) -> list[int]:
+        """Each of ``indices`` checked and made non-negative, as :meth:`_sample_index` does,
+        with the checks done for the whole batch where every index is a plain int in range
+        (the usual batch: no Python step per sample).
+
+        Raises:
+            UsageError: an index is not an integer.
+            IndexError: an index is out of range.
+        """
+        values = list(indices)
+        n = self.num_samples
+        if values and set(map(type, values)) == {int} and -n <= min(values) and max(values) < n:
+            return values if min(values) >= 0 else [v % n for v in values]
+        return [self._sample_index(i) for i in values]
+
     def _read_checked(self, read: Callable[[list[int]], Any], indices: list[int]) -> Any:
         """``read(indices)``, through the recovery policy when there is one; a worker sends
         the recovery's events with the batch, the training process keeps them."""
@@ -182,7 +197,7 @@ class SampleReads:
         return decoded
 
     def _read_items(self, indices: Sequence[int]) -> Any:
-        checked = [self._sample_index(i) for i in indices]
+        checked = self._sample_indices(indices)
         if self._decoder is None and self.transform is None:
             batch = self._read_checked(self._read_raw, checked)
         else:
@@ -208,7 +223,7 @@ class SampleReads:
         Raises:
             IndexError: an index out of range.
         """
-        checked = [self._sample_index(i) for i in indices]
+        checked = self._sample_indices(indices)
         return self._read_checked(self._read_local, checked)  # type: ignore[no-any-return]
 
     def _read_local(self, checked: list[int]) -> dict[str, Any]:

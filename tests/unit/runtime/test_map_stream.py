@@ -7,11 +7,12 @@ import gc
 import io
 import pickle
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from shardio.errors import ChecksumMismatchError, IntegrityError
+from shardio.errors import ChecksumMismatchError, IntegrityError, UsageError
 from shardio.runtime.batch import ByteColumn
 from shardio.runtime.dataset import ShardDataset, ShardStreamDataset
 
@@ -58,6 +59,22 @@ def test_map_getitem_out_of_range_raises_index_error(packed_tar):
         ds[600]
     with pytest.raises(IndexError):
         ds[-601]
+
+
+def test_a_batch_of_indices_is_checked_as_each_index_is(packed_tar):
+    """``__getitems__`` (the DataLoader's batch read) checks a batch of plain ints at once,
+    anything else one by one: the same samples and the same errors as ``ds[i]``."""
+    ds = ShardDataset(packed_tar.path)
+    keys = packed_tar.keys
+    for batch in ([3, 0, 599], [-1, 5, -600], [np.int64(7), 2]):
+        got = ds.__getitems__(batch)
+        assert got["__key__"] == [keys[int(i)] for i in batch]
+    for bad, error in (([0, 600], IndexError), ([-601, 1], IndexError), ([0, 1 << 70], IndexError)):
+        with pytest.raises(error):
+            ds.__getitems__(bad)
+    for bad in ([0, 1.0], [0, True], [0, "1"]):
+        with pytest.raises(UsageError, match="sample index"):
+            ds.__getitems__(bad)
 
 
 @pytest.mark.parametrize("mode", MODES)

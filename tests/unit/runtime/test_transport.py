@@ -44,3 +44,26 @@ def test_mapped_column_gathers_into_one_buffer_and_survives_pickling(packed_tar)
 def test_unknown_transport_is_refused(packed_tar):
     with pytest.raises(UsageError, match="transport"):
         ShardDataset(packed_tar.path, transport="carrier-pigeon")
+
+
+def test_a_byte_column_indexes_like_a_sequence():
+    import numpy as np
+    import torch
+
+    buffer = torch.arange(12, dtype=torch.uint8)
+    present = np.array([True, False, True, True])
+    col = ByteColumn(buffer, np.array([2, 5, 5, 9, 12], dtype=np.int64), present)
+    assert [None if v is None else bytes(v) for v in col] == [
+        bytes([2, 3, 4]), None, bytes([5, 6, 7, 8]), bytes([9, 10, 11]),
+    ]  # fmt: skip
+    assert [None if col[i] is None else bytes(col[i]) for i in range(4)] == [
+        None if v is None else bytes(v) for v in col
+    ]
+    assert bytes(col[-1]) == bytes([9, 10, 11])
+    assert col[-3] is None
+    assert bytes(col[np.int64(2)]) == bytes([5, 6, 7, 8])
+    for out in (4, -5, 1 << 70):
+        with pytest.raises(IndexError):
+            col[out]
+    with pytest.raises(TypeError):
+        col[1.0]  # type: ignore[index]
