@@ -140,8 +140,11 @@ class SampleReads:
         """
         values = list(indices)
         n = self.num_samples
-        if values and set(map(type, values)) == {int} and -n <= min(values) and max(values) < n:
-            return values if min(values) >= 0 else [v % n for v in values]
+        if values and set(map(type, values)) == {int}:
+            ints = cast("list[int]", values)
+            low = min(ints)
+            if -n <= low and max(ints) < n:
+                return ints if low >= 0 else [v % n for v in ints]
         return [self._sample_index(i) for i in values]
 
     def _read_checked(self, read: Callable[[list[int]], Any], indices: list[int]) -> Any:
