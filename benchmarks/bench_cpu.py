@@ -650,9 +650,52 @@ def baseline_tree(rev: str, workdir: str) -> Iterator[str]:
         check=True, capture_output=True,
     )  # fmt: skip
     try:
+        build_native(path)
         yield path
     finally:
         _remove_worktree(path)
+
+
+# Builds a tree's compiled modules in place from its own pyproject.toml, as `pip install -e`
+# does here (argv[1]: the [[tool.setuptools.ext-modules]] tables, as JSON).
+_BUILD = """
+import json, sys
+from setuptools import Distribution, Extension
+from setuptools.command.build_ext import build_ext
+exts = [
+    Extension(m["name"], m["sources"], depends=m.get("depends", []),
+              extra_compile_args=m.get("extra-compile-args", []))
+    for m in json.loads(sys.argv[1])
+]
+cmd = build_ext(Distribution({"ext_modules": exts}))
+cmd.inplace = True
+cmd.ensure_finalized()
+cmd.run()
+"""
+
+
+def build_native(tree: str) -> list[str]:
+    """Build the compiled modules of ``tree`` (a baseline worktree: git holds no build) in
+    place, so that its rows measure the read path that commit shipped, not its pure-Python
+    fallback. Returns the modules' names (none at a commit before they existed).
+
+    Raises:
+        RuntimeError: a module failed to build.
+    """
+    import tomllib
+
+    with open(os.path.join(tree, "pyproject.toml"), "rb") as fh:
+        tables = tomllib.load(fh).get("tool", {}).get("setuptools", {}).get("ext-modules", [])
+    if not tables:
+        return []
+    done = subprocess.run(
+        [sys.executable, "-c", _BUILD, json.dumps(tables)], cwd=tree, capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["?"]
+        raise RuntimeError(f"building {tree}'s compiled modules failed: {tail[0]}")
+    return [t["name"] for t in tables]
 
 
 def _remove_worktree(path: str) -> None:

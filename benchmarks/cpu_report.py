@@ -227,8 +227,9 @@ def report(outcomes: Sequence[Any], args: Any, facts: dict[str, Any]) -> str:
         "",
         common.code_line(facts["code_before"], facts["code_after"], "read"),
         (
-            f"Baseline: `git worktree add --detach TMP {args.baseline}` on `PYTHONPATH` for the "
-            "rows marked @" + args.baseline + " (each child checks which shardio it imported)."
+            f"Baseline: `git worktree add --detach TMP {args.baseline}`, its compiled read "
+            "path built in place (`bench_cpu.build_native`), on `PYTHONPATH` for the rows "
+            "marked @" + args.baseline + " (each child checks which shardio it imported)."
             if args.baseline
             else ""
         ),

@@ -259,13 +259,13 @@ class ShardReader:
         if len(samples) == 0 or not self.advising:
             return
         if self.reads_cached and (
-            not ahead or not self._nowait_probe or self._first_is_cached(samples)
+            not ahead or not self._nowait_probe or self.first_member_cached(samples)
         ):
             return
         for shard, lo, hi in merged_member_ranges(self.index, samples):
             self._advise_range(shard, lo, hi)
 
-    def _first_is_cached(self, samples: Sequence[int]) -> bool:
+    def first_member_cached(self, samples: Sequence[int] | np.ndarray[Any, Any]) -> bool:
         """Whether the first member of ``samples`` is in the page cache now, asked without
         reading it through the opener. On a local filesystem: a one-byte read that may not
         wait (``RWF_NOWAIT``): it never waits (no deadline to keep) and its byte is never
@@ -319,7 +319,7 @@ class ShardReader:
         before any of its reads."""
         if len(samples) == 0:
             return False
-        return self.reads_cached or (self._network and self._first_is_cached(samples))
+        return self.reads_cached or (self._network and self.first_member_cached(samples))
 
     def _advise_range(self, shard: int, lo: int, hi: int) -> None:
         # Advice only: a shard that cannot be opened fails its read, with a proper error.

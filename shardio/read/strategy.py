@@ -104,9 +104,11 @@ class ReadStrategy:
 
 # Stream mode reads its shards ahead on a local disk too: a window's shuffled member reads
 # are random reads, and a cold random read costs the reader CPU that a sequential one does
-# not (benchmarks/RESULTS.md, "CPU per verified GB": the random-order ceiling). Measured here
-# (2 epochs, 0.66 GB each, the first cold, medians of 4): 0.89 -> 0.64 CPU-s and 1.07 ->
-# 0.82 s with no workers, 1.19 -> 1.07 CPU-s and 0.93 -> 0.84 s with 2; warm, no change.
+# not (benchmarks/RESULTS.md, "CPU per verified GB": the random-order ceiling). A reader
+# starts its read-ahead at its first batch the page cache lacks (a warm epoch starts none).
+# Measured here (2 epochs, 0.66 GB each, the first cold, medians of 4): 0.70 -> 0.47 CPU-s
+# and 1.00 -> 0.73 s with no workers, 1.00 -> 0.86 CPU-s and 0.88 -> 0.74 s with 2; warm,
+# the same (0.38 and 0.69 CPU-s).
 LOCAL = ReadStrategy(
     name="local",
     inflight=1,

@@ -269,7 +269,7 @@ _DIRECT_READS_ALLOWED = {
     ("shardio.staging.copy", "_staged_equals"): "a small file compared whole (DALI index)",
     ("shardio.read.unavailable", "_read_small"): "the node's registry of unavailable shards",
     ("shardio.read.faults", "map"): "anonymous memory for the faulted bytes",
-    ("shardio.read.reader", "_first_is_cached"): "one byte's page-cache residency, not used",
+    ("shardio.read.reader", "first_member_cached"): "one byte's page-cache residency, not used",
 }
 _READ_CALLS = {
     ("os", "read"), ("os", "pread"), ("os", "preadv"), ("os", "readv"),

@@ -223,3 +223,14 @@ def test_the_report_renders(tmp_path: pathlib.Path) -> None:
     assert "| floor: `readinto` 8 MiB + xxh3-64 per shard | 1.00 (1.00-1.00)" in body
     assert "not run" in body  # cat has no run
     assert f"{sys.executable} benchmarks/bench_cpu.py --cache warm --baseline none" in body
+
+
+def test_a_baseline_tree_gets_its_compiled_modules_built(tmp_path: pathlib.Path) -> None:
+    """A worktree holds no build: its rows would measure the pure-Python fallback."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    assert bench_cpu.build_native(str(tmp_path)) == []  # a commit before any existed
+    (tmp_path / "pyproject.toml").write_text(
+        "[[tool.setuptools.ext-modules]]\nname = 'pkg._gone'\nsources = ['pkg/_gone.c']\n"
+    )
+    with pytest.raises(RuntimeError, match="compiled modules failed"):
+        bench_cpu.build_native(str(tmp_path))

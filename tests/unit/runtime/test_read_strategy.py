@@ -3,6 +3,7 @@ same order, with the same opens; the choice is validated, overridable and reache
 
 from __future__ import annotations
 
+import os
 import pickle
 import threading
 
@@ -18,6 +19,18 @@ from shardio.read.strategy import ENV_VAR
 from shardio.runtime.dataset import ShardDataset
 
 SINGLE = RankInfo()
+
+
+def _evicted(root: str) -> bool:
+    """The dataset's shards dropped from the page cache (False: this filesystem keeps them)."""
+    with ShardReader(root) as ds:
+        return evict(ds.shard_path(shard) for shard in range(len(ds.manifest.shards)))
+
+
+def _cold(root: str) -> None:
+    """A stream read-ahead starts at the first batch not in the page cache: drop it first."""
+    if not _evicted(root):
+        pytest.skip("this filesystem keeps the shards in memory (tmpfs)")
 
 
 def _read(packed, mode: str, strategy: str, workers: int) -> tuple[list[str], dict[str, int]]:  # type: ignore[no-untyped-def]
@@ -52,6 +65,7 @@ def test_stream_reads_ahead_in_a_named_thread(packed_tar, monkeypatch, strategy)
         run(self)
 
     monkeypatch.setattr(StreamReadahead, "_run", spy)
+    _cold(packed_tar.path)
     ds = ShardDataset(packed_tar.path, mode="stream", ranks=SINGLE, read_strategy=strategy)
     for batch in ds.loader(batch_size=16, num_workers=0):
         packed_tar.check_batch(batch)
@@ -70,6 +84,7 @@ def test_the_stream_read_ahead_may_hold_the_next_whole_window(packed_tar, monkey
         init(self, *args, **kwargs)
 
     monkeypatch.setattr(StreamReadahead, "__init__", spy)
+    _cold(packed_tar.path)
     ds = ShardDataset(
         packed_tar.path, mode="stream", ranks=SINGLE, read_strategy="pfs", window_shards=3
     )
@@ -105,12 +120,50 @@ def test_stream_mode_reads_ahead_and_advises_nothing(packed_tar, monkeypatch, st
         advise(self, shard, lo, hi)
 
     monkeypatch.setattr(ShardReader, "_advise_range", spy)
+    _cold(packed_tar.path)
     ds = ShardDataset(packed_tar.path, mode="stream", ranks=SINGLE, read_strategy=strategy)
     for batch in ds.loader(batch_size=16, num_workers=0):
         packed_tar.check_batch(batch)
     assert started == [packed_tar.num_shards]  # one read-ahead, of every shard
     assert calls == []
     assert ds.packed.advising  # back on once the epoch is over
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_read_ahead_starts_only_where_the_page_cache_lacks_a_batch(
+    packed_tar, monkeypatch, tmp_path, workers
+) -> None:  # type: ignore[no-untyped-def]
+    """Cold: a read-ahead per reader, from its first batch not in the page cache. Warm (the
+    epoch again): none, and the same bytes: a read-ahead that only finds resident pages
+    costs CPU for nothing."""
+    log = tmp_path / "starts"  # a file: the workers' starts happen in their processes
+    init = StreamReadahead.__init__
+
+    def spy(self: StreamReadahead, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        with open(log, "a") as fh:
+            fh.write(f"{os.getpid()} {len(args[1])}\n")
+        init(self, *args, **kwargs)
+
+    def starts() -> list[str]:
+        lines = log.read_text().splitlines() if log.exists() else []
+        log.unlink(missing_ok=True)
+        return lines
+
+    monkeypatch.setattr(StreamReadahead, "__init__", spy)
+    _cold(packed_tar.path)
+    ds = ShardDataset(packed_tar.path, mode="stream", ranks=SINGLE, read_strategy="local", seed=3)
+    loader = ds.loader(batch_size=16, num_workers=workers, persistent_workers=False)
+    cold = [k for batch in loader for k in packed_tar.check_batch(batch)]
+    packed_tar.assert_exactly_once(cold)
+    started = starts()
+    # At most one per reader; a worker whose batches a sibling's read-ahead (or reads) put in
+    # the page cache first starts none.
+    assert 1 <= len(started) == len({line.split()[0] for line in started}) <= max(1, workers)
+    if workers == 0:
+        assert started[0].split()[1] == str(packed_tar.num_shards)
+    warm = [k for batch in loader for k in packed_tar.check_batch(batch)]
+    assert warm == cold
+    assert starts() == []
 
 
 def _planned_calls(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
@@ -125,12 +178,6 @@ def _planned_calls(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
 
     monkeypatch.setattr(batch_module, "read_members_planned", counted)
     return calls
-
-
-def _evicted(root: str) -> bool:
-    """The dataset's shards dropped from the page cache (False: this filesystem keeps them)."""
-    with ShardReader(root) as ds:
-        return evict(ds.shard_path(shard) for shard in range(len(ds.manifest.shards)))
 
 
 def test_pfs_map_reads_on_io_threads_what_the_page_cache_lacks(packed_tar, monkeypatch) -> None:  # type: ignore[no-untyped-def]
