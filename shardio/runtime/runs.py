@@ -296,10 +296,11 @@ class ShardRuns:
         each read ahead (the strategy's read-ahead: its shards sequentially, before the
         window's shuffled member reads) before it is given out.
 
-        The read-ahead starts at the first batch whose first member is not in the page cache
-        (a one-byte probe that cannot wait): an epoch the page cache holds never starts one
-        (on a local disk, with 2 workers, one cost about a tenth more CPU and wall time warm
-        for nothing), a cold one starts it at its first batch."""
+        The read-ahead starts at the reader's first batch not in the page cache (a one-byte
+        probe that cannot wait, of each sample of the first batch, then of each batch's
+        first sample): an epoch the page cache holds never starts one (on a local disk, with
+        2 workers, one cost about a tenth more CPU and wall time warm for nothing), a cold
+        one starts it at its first batch, in every worker."""
         n_chunks = -(-len(positions) // batch_size)
         # Reader threads share one page cache: the first reads ahead every thread's shards,
         # the others read after it, without advice (it would ask for the same pages again).
@@ -311,10 +312,15 @@ class ShardRuns:
         readahead: StreamReadahead | None = None
         if quiet:
             self.packed.advising = False  # a read-ahead fills the page cache
+        probe = self.packed.first_member_cached
         try:
-            for c in range(worker, n_chunks, workers):
+            for k, c in enumerate(range(worker, n_chunks, workers)):
                 batch = positions[c * batch_size : (c + 1) * batch_size]
-                if waiting and not self.packed.first_member_cached(batch):
+                # The first batch: every sample probed (a sibling worker's read-ahead may have
+                # read the first few already); later ones: their first sample.
+                if waiting and not all(
+                    probe(batch[i : i + 1]) for i in range(len(batch) if k == 0 else 1)
+                ):
                     waiting = False
                     readahead = (
                         self._stream_readahead(positions, batch_size, 0, 1, c)
