@@ -241,6 +241,7 @@ class ShardDataset(ShardRuns, SampleReads, CursorFace, Dataset[dict[str, Any]]):
         state["_handoff"] = self._ds.handoff() if self._ds is not None else self._handoff
         state["_ds"] = None
         state.pop("_buffers", None)  # the reused batch buffers stay with this process
+        state.pop("_warming", None)  # a read-ahead thread of this process (see begin_run)
         # The figures of a reader this process closed are this process's: a worker sends
         # what it read itself (it would send these again with its first batch).
         state["_closed_metrics"] = None

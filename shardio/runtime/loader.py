@@ -524,6 +524,7 @@ class ShardLoader:
             depth=readers.depth,
             shares_opens=True,
             drop_last=self.drop_last,
+            threads=True,
         )
         self.dataset.begin_run(plan)
         return readers.run(self.dataset, plan)

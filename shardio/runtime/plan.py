@@ -64,6 +64,7 @@ class RunPlan:
             (each batch takes a fresh shared segment).
         board: persistent workers: a shared int64 tensor ``[run, epoch, consumed]`` the loader
             rewrites before each later pass; None starts new workers every pass.
+        threads: the workers are reader threads of the training process, not processes.
     """
 
     positions: Any
@@ -74,6 +75,7 @@ class RunPlan:
     drop_last: bool = False
     ring: BatchRing | None = None
     board: Any = None
+    threads: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

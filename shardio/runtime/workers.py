@@ -58,7 +58,14 @@ def start_batches(loader: DataLoader[Any], *, forks: bool) -> Iterator[Any]:
     torch and shardio imported. Frozen at the fork, they stay in the workers' permanent
     generation, which the collector leaves alone; this process unfreezes them at once
     (freezing and unfreezing move lists, not objects). A heap the caller froze is left so.
+
+    torch's worker loop seeds numpy's global generator, and numpy imports ``numpy.random``
+    at that first use: imported here, once, the workers inherit it instead of each importing
+    it after the fork (on a cold node from disk: about 60 ms of a stream epoch's start on
+    the MooseFS bed, RESULTS.md "On a parallel filesystem, pinned").
     """
+    if forks:
+        import numpy.random  # noqa: F401 - see above
     if not forks or gc.get_freeze_count():
         return iter(loader)
     gc.freeze()

@@ -12,7 +12,6 @@ the read path (:mod:`shardio.read.strategy`).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import dataclasses
 import functools
 import logging
@@ -78,8 +77,10 @@ _FS_TYPE_MASK = 0xFFFFFFFF  # f_type is signed; magic numbers are 32-bit unsigne
 
 @functools.cache
 def _libc_statfs() -> Any:
-    """Return libc's ``statfs`` function, loaded once and typed for ctypes."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    """Return libc's ``statfs`` function, loaded once and typed for ctypes: from the
+    process's own symbols (``dlopen(NULL)``), not ``ctypes.util.find_library``, which runs
+    ``ldconfig`` in a subprocess (read from disk on a cold node, inside a dataset's open)."""
+    libc = ctypes.CDLL(None, use_errno=True)
     statfs = libc.statfs
     statfs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
     statfs.restype = ctypes.c_int

@@ -54,3 +54,25 @@ def test_no_fork_no_freeze_and_no_walk_of_the_frozen_heap(monkeypatch) -> None: 
     loader = DataLoader(list(range(4)), batch_size=2, num_workers=0)  # type: ignore[arg-type]
     assert len(list(start_batches(loader, forks=False))) == 2
     assert calls == []
+
+
+def test_workers_inherit_numpy_random_from_the_training_process() -> None:
+    """torch's worker loop seeds numpy's generator, which imports numpy.random in each
+    worker unless the training process already has it (on a cold node, from disk)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from torch.utils.data import DataLoader\n"
+        "from shardio.runtime.workers import start_batches\n"
+        "assert 'numpy.random' not in sys.modules\n"
+        "loader = DataLoader(list(range(4)), batch_size=2, num_workers=1, "
+        "multiprocessing_context='fork')\n"
+        "assert len(list(start_batches(loader, forks=True))) == 2\n"
+        "print('numpy.random' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["True"]

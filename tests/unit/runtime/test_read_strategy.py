@@ -166,6 +166,68 @@ def test_a_stream_read_ahead_starts_only_where_the_page_cache_lacks_a_batch(
     assert starts() == []
 
 
+@pytest.mark.parametrize("strategy", ["local", "pfs"])
+def test_the_training_process_reads_the_first_window_ahead_while_its_workers_start(
+    packed_tar, monkeypatch, tmp_path, strategy
+) -> None:  # type: ignore[no-untyped-def]
+    """Forked workers start their read-ahead only after the ring, the forks and torch's
+    worker set-up: the training process reads the run's first window ahead meanwhile, once
+    (not warm, not for reader threads, not with no workers), and the epoch is the same."""
+    log = tmp_path / "starts"
+    init = StreamReadahead.__init__
+
+    def spy(self: StreamReadahead, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        with open(log, "a") as fh:
+            fh.write(f"{os.getpid()} {','.join(map(str, args[1]))} {kwargs['ahead_bytes']}\n")
+        init(self, *args, **kwargs)
+
+    def parent_starts() -> list[list[str]]:
+        lines = log.read_text().splitlines() if log.exists() else []
+        log.unlink(missing_ok=True)
+        return [line.split()[1:] for line in lines if line.split()[0] == str(os.getpid())]
+
+    monkeypatch.setattr(StreamReadahead, "__init__", spy)
+    # A deadline under "pfs": the workers fork while the read-ahead's calls are in flight on
+    # the training process's I/O threads (a forked child forgets them).
+    timeout = 5.0 if strategy == "pfs" else 0.0
+    ds = ShardDataset(
+        packed_tar.path,
+        mode="stream",
+        ranks=SINGLE,
+        read_strategy=strategy,
+        seed=4,
+        window_shards=2,
+        read_timeout_s=timeout,
+    )
+    sizes = [s.size_bytes for s in ds.packed.manifest.shards]
+    loader = ds.loader(batch_size=16, num_workers=2, persistent_workers=False)
+    _cold(packed_tar.path)
+    cold = [k for batch in loader for k in packed_tar.check_batch(batch)]
+    packed_tar.assert_exactly_once(cold)
+    (started,) = parent_starts()
+    window = [int(s) for s in started[0].split(",")]
+    first = ds._first_shards(ds.epoch_order())
+    assert window == first[: len(window)]  # the shards in the order the run reaches them
+    bound = ds._readahead_bound(ds.read_choice.strategy.stream_readahead_bytes)
+    assert sum(sizes[s] for s in window[:-1]) < bound  # no shard past the bound
+    assert int(started[1]) == sum(sizes[s] for s in window) + 1  # it reads them and ends
+    assert ds._warming is None
+    assert "shardio-readahead" not in {t.name for t in threading.enumerate()}
+    warm = [k for batch in loader for k in packed_tar.check_batch(batch)]
+    assert warm == cold
+    assert parent_starts() == []  # the page cache holds the first batch: nothing read ahead
+    _cold(packed_tar.path)
+    alone = ds.loader(batch_size=16, num_workers=0)
+    assert [k for batch in alone for k in packed_tar.check_batch(batch)] == cold
+    assert [ahead for _, ahead in parent_starts()] == [str(bound)]  # its own read-ahead only
+    _cold(packed_tar.path)
+    threads = ds.loader(batch_size=16, num_workers=2, threads=True)
+    assert sorted(k for batch in threads for k in packed_tar.check_batch(batch)) == sorted(cold)
+    for shards, ahead in parent_starts():  # the reader threads' own, none of the warm-up's
+        assert int(ahead) == bound != sum(sizes[int(s)] for s in shards.split(",")) + 1
+    threads.close()
+
+
 def _planned_calls(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
     import shardio.runtime.batch as batch_module
 
