@@ -380,22 +380,28 @@ def verdicts(tallies: Sequence[Tally]) -> list[str]:
     def line(what: str, value: float | None, target: float) -> bool | None:
         ok = None if value is None else value >= target
         verdict = "n/a" if ok is None else ("PASS" if ok else "FAIL")
-        out.append(f"- {what} ≥ {target:.2f}x: {_fmt(value, '.2f', 'x')} → **{verdict}**")
+        # Three decimals: 0.897 must not read as 0.90 beside a FAIL.
+        out.append(f"- {what} ≥ {target:.2f}x: {_fmt(value, '.3f', 'x')} → **{verdict}**")
         return ok
 
-    stream, smap = by.get("shardio-stream-auto"), by.get("shardio-map-auto")
-    if stream:
-        line("shardio stream, cold, vs `cat`", _ratio(stream, cat, "cold"), TARGET_STREAM_VS_CAT)
-    if smap:
-        a = line("shardio map, cold, vs `cat`", _ratio(smap, cat, "cold"), TARGET_MAP_VS_CAT)
+    # Each mode: its target against `cat`, or (the issue's other form) against the raw
+    # random-read ceiling measured on the same pinned CPU.
+    modes = (
+        ("stream", by.get("shardio-stream-auto"), TARGET_STREAM_VS_CAT),
+        ("map", by.get("shardio-map-auto"), TARGET_MAP_VS_CAT),
+    )
+    for mode, tally, vs_cat in modes:
+        if tally is None:
+            continue
+        a = line(f"shardio {mode}, cold, vs `cat`", _ratio(tally, cat, "cold"), vs_cat)
         b = line(
-            "shardio map, cold, vs the raw random-read ceiling",
-            _ratio(smap, ceiling, "cold"),
+            f"shardio {mode}, cold, vs the raw random-read ceiling",
+            _ratio(tally, ceiling, "cold"),
             TARGET_VS_CEILING,
         )
         if a is not None or b is not None:
             out.append(
-                "- map mode, either target (vs `cat`, or vs the ceiling): "
+                f"- {mode} mode, either target (vs `cat`, or vs the ceiling): "
                 f"**{'PASS' if a or b else 'FAIL'}**"
             )
     return out
@@ -480,7 +486,10 @@ def report(tallies: Sequence[Tally], loads: Sequence[str], facts: dict[str, Any]
         "hand-off to a training process, no per-sample Python beyond the loop. What no map-"
         "mode reader can beat on this access pattern.",
         "",
-        "Targets (issue 37, part 2: on the pinned bed):",
+        "Targets (issue 37, part 2: on the pinned bed): each mode against `cat` (stream 0.90x, "
+        "map 0.70x), or, the issue's other form, against the raw random-read ceiling (0.90x). "
+        "Stream mode reads a window's members in a shuffled order too; it reads the window's "
+        "shards whole and in sequence first, which the ceiling does not.",
         "",
         *verdicts(tallies),
         "",
