@@ -61,8 +61,8 @@ def start_batches(loader: DataLoader[Any], *, forks: bool) -> Iterator[Any]:
 
     torch's worker loop seeds numpy's global generator, and numpy imports ``numpy.random``
     at that first use: imported here, once, the workers inherit it instead of each importing
-    it after the fork (on a cold node from disk: about 60 ms of a stream epoch's start on
-    the MooseFS bed, RESULTS.md "On a parallel filesystem, pinned").
+    it after the fork (on a cold node, from disk: about 60 ms of a cold stream epoch's start
+    on the pinned MooseFS bed, 2 workers on one CPU).
     """
     if forks:
         import numpy.random  # noqa: F401 - see above
