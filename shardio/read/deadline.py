@@ -47,12 +47,14 @@ from __future__ import annotations
 
 import copy
 import errno
+import functools
 import logging
 import mmap
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -71,6 +73,7 @@ from shardio.storage.opener import (
     read_fully,
     read_natively,
     reads_natively,
+    split_runs,
     stop_native_reads,
 )
 from shardio.storage.stall import IoThreads, Job, submit
@@ -417,23 +420,27 @@ class DeadlineOpener:
         reads: Sequence[tuple[int, int, memoryview]],
         took: list[int] | None = None,
         after: Callable[[int], object] | None = None,
+        *,
+        parallel: int = 1,
     ) -> list[ReadOutcome]:
-        """:func:`~shardio.storage.opener.read_many` with one hand-off for all of ``reads``.
+        """:func:`~shardio.storage.opener.read_many` with one hand-off per run of reads.
 
-        The reads run in turn on one I/O thread, each straight into its target and under
-        the deadline of its own: the call is abandoned when one read has run for
-        ``timeout_s`` (an :class:`AbandonedBufferError` for it, its path held: its target
-        may still be written, so the caller gives up the buffer it lies in; None for the
-        reads after it, which are not made, and, where the batch went to the compiled module
-        as one call (a plain POSIX opener), for the reads before it too: that call's
-        outcomes are not waited for). Each path
-        is admitted once (held: its reads fail at once; behind a slow call: waited for), a
-        read slow past :attr:`slow_s` is told to the node as one call would be, and a
-        watched process reads directly. On the MooseFS bed a batch of 64 members cost 64
-        hand-offs, most of its CPU; now one.
+        The reads run in turn on one I/O thread (``parallel`` > 1: in that many runs of
+        neighbours, each on an I/O thread of its own, all watched from this thread), each
+        straight into its target and under the deadline of its own: a run is abandoned when
+        one of its reads has run for ``timeout_s`` (an :class:`AbandonedBufferError` for
+        it, its path held: its target may still be written, so the caller gives up the
+        buffer it lies in; None for the reads after it, which are not made, and, where the
+        run went to the compiled module as one call (a plain POSIX opener), for the reads
+        before it too: that call's outcomes are not waited for); the other runs go on.
+        Each path is admitted once (held: its reads fail at once; behind a slow call:
+        waited for), a read slow past :attr:`slow_s` is told to the node as one call would
+        be, and a watched process reads directly. On the MooseFS bed a batch of 64 members
+        cost 64 hand-offs, most of its CPU; now one per run.
         """
         if self.watched:
-            return read_each(self, reads, took, after)  # each direct, in the watch table
+            # Each direct, in the watch table (runs at once on plain threads).
+            return read_each(self, reads, took, after, parallel=parallel)
         results: list[ReadOutcome] = [None] * len(reads)
         times = [0] * len(reads)
         paths = [self._paths.get(fd, "") for fd, _off, _target in reads]
@@ -450,7 +457,15 @@ class DeadlineOpener:
             if refused[path] is None:
                 todo.append(k)
         if todo:
-            self._read_on_thread(reads, paths, todo, results, times, after)
+            batch = _Batch(reads, paths, results, times, after)
+            native = reads_natively(self.inner, after)
+            self._watch_runs(
+                batch,
+                [
+                    (_NativeRun if native else _PythonRun)(self, batch, [todo[i] for i in span])
+                    for span in split_runs(len(todo), parallel)
+                ],
+            )
         for k in todo:
             got = results[k]
             if isinstance(got, int) and paths[k]:
@@ -461,158 +476,77 @@ class DeadlineOpener:
             took.extend(times)
         return results
 
-    def _read_on_thread(  # noqa: PLR0917 - one call shape, private
-        self,
-        reads: Sequence[tuple[int, int, memoryview]],
-        paths: list[str],
-        todo: list[int],
-        results: list[ReadOutcome],
-        times: list[int],
-        after: Callable[[int], object] | None,
-    ) -> None:
-        """Run ``reads[k]`` for each k of ``todo`` on one I/O thread (see :meth:`read_many`);
-        ``after(k)`` there, once read k's bytes are in its target and while still waited
-        for."""
-        if reads_natively(self.inner, after):
-            self._read_natively(reads, paths, todo, results, times, after)  # type: ignore[arg-type]
-            return
+    def _watch_runs(self, batch: _Batch, runs: list[_Run]) -> None:
+        """Start each of ``runs`` on an I/O thread of its own and watch them all until each
+        returned or was given up: a run whose read in progress has run for ``timeout_s`` is
+        abandoned (see :meth:`read_many`), a path whose read has run for :attr:`slow_s` is
+        told to the node while it runs. This thread wakes when the last run returns, or
+        when a read in progress may turn slow or reach its deadline: not once per run."""
         pool = self._pool()
-        inner, inflight = self.inner, self._calls.inflight
-        at = [-1, 0]  # the read in progress (-1: none) and its start, under the job's lock
-        # That read counted as in flight on its path (for the slow-call gate) until it
-        # returns or the caller gives up on it, as a call's caller counts one.
-        current: list[tuple[str, int]] = []
-
-        def run() -> None:
-            # ``reads`` (the targets) stay reachable from this closure until it returns: the
-            # memory of a target an abandoned read still writes is not freed meanwhile.
-            for k in todo:
-                fd, offset, target = reads[k]
-                with job.lock:
-                    if job.abandoned:
-                        return
-                    call = inflight.begin(paths[k])
-                    current[:] = [call]
-                    at[0], at[1] = k, call[1]
-                try:
-                    got: int | OSError = read_fully(inner, fd, target, offset)
-                except OSError as exc:
-                    got = exc
-                with job.lock:
-                    inflight.end(call)
-                    if job.abandoned:
-                        return
-                    results[k], times[k] = got, time.monotonic_ns() - call[1]
-                    at[0] = -1
-                # Outside the lock (the caller may be giving up meanwhile: what this computes
-                # is then never looked at; it only reads the target).
-                if after is not None and isinstance(got, int):
-                    after(k)
-
-        job = Job(run, None)
-        first = todo[0]
-        submit(pool, job, f"read of {paths[first] or 'a descriptor'} at offset {reads[first][1]}")
+        left = _Countdown(len(runs))
+        live: list[_Run] = []
+        for number, run in enumerate(runs):
+            run.job.on_done = functools.partial(left.done, number)
+            first = run.todo[0]
+            try:
+                submit(pool, run.job, f"read of {batch.paths[first] or 'a descriptor'} at "
+                       f"offset {batch.reads[first][1]}")  # fmt: skip
+            except ReadStalledError as exc:  # too many calls abandoned: these not attempted
+                for k in run.todo:
+                    batch.results[k] = exc
+                left.done(number)
+                continue
+            run.number = number
+            live.append(run)
         limit_ns, slow_ns = int(self.timeout_s * 1e9), int(self.slow_s * 1e9)
-        suspected = ""  # the path told to the node as slow, while its read runs
-        while not job.event.is_set():
-            with job.lock:
-                k, began = at
-            age = time.monotonic_ns() - began
-            if k >= 0 and age >= limit_ns and pool.abandon(job):
-                with job.lock:  # nothing is written into ``results`` once abandoned
-                    answered = results[k] is not None  # it returned as it was given up
-                    for call in current:
-                        inflight.end(call)  # given up: no longer this process's call
-                if not answered:
-                    self._stalled(reads, paths, k, age, results)
-                break
-            if suspected and (k < 0 or age < slow_ns or paths[k] != suspected):
-                self.registry.unsuspect(suspected)  # that read returned
-                suspected = ""
-            if k >= 0 and age >= slow_ns and paths[k] and not suspected:
-                suspected = paths[k]
-                self.registry.suspect(suspected, self.timeout_s)
-            # Between two reads (k < 0): look again soon.
-            wait_ns = slow_ns if k < 0 else slow_ns - age if age < slow_ns else limit_ns - age
-            job.event.wait(max(wait_ns, 1_000_000) / 1e9)
-        if suspected:
-            self.registry.unsuspect(suspected)
-        if job.error is not None and not isinstance(job.error, OSError):
-            raise job.error  # a bug, not the storage (a read-only target, ...)
-
-    def _read_natively(  # noqa: PLR0917 - one call shape, private
-        self,
-        reads: Sequence[tuple[int, int, memoryview]],
-        paths: list[str],
-        todo: list[int],
-        results: list[ReadOutcome],
-        times: list[int],
-        hashes: MemberHashes | None,
-    ) -> None:
-        """:meth:`_read_on_thread` of a plain POSIX opener: the reads of ``todo`` in one call
-        of the compiled module on the I/O thread (the GIL released once for them all, each
-        member hashed there), which publishes the read in progress and its start in
-        ``progress``. This thread holds the deadline over that read as over one call,
-        counts it in flight once it has run long enough to matter (past :attr:`slow_s`,
-        what the slow-call gate asks), and stops the call when it gives up: no read starts
-        after that, and the one in progress then is the one abandoned."""
-        pool = self._pool()
-        inflight = self._calls.inflight
-        progress = np.zeros(3, dtype=np.int64)
-        batch = [reads[k] for k in todo]
-
-        def run() -> None:
-            # ``batch`` (the targets) stays reachable from this closure until it returns.
-            outcomes, spent, digests = read_natively(batch, hashes, progress)
-            with job.lock:
-                if job.abandoned:  # nothing is written into ``results`` once abandoned
-                    return
-                for j, got in enumerate(outcomes):
-                    results[todo[j]], times[todo[j]] = got, spent[j]
-                if hashes is not None and digests is not None:
-                    for j, digest in enumerate(digests):
-                        if digest is not None:
-                            hashes.judge(todo[j], digest)
-
-        job = Job(run, None)
-        first = todo[0]
-        submit(pool, job, f"read of {paths[first] or 'a descriptor'} at offset {reads[first][1]}")
-        limit_ns, slow_ns = int(self.timeout_s * 1e9), int(self.slow_s * 1e9)
-        suspected = ""  # the path told to the node as slow, while its read runs
-        counted: tuple[str, int] | None = None  # the read in progress, counted in flight
-        while not job.event.is_set():
-            j, began = _published(progress)
-            k = todo[j] if began else -1
-            age = time.monotonic_ns() - began if began else 0
-            if counted is not None and counted[1] != began:
-                inflight.end(counted)  # that read returned
-                counted = None
-            if began and counted is None and age >= slow_ns:
-                counted = inflight.begin(paths[k], start=began)
-            if began and age >= limit_ns and pool.abandon(job):
-                j, began_now = stop_native_reads(progress)
-                if began_now:  # a read is in progress: its target may still be written
-                    k_now = todo[j]
-                    if began_now == began:
-                        self._stalled(reads, paths, k_now, time.monotonic_ns() - began, results)
-                    else:  # the late one returned as it was given up; the next one is left
-                        results[k_now] = _left_behind(reads, paths, k_now)
-                break
-            if suspected and (not began or age < slow_ns or paths[k] != suspected):
-                self.registry.unsuspect(suspected)  # that read returned
-                suspected = ""
-            if began and age >= slow_ns and paths[k] and not suspected:
-                suspected = paths[k]
-                self.registry.suspect(suspected, self.timeout_s)
-            # Between two reads: look again soon.
-            wait_ns = slow_ns if not began else slow_ns - age if age < slow_ns else limit_ns - age
-            job.event.wait(max(wait_ns, 1_000_000) / 1e9)
-        if counted is not None:
-            inflight.end(counted)
-        if suspected:
-            self.registry.unsuspect(suspected)
-        if job.error is not None and not isinstance(job.error, OSError):
-            raise job.error  # a bug, not the storage (a read-only target, ...)
+        suspected: dict[str, int] = {}  # paths told to the node as slow: runs on each
+        errors: list[BaseException] = []
+        try:
+            while live:
+                wait_ns = slow_ns
+                for run in list(live):
+                    done = run.job.event.is_set()
+                    k, began = (-1, 0) if done else run.current()
+                    age = time.monotonic_ns() - began if began else 0
+                    if not done:
+                        run.count_in_flight(k, began, age >= slow_ns)
+                    if not done and began and age >= limit_ns and pool.abandon(run.job):
+                        run.give_up(began)
+                        left.done(run.number)  # not waited for any longer
+                        done = True
+                    slow = "" if done or not began or age < slow_ns else batch.paths[k]
+                    if run.suspected != slow:
+                        if run.suspected:
+                            _unsuspect(self.registry, suspected, run.suspected)
+                        if slow:
+                            if not suspected.get(slow):
+                                self.registry.suspect(slow, self.timeout_s)
+                            suspected[slow] = suspected.get(slow, 0) + 1
+                        run.suspected = slow
+                    if done:
+                        run.count_in_flight(-1, 0, False)
+                        live.remove(run)
+                        error = run.job.error
+                        if error is not None and not isinstance(error, OSError):
+                            errors.append(error)  # a bug, not the storage (a read-only target)
+                        continue
+                    if began:  # until it turns slow, then until its deadline
+                        wait_ns = min(wait_ns, slow_ns - age if age < slow_ns else limit_ns - age)
+                if live:
+                    left.event.wait(max(wait_ns, 1_000_000) / 1e9)
+        except BaseException:
+            # Interrupted (a KeyboardInterrupt): no read may still write into the caller's
+            # buffers once this raises; each run returns or meets its deadline.
+            for run in live:
+                run.job.event.wait(self.timeout_s)
+            raise
+        finally:
+            for run in live:
+                run.count_in_flight(-1, 0, False)
+            for path in suspected:
+                self.registry.unsuspect(path)
+        if errors:
+            raise errors[0]
 
     def _stalled(
         self,
@@ -723,6 +657,188 @@ class DeadlineOpener:
 
     def __repr__(self) -> str:
         return f"DeadlineOpener({self.inner!r}, timeout_s={self.timeout_s:g})"
+
+
+class _Batch:
+    """The reads of one :meth:`DeadlineOpener.read_many` and what became of them, shared by
+    its runs (each writes only its own reads' entries)."""
+
+    __slots__ = ("after", "paths", "reads", "results", "times")
+
+    def __init__(
+        self,
+        reads: Sequence[tuple[int, int, memoryview]],
+        paths: list[str],
+        results: list[ReadOutcome],
+        times: list[int],
+        after: Callable[[int], object] | None,
+    ) -> None:
+        self.reads, self.paths, self.results, self.times = reads, paths, results, times
+        self.after = after
+
+
+class _Countdown:
+    """Set :attr:`event` once each of ``count`` runs is done (returned, or given up by the
+    watcher: whichever says so first counts)."""
+
+    def __init__(self, count: int) -> None:
+        self.event = threading.Event()
+        self._lock = threading.Lock()
+        self._left = count
+        self._gone: set[int] = set()
+        if count <= 0:
+            self.event.set()
+
+    def done(self, number: int) -> None:
+        with self._lock:
+            if number in self._gone:
+                return
+            self._gone.add(number)
+            self._left -= 1
+            if self._left <= 0:
+                self.event.set()
+
+
+class _Run:
+    """Reads ``todo`` of a batch in turn, as one job on an I/O thread, watched by the
+    caller (:meth:`DeadlineOpener._watch_runs`). The job holds the run, and so the batch's
+    targets, until its call returns: the memory of a target an abandoned read still writes
+    is not freed meanwhile."""
+
+    def __init__(self, opener: DeadlineOpener, batch: _Batch, todo: list[int]) -> None:
+        self.opener, self.batch, self.todo = opener, batch, todo
+        self.inflight = opener._calls.inflight
+        self.suspected = ""  # the path this run's slow read is told to the node as
+        self.number = 0  # its place among the batch's runs
+        self.job = Job(self.run, None)
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+    def current(self) -> tuple[int, int]:
+        """The read in progress and when it began (``time.monotonic_ns()``); (-1, 0):
+        none."""
+        raise NotImplementedError
+
+    def count_in_flight(self, k: int, began: int, slow: bool) -> None:
+        """Count read ``k``, in progress since ``began``, as in flight on its path once it
+        is ``slow`` (began 0: none is, anymore)."""
+
+    def give_up(self, began: int) -> None:
+        """The job was just abandoned, its read in progress seen to begin at ``began``:
+        that read, if still the one in progress, stalled; a later one was left running."""
+        raise NotImplementedError
+
+    def _settle(self, k_now: int, began_now: int, began: int) -> None:
+        batch = self.batch
+        if k_now < 0:
+            return
+        if began_now == began:
+            age = time.monotonic_ns() - began
+            self.opener._stalled(batch.reads, batch.paths, k_now, age, batch.results)
+        else:  # the read seen returned as it was given up; the next one is left running
+            batch.results[k_now] = _left_behind(batch.reads, batch.paths, k_now)
+
+
+class _PythonRun(_Run):
+    """A run through the inner opener's ``pread_into``, a read at a time; each read counts
+    as in flight on its path while it runs."""
+
+    def __init__(self, opener: DeadlineOpener, batch: _Batch, todo: list[int]) -> None:
+        super().__init__(opener, batch, todo)
+        self._at = [-1, 0]  # the read in progress (-1: none) and its start, under the lock
+        self._call: tuple[str, int] | None = None  # it, counted in flight
+
+    def run(self) -> None:
+        batch, job, inflight, inner = self.batch, self.job, self.inflight, self.opener.inner
+        for k in self.todo:
+            fd, offset, target = batch.reads[k]
+            with job.lock:
+                if job.abandoned:
+                    return
+                call = self._call = inflight.begin(batch.paths[k])
+                self._at[:] = [k, call[1]]
+            try:
+                got: int | OSError = read_fully(inner, fd, target, offset)
+            except OSError as exc:
+                got = exc
+            with job.lock:
+                inflight.end(call)
+                self._call = None
+                if job.abandoned:
+                    return
+                batch.results[k], batch.times[k] = got, time.monotonic_ns() - call[1]
+                self._at[0] = -1
+            # Outside the lock (the caller may be giving up meanwhile: what this computes is
+            # then never looked at; it only reads the target).
+            if batch.after is not None and isinstance(got, int):
+                batch.after(k)
+
+    def current(self) -> tuple[int, int]:
+        with self.job.lock:
+            k, began = self._at
+        return (k, began) if k >= 0 else (-1, 0)
+
+    def give_up(self, began: int) -> None:
+        with self.job.lock:  # abandoned: no read starts or ends in the run from now on
+            k_now, began_now = self._at
+            if self._call is not None:
+                self.inflight.end(self._call)  # given up: no longer this process's call
+                self._call = None
+        self._settle(k_now, began_now, began)
+
+
+class _NativeRun(_Run):
+    """A run of a plain POSIX opener: one call of the compiled module (the GIL released
+    once for all its reads, each member hashed there), which publishes the read in progress
+    and its start in ``progress``; the watcher counts that read in flight once it has run
+    long enough to matter (past :attr:`~DeadlineOpener.slow_s`, what the slow-call gate
+    asks), and stops the call when it gives up: no read starts after that."""
+
+    def __init__(self, opener: DeadlineOpener, batch: _Batch, todo: list[int]) -> None:
+        super().__init__(opener, batch, todo)
+        self.progress = np.zeros(3, dtype=np.int64)
+        self._counted: tuple[str, int] | None = None
+
+    def run(self) -> None:
+        batch, todo = self.batch, self.todo
+        hashes = cast("MemberHashes | None", batch.after)
+        outcomes, spent, digests = read_natively(
+            [batch.reads[k] for k in todo], hashes, self.progress
+        )
+        with self.job.lock:
+            if self.job.abandoned:  # nothing is written into the results once abandoned
+                return
+            for j, got in enumerate(outcomes):
+                batch.results[todo[j]], batch.times[todo[j]] = got, spent[j]
+            if hashes is not None and digests is not None:
+                for j, digest in enumerate(digests):
+                    if digest is not None:
+                        hashes.judge(todo[j], digest)
+
+    def current(self) -> tuple[int, int]:
+        j, began = _published(self.progress)
+        return (self.todo[j], began) if began else (-1, 0)
+
+    def count_in_flight(self, k: int, began: int, slow: bool) -> None:
+        if self._counted is not None and self._counted[1] != began:
+            self.inflight.end(self._counted)  # that read returned
+            self._counted = None
+        if began and slow and self._counted is None:
+            self._counted = self.inflight.begin(self.batch.paths[k], start=began)
+
+    def give_up(self, began: int) -> None:
+        j, began_now = stop_native_reads(self.progress)
+        self.count_in_flight(-1, 0, False)
+        self._settle(self.todo[j] if began_now else -1, began_now, began)
+
+
+def _unsuspect(registry: UnavailableShards, suspected: dict[str, int], path: str) -> None:
+    """One run less waits on ``path``'s slow read; the node is told once none does."""
+    suspected[path] -= 1
+    if not suspected[path]:
+        del suspected[path]
+        registry.unsuspect(path)
 
 
 def _published(progress: np.ndarray[Any, Any]) -> tuple[int, int]:

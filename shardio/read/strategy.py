@@ -48,8 +48,9 @@ class ReadStrategy:
 
     Attributes:
         name: ``local`` or ``pfs``.
-        inflight: map mode: requests in flight per reading process, on that many I/O threads
-            (``shardio-io-N``; 1: each pread in the reading thread, one at a time).
+        inflight: map mode: requests in flight per reading process, in that many runs at
+            once, each on an I/O thread (``shardio-io-deadline`` under a read deadline, else
+            ``shardio-io``; 1: each pread in the reading thread, one at a time).
         coalesce_gap_bytes: neighbouring members of one shard at most this far apart are
             read by one request (the bytes between are read and dropped).
         request_bytes: the largest coalesced request, and the size of each read-ahead

@@ -374,9 +374,9 @@ def read_batch(
     Every member is read with ``preadv`` straight into one uint8 buffer, laid out field by
     field (fields by name, so each ByteColumn is contiguous), samples in order within a field.
     Where ``ds.read_strategy`` has more than one request in flight (the ``pfs`` strategy, map
-    mode), the batch's members are read as coalesced requests on I/O threads
-    (:func:`shardio.read.extents.read_members_planned`) and checked here once in the buffer;
-    otherwise one pread per member, in this thread.
+    mode), the batch's members are read as coalesced requests, several runs of them at once
+    on I/O threads (:func:`shardio.read.extents.read_members_planned`), each member checked
+    once its bytes lie in the buffer; otherwise one pread per member, in this thread.
 
     Args:
         ds: the dataset.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import queue
 import threading
 import time
@@ -23,7 +24,7 @@ from typing import Any
 
 from shardio.errors import ReadStalledError
 
-__all__ = ["HOLDING_ERRNOS", "IoThreads", "Job", "call_with_deadline", "submit"]
+__all__ = ["HOLDING_ERRNOS", "IoThreads", "Job", "call_with_deadline", "plain_threads", "submit"]
 
 # Errors that say the path's server is gone (after the client's own retries): its other
 # reads would wait as long. EIO, ESTALE, EAGAIN are not here: a reopen or a retry may cure
@@ -46,7 +47,8 @@ class Job:
     """One call handed to an I/O thread; ``lock`` orders its completion and abandonment."""
 
     __slots__ = (
-        "abandoned", "call", "cleanup", "done", "error", "event", "lock", "result", "target",
+        "abandoned", "call", "cleanup", "done", "error", "event", "lock", "on_done", "result",
+        "target",
     )  # fmt: skip
 
     def __init__(
@@ -64,12 +66,16 @@ class Job:
         self.abandoned = False
         self.result: Any = None
         self.error: BaseException | None = None
+        # Called on the I/O thread once ``event`` is set: one waiter watching several jobs.
+        self.on_done: Callable[[], None] | None = None
 
 
 class IoThreads:
-    """Daemon threads that run jobs; one is reserved per job, so a job never queues."""
+    """Daemon threads (named ``name``) that run jobs; one is reserved per job, so a job
+    never queues."""
 
-    def __init__(self, max_abandoned: int) -> None:
+    def __init__(self, max_abandoned: int, name: str = "shardio-io-deadline") -> None:
+        self.name = name
         self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._idle = 0
@@ -92,7 +98,7 @@ class IoThreads:
                 self._count += 1
                 spawn = True
         if spawn:
-            thread = threading.Thread(target=self._serve, name="shardio-io-deadline", daemon=True)
+            thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
             thread.start()
         self._jobs.put(job)
 
@@ -159,12 +165,30 @@ class IoThreads:
             # once its batch is dropped (held here, every other in-process batch of a FUSE
             # mount was read into a fresh buffer, faulted in page by page).
             job.target = job.call = job.cleanup = None
+            on_done, job.on_done = job.on_done, None
             job.event.set()
-            del job, result, error
+            if on_done is not None:
+                on_done()
+            del job, result, error, on_done
             with self._lock:
                 if abandoned:
                     self.abandoned -= 1
                 self._idle += 1
+
+
+_PLAIN: tuple[int, IoThreads] | None = None
+_PLAIN_LOCK = threading.Lock()
+
+
+def plain_threads() -> IoThreads:
+    """This process's I/O threads for reads with no deadline (``shardio-io``: an opener
+    without one reading several runs at once, :func:`shardio.storage.opener.read_each`);
+    a forked child gets threads of its own."""
+    global _PLAIN  # noqa: PLW0603 - one pool per process, by design
+    with _PLAIN_LOCK:
+        if _PLAIN is None or _PLAIN[0] != os.getpid():
+            _PLAIN = (os.getpid(), IoThreads(1, name="shardio-io"))
+        return _PLAIN[1]
 
 
 def submit(pool: IoThreads, job: Job, what: str) -> None:

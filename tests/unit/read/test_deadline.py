@@ -797,3 +797,164 @@ def test_a_compiled_read_many_checks_each_member(
         0: xxhash.xxh3_64_intdigest(data[:300]),
         1: xxhash.xxh3_64_intdigest(data[5000:6000]),
     }
+
+
+# -- several runs at once --------------------------------------------------------------------
+def test_runs_at_once_each_take_one_hand_off_and_are_exact(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """``parallel`` 3: the reads in three runs of neighbours, each one hand-off to an I/O
+    thread of its own (the caller only watches); outcomes and times by the batch's index."""
+    threads: dict[int, set[int]] = {}
+
+    class Recording(PosixOpener):
+        def pread_into(self, fd: int, target: memoryview, offset: int) -> int:
+            threads.setdefault(offset, set()).add(threading.get_ident())
+            time.sleep(0.1)  # a network round trip: the runs overlap
+            return super().pread_into(fd, target, offset)
+
+    opener = DeadlineOpener(Recording(), timeout_s=5, registry=_registry(tmp_path))
+    fd = opener.open(str(shard))
+    data = shard.read_bytes()
+    offsets = [0, 700, 1400, 2100, 2800, len(data) - 30]  # the last: cut short
+    targets = [bytearray(100) for _ in offsets]
+    took: list[int] = []
+    got = opener.read_many(
+        [(fd, off, memoryview(t)) for off, t in zip(offsets, targets, strict=True)],
+        took,
+        parallel=3,
+    )
+    opener.close(fd)
+    assert got == [100, 100, 100, 100, 100, 30]
+    for off, t, n in zip(offsets, targets, got, strict=True):
+        assert bytes(t[:n]) == data[off : off + n]
+    assert len(took) == 6 and all(ns > 0 for ns in took)
+    by_run = [threads[0] | threads[700], threads[1400] | threads[2100], threads[2800]]
+    assert all(len(ids) == 1 for ids in by_run)  # a run is read in turn on one thread
+    assert len(set().union(*by_run)) == 3 and threading.get_ident() not in set().union(*by_run)
+
+
+def test_a_compiled_read_in_runs_checks_each_member(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    import xxhash
+
+    from shardio.storage.opener import MemberHashes
+
+    opener = DeadlineOpener(PosixOpener(), timeout_s=5, registry=_registry(tmp_path))
+    fd = opener.open(str(shard))
+    data = shard.read_bytes()
+    offsets = list(range(0, 8000, 1000))
+    targets = [memoryview(bytearray(300)) for _ in offsets]
+    judged: dict[int, int] = {}
+    got = opener.read_many(
+        [(fd, off, t) for off, t in zip(offsets, targets, strict=True)],
+        None,
+        MemberHashes(targets, judged.__setitem__),
+        parallel=4,
+    )
+    opener.close(fd)
+    assert got == [300] * len(offsets)
+    assert judged == {j: xxhash.xxh3_64_intdigest(data[o : o + 300]) for j, o in enumerate(offsets)}
+
+
+def test_a_stall_in_one_run_leaves_the_other_runs_whole(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """One run stalls on a dead file: it alone is abandoned (one deadline), its later reads
+    not made; the runs beside it return every byte."""
+    other = tmp_path / "shard-000002.tar"
+    other.write_bytes(b"y" * 4096)
+    release = tmp_path / "release"
+    opener = DeadlineOpener(_hang(shard, release), timeout_s=0.3, registry=_registry(tmp_path))
+    fine, stuck = opener.open(str(other)), opener.open(str(shard))
+    fds = [fine, fine, stuck, fine, fine, fine]  # runs: [0, 1], [2, 3], [4, 5]
+    targets = [bytearray(b"\xaa" * 100) for _ in fds]
+    began = time.monotonic()
+    try:
+        got = opener.read_many(
+            [
+                (fd, 100 * i, memoryview(t))
+                for i, (fd, t) in enumerate(zip(fds, targets, strict=True))
+            ],
+            parallel=3,
+        )
+        assert time.monotonic() - began < 5
+        assert got[:2] == [100, 100] and got[4:] == [100, 100]
+        assert all(targets[i] == b"y" * 100 for i in (0, 1, 4, 5))
+        assert isinstance(got[2], AbandonedBufferError) and str(shard) in str(got[2])
+        assert got[3] is None  # after the stalled read in its run: not made
+        assert opener.stalls == 1 and opener.abandoned == 1
+        assert opener._calls.inflight.oldest_ns(str(shard)) == 0
+        assert not opener.registry.suspected(str(shard))  # held now, no longer suspected
+    finally:
+        release.touch()
+    deadline = time.monotonic() + 10
+    while opener.abandoned and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert opener.abandoned == 0 and targets[3] == b"\xaa" * 100
+    opener.close(fine)
+    opener.close(stuck)
+
+
+def test_a_stalled_compiled_run_is_stopped_and_the_others_return(
+    shard: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardio.read import deadline as deadline_module
+
+    release = threading.Event()
+    stalling = _stalling_native(release, stuck=0)
+    real = deadline_module.read_natively
+
+    def read(batch: Any, hashes: Any, progress: Any) -> Any:
+        # The second run (offsets 200 and 300) stalls on its first read; the others read.
+        return (
+            stalling(batch, hashes, progress)
+            if batch[0][1] == 200
+            else real(batch, hashes, progress)
+        )
+
+    monkeypatch.setattr(deadline_module, "read_natively", read)
+    opener = DeadlineOpener(PosixOpener(), timeout_s=0.3, registry=_registry(tmp_path))
+    fd = opener.open(str(shard))
+    data = shard.read_bytes()
+    targets = [bytearray(b"\xaa" * 100) for _ in range(6)]
+    try:
+        got = opener.read_many(
+            [(fd, 100 * i, memoryview(t)) for i, t in enumerate(targets)], parallel=3
+        )
+        assert got[:2] == [100, 100] and got[4:] == [100, 100]
+        assert isinstance(got[2], AbandonedBufferError) and got[3] is None
+        assert opener.stalls == 1
+        for i in (0, 1, 4, 5):
+            assert bytes(targets[i]) == data[100 * i : 100 * i + 100]
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while opener.abandoned and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert opener.abandoned == 0 and targets[3] == b"\xaa" * 100  # stopped: never made
+    opener.close(fd)
+
+
+def test_runs_past_the_cap_of_abandoned_calls_fail_at_once(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    release = tmp_path / "release"
+    opener = DeadlineOpener(
+        _hang(shard, release), timeout_s=0.2, registry=_registry(tmp_path), max_abandoned=1
+    )
+    other = tmp_path / "shard-000003.tar"
+    other.write_bytes(b"z" * 1000)
+    fd, ok = opener.open(str(shard)), opener.open(str(other))
+    try:
+        first = opener.read_many([(fd, 0, memoryview(bytearray(10)))])
+        assert isinstance(first[0], AbandonedBufferError)
+        began = time.monotonic()
+        got = opener.read_many(
+            [(ok, 100 * i, memoryview(bytearray(10))) for i in range(4)], parallel=2
+        )
+        assert time.monotonic() - began < 2
+        assert all(isinstance(g, ReadStalledError) and "not attempted" in str(g) for g in got)
+    finally:
+        release.touch()

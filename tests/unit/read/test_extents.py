@@ -1,13 +1,12 @@
-"""Planned reads: coalescing, the I/O threads, batched reads and the stream read-ahead."""
+"""Planned reads: coalescing, batched reads and the stream read-ahead."""
 
 from __future__ import annotations
 
 import os
 import pathlib
-import subprocess
-import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +14,8 @@ from pagecache import evict
 
 from shardio.errors import ChecksumMismatchError, StorageError, UsageError
 from shardio.read import extents, readahead
-from shardio.read.extents import Request, io_pool, plan_requests
+from shardio.read.deadline import DeadlineOpener
+from shardio.read.extents import Request, plan_requests
 from shardio.read.faults import Fault, FaultyOpener
 from shardio.read.readahead import StreamReadahead
 from shardio.read.reader import ShardReader
@@ -66,40 +66,6 @@ def test_empty_plan() -> None:
     assert plan_requests([], [], gap_bytes=0, request_bytes=1) == []
 
 
-# -- the I/O threads -------------------------------------------------------------------------
-def test_io_threads_are_named_daemons_started_lazily() -> None:
-    pool = io_pool(3)
-    assert pool.width >= 3
-    names = {t.name for t in threading.enumerate() if t.name.startswith("shardio-io-")}
-    assert {"shardio-io-0", "shardio-io-1", "shardio-io-2"} <= names
-    assert all(t.daemon for t in threading.enumerate() if t.name.startswith("shardio-io-"))
-    assert pool.submit(lambda: 41 + 1).wait() == 42
-
-
-def test_a_task_error_is_raised_to_the_waiter() -> None:
-    task = io_pool(1).submit(lambda: 1 // 0)
-    with pytest.raises(ZeroDivisionError):
-        task.wait()
-
-
-def test_a_forked_child_gets_a_pool_of_its_own() -> None:
-    io_pool(2)
-    code = (
-        "import os, sys\n"
-        "from shardio.read.extents import io_pool\n"
-        "parent = io_pool(2)\n"
-        "pid = os.fork()\n"
-        "if pid == 0:\n"
-        "    child = io_pool(2)\n"
-        "    ok = child is not parent and child.submit(lambda: 7).wait() == 7\n"
-        "    os._exit(0 if ok else 1)\n"
-        "_, status = os.waitpid(pid, 0)\n"
-        "sys.exit(os.waitstatus_to_exitcode(status))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], timeout=60, check=False)
-    assert done.returncode == 0
-
-
 # -- read_members_planned --------------------------------------------------------------------
 @pytest.fixture
 def dataset(packed_small) -> pathlib.Path:  # type: ignore[no-untyped-def]
@@ -136,20 +102,76 @@ def _expected(ds: ShardReader, samples: list[int]) -> list[bytes]:
     ]
 
 
+def _opener(deadline: bool) -> Any:
+    """A plain POSIX opener (runs at once on plain threads, the first in the caller), or
+    one under a deadline (each run on an I/O thread of its own, watched by the caller)."""
+    return DeadlineOpener(PosixOpener(), timeout_s=30) if deadline else PosixOpener()
+
+
+@pytest.mark.parametrize("deadline", [False, True], ids=["plain", "deadline"])
 @pytest.mark.parametrize("gap", [0, 4096, 1 << 20])
-def test_planned_reads_equal_member_reads(dataset: pathlib.Path, gap: int) -> None:
+def test_planned_reads_equal_member_reads(dataset: pathlib.Path, gap: int, deadline: bool) -> None:
+    """Gap 0: every request one member, read into its target and hashed by the thread that
+    read it; wider gaps: neighbours coalesced, copied out of a scratch buffer and hashed by
+    the caller."""
     strategy = ReadStrategy(
         name="pfs", inflight=4, coalesce_gap_bytes=gap, request_bytes=64 * 1024,
         stream_readahead_bytes=0,
     )  # fmt: skip
-    with ShardReader(dataset) as ds:
+    with ShardReader(dataset, opener=_opener(deadline)) as ds:
         samples = list(np.random.default_rng(1).permutation(len(ds))[:120])
         samples += list(range(0, 40))  # neighbours: coalesced
         expected = _expected(ds, samples)
         before = ds.metrics.counts["members"]
+        again = _count_member_reads(ds)
         assert _read_planned(ds, samples, strategy) == expected
+        assert again == []  # every member passed where it was read: none read again
         assert ds.metrics.counts["members"] - before == len(expected)
         assert ds.metrics.counts["read_errors"] == 0
+
+
+def _count_member_reads(ds: ShardReader) -> list[int]:
+    """The rows ``ds.read_member_into`` is asked for from now on (the fallback)."""
+    rows: list[int] = []
+    inner = ds.read_member_into
+
+    def counted(row: int, *args: Any, **kwargs: Any) -> Any:
+        rows.append(row)
+        return inner(row, *args, **kwargs)
+
+    ds.read_member_into = counted  # type: ignore[method-assign]
+    return rows
+
+
+@pytest.mark.parametrize("deadline", [False, True], ids=["plain", "deadline"])
+def test_a_member_flipped_on_disk_is_caught_where_it_was_read(
+    dataset: pathlib.Path, tmp_path: pathlib.Path, deadline: bool
+) -> None:
+    """A plain POSIX opener reads and hashes each run in one compiled call (under a deadline
+    too): a member whose bytes on disk differ fails there, is read again the careful way,
+    and raises naming its sample; the other members of the batch are not read again."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset, copy)
+    with ShardReader(copy) as plain:
+        shard = plain.manifest.shards[0]
+        sample = shard.first_sample + 2
+        offset, _size = _member_of(plain, sample)
+    with open(copy / shard.path, "r+b") as fh:
+        fh.seek(offset + 5)
+        byte = fh.read(1)
+        fh.seek(offset + 5)
+        fh.write(bytes([byte[0] ^ 0x40]))
+    strategy = ReadStrategy(
+        name="pfs", inflight=3, coalesce_gap_bytes=0, request_bytes=MiB, stream_readahead_bytes=0
+    )
+    with ShardReader(copy, opener=_opener(deadline)) as ds:
+        again = _count_member_reads(ds)
+        with pytest.raises(ChecksumMismatchError) as info:
+            _read_planned(ds, list(range(shard.first_sample, sample + 8)), strategy)
+        assert info.value.key == ds.key(sample)
+        assert len(again) == 1  # only the flipped member went the careful way
 
 
 def _member_of(ds: ShardReader, sample: int) -> tuple[int, int]:
@@ -160,15 +182,22 @@ def _member_of(ds: ShardReader, sample: int) -> tuple[int, int]:
     raise AssertionError("no payload member")
 
 
-def test_a_flipped_byte_is_still_caught(dataset: pathlib.Path) -> None:
+@pytest.mark.parametrize("deadline", [False, True], ids=["plain", "deadline"])
+@pytest.mark.parametrize("gap", [0, 1 << 20], ids=["direct", "coalesced"])
+def test_a_flipped_byte_is_still_caught(dataset: pathlib.Path, gap: int, deadline: bool) -> None:
     with ShardReader(dataset) as plain:
         shard_path = plain.manifest.shards[0].path
         sample = plain.manifest.shards[0].first_sample + 1
         offset, _size = _member_of(plain, sample)
-    opener = FaultyOpener([Fault(kind="flip", path=shard_path, offset=offset + 3)])
+    strategy = ReadStrategy(
+        name="pfs", inflight=4, coalesce_gap_bytes=gap, request_bytes=MiB, stream_readahead_bytes=0
+    )
+    opener: Any = FaultyOpener([Fault(kind="flip", path=shard_path, offset=offset + 3)])
+    if deadline:
+        opener = DeadlineOpener(opener, timeout_s=30)
     with ShardReader(dataset, opener=opener) as ds:
         with pytest.raises(ChecksumMismatchError) as info:
-            _read_planned(ds, list(range(0, sample + 5)))
+            _read_planned(ds, list(range(0, sample + 5)), strategy)
         assert info.value.key == ds.key(sample)
         assert ds.metrics.counts["checksum_failures"] >= 1
 

@@ -22,7 +22,7 @@ from shardio import ShardDataset
 from shardio.errors import ChecksumMismatchError, StorageError
 from shardio.read.reader import ShardReader
 from shardio.storage import opener as opener_module
-from shardio.storage.opener import MemberHashes, PosixOpener, read_each, read_many
+from shardio.storage.opener import MemberHashes, PosixOpener, read_each, read_many, split_runs
 
 SIZES = [0, 1, 15, 16, 17, 128, 129, 240, 241, 1024, 4096, 110_000, (1 << 20) + 7]
 
@@ -58,7 +58,12 @@ def test_digests_are_xxhash_s(path: str) -> None:
         assert _fastread.xxh3_64(data) == xxhash.xxh3_64_intdigest(data), size
 
 
-def test_reads_outcomes_and_digests_match(path: str, blob: tuple[pathlib.Path, bytes]) -> None:
+@pytest.mark.parametrize("parallel", [1, 4])
+def test_reads_outcomes_and_digests_match(
+    path: str, blob: tuple[pathlib.Path, bytes], parallel: int
+) -> None:
+    """``parallel`` 4: the same reads in four runs at once (the first in this thread, the
+    others on plain I/O threads); outcomes, times and judged digests by the batch's index."""
     file, data = blob
     fd = os.open(file, os.O_RDONLY)
     try:
@@ -79,6 +84,7 @@ def test_reads_outcomes_and_digests_match(path: str, blob: tuple[pathlib.Path, b
             reads,
             took,
             MemberHashes([t for _fd, _off, t in reads], judged.__setitem__),
+            parallel=parallel,
         )
     finally:
         os.close(fd)
@@ -106,6 +112,44 @@ def test_without_a_check_nothing_is_judged(path: str, blob: tuple[pathlib.Path, 
     finally:
         os.close(fd)
     assert bytes(target) == data[3:1003]
+
+
+def test_runs_split_the_reads_evenly_in_order() -> None:
+    assert split_runs(0, 4) == []
+    assert split_runs(3, 1) == [range(3)]
+    assert split_runs(3, 8) == [range(1), range(1, 2), range(2, 3)]
+    assert split_runs(10, 4) == [range(2), range(2, 5), range(5, 7), range(7, 10)]
+    assert split_runs(5, 0) == [range(5)]
+
+
+def test_runs_at_once_use_named_daemon_threads_and_a_fork_gets_its_own() -> None:
+    """Reads with no deadline in several runs: the runs but the first on ``shardio-io``
+    threads; a forked child (a DataLoader worker) starts threads of its own."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys, threading\n"
+        "from shardio.storage.opener import PosixOpener, read_each\n"
+        "from shardio.storage.stall import plain_threads\n"
+        "fd = os.open(sys.executable, os.O_RDONLY)\n"
+        "def read():\n"
+        "    ts = [memoryview(bytearray(64)) for _ in range(4)]\n"
+        "    reads = [(fd, 64 * i, t) for i, t in enumerate(ts)]\n"
+        "    got = read_each(PosixOpener(), reads, parallel=4)\n"
+        "    return got == [64] * 4\n"
+        "assert read()\n"
+        "parent = plain_threads()\n"
+        "names = [t for t in threading.enumerate() if t.name == 'shardio-io']\n"
+        "assert names and all(t.daemon for t in names), names\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(0 if read() and plain_threads() is not parent else 1)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "sys.exit(os.waitstatus_to_exitcode(status))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], timeout=60, check=False)
+    assert done.returncode == 0
 
 
 def test_a_read_only_target_raises_before_any_read(
