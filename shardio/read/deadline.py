@@ -536,9 +536,10 @@ class DeadlineOpener:
                     left.event.wait(max(wait_ns, 1_000_000) / 1e9)
         except BaseException:
             # Interrupted (a KeyboardInterrupt): no read may still write into the caller's
-            # buffers once this raises; each run returns or meets its deadline.
+            # buffers once this raises; the runs return, or one deadline passes for them all.
+            until = time.monotonic() + self.timeout_s
             for run in live:
-                run.job.event.wait(self.timeout_s)
+                run.job.event.wait(max(0.0, until - time.monotonic()))
             raise
         finally:
             for run in live:

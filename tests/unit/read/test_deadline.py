@@ -958,3 +958,31 @@ def test_runs_past_the_cap_of_abandoned_calls_fail_at_once(
         assert all(isinstance(g, ReadStalledError) and "not attempted" in str(g) for g in got)
     finally:
         release.touch()
+
+
+def test_an_error_while_watching_waits_for_the_runs_before_it_raises(
+    shard: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever interrupts the watcher (here the node registry failing; a KeyboardInterrupt
+    alike) is raised only once no run can write the caller's buffers any more."""
+    registry = _registry(tmp_path)
+    finished: list[bytes] = []
+
+    class Slow(PosixOpener):
+        def pread_into(self, fd: int, target: memoryview, offset: int) -> int:
+            time.sleep(0.8)  # past slow_s (0.5 s): the watcher tells the node
+            got = super().pread_into(fd, target, offset)
+            finished.append(bytes(target))
+            return got
+
+    def boom(path: str, seconds: float) -> None:
+        raise RuntimeError("registry gone")
+
+    monkeypatch.setattr(registry, "suspect", boom)
+    opener = DeadlineOpener(Slow(), timeout_s=5, registry=registry)
+    fd = opener.open(str(shard))
+    targets = [bytearray(100) for _ in range(2)]
+    with pytest.raises(RuntimeError, match="registry gone"):
+        opener.read_many([(fd, 100 * i, memoryview(t)) for i, t in enumerate(targets)], parallel=2)
+    assert len(finished) == 2  # both runs had returned when it raised
+    opener.close(fd)
