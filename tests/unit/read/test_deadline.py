@@ -986,3 +986,37 @@ def test_an_error_while_watching_waits_for_the_runs_before_it_raises(
         opener.read_many([(fd, 100 * i, memoryview(t)) for i, t in enumerate(targets)], parallel=2)
     assert len(finished) == 2  # both runs had returned when it raised
     opener.close(fd)
+
+
+def test_two_runs_slow_on_one_file_tell_the_node_once(
+    shard: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    registry = _registry(tmp_path)
+    told: list[str] = []
+    ended: list[str] = []
+    suspect, unsuspect = registry.suspect, registry.unsuspect
+
+    def counting_suspect(path: str, seconds: float) -> None:
+        told.append(path)
+        suspect(path, seconds)
+
+    def counting_unsuspect(path: str) -> None:
+        ended.append(path)
+        unsuspect(path)
+
+    registry.suspect, registry.unsuspect = counting_suspect, counting_unsuspect  # type: ignore[method-assign]
+
+    class Slow(PosixOpener):
+        def pread_into(self, fd: int, target: memoryview, offset: int) -> int:
+            time.sleep(0.8)  # past slow_s (0.5 s), in both runs at once
+            return super().pread_into(fd, target, offset)
+
+    opener = DeadlineOpener(Slow(), timeout_s=5, registry=registry)
+    fd = opener.open(str(shard))
+    got = opener.read_many(
+        [(fd, 0, memoryview(bytearray(10))), (fd, 10, memoryview(bytearray(10)))], parallel=2
+    )
+    opener.close(fd)
+    assert got == [10, 10]
+    assert told == [str(shard)] and ended == [str(shard)]
+    assert not registry.suspected(str(shard))
